@@ -1,0 +1,97 @@
+"""BEIR metrics as small pure functions with trec_eval / pytrec_eval semantics.
+
+Per query, a ranking is judged in trec_eval order (score descending, ties broken by doc id
+descending). Grades > 0 are relevant; nDCG uses the grades as gains. A query is scored when it
+appears both in the run (even with no hits) and in the qrels, exactly as pytrec_eval does, and the
+mean is taken over those queries, as BEIR's ``EvaluateRetrieval.evaluate`` does. Nothing is rounded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from retr.retrieval.types import Qrels, Run, trec_order_key
+
+DEFAULT_K_VALUES: tuple[int, ...] = (1, 3, 5, 10, 100, 1000)
+MRR_CUTOFF = 10
+
+
+def ndcg_at_k(ranked: Sequence[str], grades: Mapping[str, int], k: int) -> float:
+    dcg = sum(max(grades.get(d, 0), 0) / math.log2(i + 2) for i, d in enumerate(ranked[:k]))
+    ideal_gains = sorted((g for g in grades.values() if g > 0), reverse=True)[:k]
+    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal_gains))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+def average_precision_at_k(ranked: Sequence[str], grades: Mapping[str, int], k: int) -> float:
+    num_rel = sum(1 for g in grades.values() if g > 0)
+    if num_rel == 0:
+        return 0.0
+    hits, total = 0, 0.0
+    for i, d in enumerate(ranked[:k]):
+        if grades.get(d, 0) > 0:
+            hits += 1
+            total += hits / (i + 1)
+    return total / num_rel
+
+
+def recall_at_k(ranked: Sequence[str], grades: Mapping[str, int], k: int) -> float:
+    num_rel = sum(1 for g in grades.values() if g > 0)
+    if num_rel == 0:
+        return 0.0
+    return sum(1 for d in ranked[:k] if grades.get(d, 0) > 0) / num_rel
+
+
+def precision_at_k(ranked: Sequence[str], grades: Mapping[str, int], k: int) -> float:
+    return sum(1 for d in ranked[:k] if grades.get(d, 0) > 0) / k
+
+
+def reciprocal_rank_at_k(ranked: Sequence[str], grades: Mapping[str, int], k: int) -> float:
+    for i, d in enumerate(ranked[:k]):
+        if grades.get(d, 0) > 0:
+            return 1.0 / (i + 1)
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Mean metrics plus the per-query values they were averaged from (unrounded)."""
+
+    mean: dict[str, float]
+    per_query: dict[str, dict[str, float]]
+    num_queries: int
+
+
+def metric_names(k_values: Sequence[int]) -> list[str]:
+    names = [f"{m}@{k}" for m in ("NDCG", "MAP", "Recall", "P") for k in k_values]
+    return names + [f"MRR@{MRR_CUTOFF}"]
+
+
+def evaluate(run: Run, qrels: Qrels, k_values: Sequence[int] = DEFAULT_K_VALUES,
+             ignore_identical_ids: bool = False) -> Evaluation:
+    """Score ``run`` against ``qrels``. Neither input is modified (both are immutable)."""
+    k_values = sorted({int(k) for k in k_values})
+    if not k_values or k_values[0] < 1:
+        raise ValueError(f"k values must be positive integers, got {k_values}")
+    if ignore_identical_ids:
+        run = run.without_identical_ids()
+    per_query: dict[str, dict[str, float]] = {}
+    for qid in run:
+        if qid not in qrels:
+            continue
+        grades = qrels[qid]
+        ranked = [h.doc_id for h in sorted(run[qid], key=trec_order_key)]
+        scores: dict[str, float] = {}
+        for k in k_values:
+            scores[f"NDCG@{k}"] = ndcg_at_k(ranked, grades, k)
+            scores[f"MAP@{k}"] = average_precision_at_k(ranked, grades, k)
+            scores[f"Recall@{k}"] = recall_at_k(ranked, grades, k)
+            scores[f"P@{k}"] = precision_at_k(ranked, grades, k)
+        scores[f"MRR@{MRR_CUTOFF}"] = reciprocal_rank_at_k(ranked, grades, MRR_CUTOFF)
+        per_query[qid] = scores
+    names = metric_names(k_values)
+    n = len(per_query)
+    mean = {m: (sum(s[m] for s in per_query.values()) / n if n else 0.0) for m in names}
+    return Evaluation(mean=mean, per_query=per_query, num_queries=n)

@@ -1,0 +1,61 @@
+"""Plain-text tables for `retr eval` reports."""
+
+from __future__ import annotations
+
+import math
+
+STAGE_ORDER = ("encode", "ann", "bm25", "fusion", "rerank")
+
+
+def _fmt(x, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _grid(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+
+
+def headline_metrics(k_values: list[int]) -> list[str]:
+    cut = 10 if 10 in k_values else max(k_values)
+    deep = [k for k in (100, 1000) if k in k_values] or [max(k_values)]
+    return [f"NDCG@{cut}", f"MAP@{cut}", *(f"Recall@{k}" for k in deep), f"P@{cut}", "MRR@10"]
+
+
+def main_table(report: dict) -> str:
+    metrics = headline_metrics(report["k_values"])
+    stages = [s for s in STAGE_ORDER if any(s in p["latency_ms"] for p in report["pipelines"].values())]
+    header = ["pipeline", *metrics, "p50 ms", "p95 ms", "p99 ms", "QPS",
+              *(f"{s} p50" for s in stages), "build s", "docs/s", "index MB"]
+    rows = []
+    for name, p in report["pipelines"].items():
+        lat = p["latency_ms"]
+        rows.append([
+            name, *(_fmt(p["metrics"][m]) for m in metrics),
+            _fmt(lat["total"]["p50"], 2), _fmt(lat["total"]["p95"], 2), _fmt(lat["total"]["p99"], 2),
+            _fmt(p["qps"], 1), *(_fmt(lat[s]["p50"], 2) if s in lat else "-" for s in stages),
+            _fmt(p["build_seconds"], 1), _fmt(p["docs_per_second"], 1), _fmt(p["index_bytes"] / 1e6, 2),
+        ])
+    d = report["dataset"]
+    title = (f"{d['name']} ({d['split']}): {d['num_docs']} docs, "
+             f"{next(iter(report['pipelines'].values()))['num_queries_scored'] if report['pipelines'] else 0} "
+             f"queries scored; latency per single warm query")
+    return title + "\n" + _grid(header, rows)
+
+
+def detail_table(report: dict) -> str:
+    ks = report["k_values"]
+    header = ["pipeline", "metric", *(f"@{k}" for k in ks)]
+    rows = []
+    for name, p in report["pipelines"].items():
+        for m in ("NDCG", "MAP", "Recall", "P"):
+            rows.append([name, m, *(_fmt(p["metrics"][f"{m}@{k}"]) for k in ks)])
+    return _grid(header, rows)

@@ -1,0 +1,67 @@
+"""A doc store for titles and text: JSONL plus a memory-mapped offsets array (no pickle)."""
+
+from __future__ import annotations
+
+import json
+import mmap
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from retr.retrieval.errors import RetrError
+from retr.retrieval.types import Document
+
+DOCS = "docstore.jsonl"
+OFFSETS = "docstore.offsets.npy"
+IDS = "ids.json"
+
+
+def write_docstore(folder: Path, docs: Iterable[Document]) -> int:
+    offsets = [0]
+    ids = []
+    with (folder / DOCS).open("wb") as fh:
+        for d in docs:
+            line = json.dumps({"_id": d.doc_id, "title": d.title, "text": d.text}, ensure_ascii=False) + "\n"
+            fh.write(line.encode("utf-8"))
+            offsets.append(offsets[-1] + len(line.encode("utf-8")))
+            ids.append(d.doc_id)
+    np.save(folder / OFFSETS, np.asarray(offsets, dtype=np.int64))
+    (folder / IDS).write_text(json.dumps(ids, ensure_ascii=False), encoding="utf-8")
+    return len(ids)
+
+
+def read_ids(folder: Path) -> list[str]:
+    path = folder / IDS
+    try:
+        ids = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise RetrError(f"{path}: unreadable id list ({e})") from None
+    if not isinstance(ids, list):
+        raise RetrError(f"{path}: expected a JSON list of ids")
+    return [str(i) for i in ids]
+
+
+class DocStore:
+    """Random access to stored documents by position, without loading the corpus."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / DOCS
+        try:
+            self.offsets = np.load(folder / OFFSETS, mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise RetrError(f"{folder / OFFSETS}: unreadable ({e})") from None
+        if not self.path.is_file():
+            raise RetrError(f"{self.path}: missing from the index folder")
+        size = self.path.stat().st_size
+        if size != int(self.offsets[-1]):
+            raise RetrError(f"{self.path}: {size} bytes, its offsets say {int(self.offsets[-1])}: rebuild the index")
+        self._fh = self.path.open("rb")
+        self._map = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def get(self, position: int) -> Document:
+        start, end = int(self.offsets[position]), int(self.offsets[position + 1])
+        rec = json.loads(self._map[start:end])
+        return Document(rec["_id"], rec.get("title", ""), rec.get("text", ""))

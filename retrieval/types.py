@@ -1,0 +1,163 @@
+"""Typed containers for what retrieval produces and what evaluation judges.
+
+``Run`` (ranked hits per query) and ``Qrels`` (graded judgements per query) are the only shapes
+passed between stages. Nested ``dict`` s appear only at the edges (BEIR / pytrec_eval I/O, TREC
+files). Both are immutable once built: evaluation can never mutate its inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import NamedTuple
+
+from retr.retrieval.errors import RetrError
+
+
+class Hit(NamedTuple):
+    doc_id: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: str
+    title: str
+    text: str
+
+    def full_text(self) -> str:
+        """Title and body as BEIR's dense and BM25 baselines see them (``title + " " + text``)."""
+        if self.title:
+            return f"{self.title} {self.text}".strip()
+        return self.text.strip()
+
+
+def trec_order_key(hit: Hit) -> tuple[float, str]:
+    """Sort key matching trec_eval: score descending, then doc id descending (strcmp order)."""
+    return (-hit.score, _Reverse(hit.doc_id))
+
+
+class _Reverse(str):
+    __slots__ = ()
+
+    def __lt__(self, other: str) -> bool:  # type: ignore[override]
+        return str.__gt__(self, other)
+
+    def __gt__(self, other: str) -> bool:  # type: ignore[override]
+        return str.__lt__(self, other)
+
+
+class Run(Mapping[str, tuple[Hit, ...]]):
+    """Ranked hits per query id. Each ranking is a tuple of ``Hit`` in rank order.
+
+    Rank order is the retriever's; ``sorted_trec()`` gives the order trec_eval would judge.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, rankings: Mapping[str, Iterable[Hit | tuple[str, float]]] | None = None):
+        data: dict[str, tuple[Hit, ...]] = {}
+        for qid, hits in (rankings or {}).items():
+            ranking = tuple(Hit(str(d), float(s)) for d, s in hits)
+            seen = {h.doc_id for h in ranking}
+            if len(seen) != len(ranking):
+                raise RetrError(f"run for query {qid!r} lists a document twice")
+            data[str(qid)] = ranking
+        self._data = MappingProxyType(data)
+
+    def __getitem__(self, qid: str) -> tuple[Hit, ...]:
+        return self._data[qid]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Run({len(self)} queries)"
+
+    def top(self, k: int) -> Run:
+        return Run({q: hits[:k] for q, hits in self._data.items()})
+
+    def sorted_trec(self) -> Run:
+        return Run({q: sorted(hits, key=trec_order_key) for q, hits in self._data.items()})
+
+    def without_identical_ids(self) -> Run:
+        """Drop hits whose doc id equals the query id (BEIR's ArguAna/Quora convention)."""
+        return Run({q: [h for h in hits if h.doc_id != q] for q, hits in self._data.items()})
+
+    # -- edges -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, dict[str, float]]:
+        return {q: {h.doc_id: h.score for h in hits} for q, hits in self._data.items()}
+
+    @classmethod
+    def from_dict(cls, results: Mapping[str, Mapping[str, float]]) -> Run:
+        return cls({q: sorted(((d, float(s)) for d, s in docs.items()), key=lambda h: trec_order_key(Hit(*h)))
+                    for q, docs in results.items()})
+
+    def write_trec(self, path: str | Path, tag: str = "retr") -> None:
+        """Write a TREC run file (``qid Q0 docid rank score tag``), atomically."""
+        from retr.indexes.atomic import atomic_write_text
+
+        lines = []
+        for qid, hits in self._data.items():
+            for rank, h in enumerate(hits, start=1):
+                lines.append(f"{qid} Q0 {h.doc_id} {rank} {h.score!r} {tag}\n")
+        atomic_write_text(Path(path), "".join(lines))
+
+    @classmethod
+    def read_trec(cls, path: str | Path) -> Run:
+        path = Path(path)
+        rankings: dict[str, list[Hit]] = {}
+        with _open_text(path) as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                parts = line.split()
+                if len(parts) < 6:
+                    raise RetrError(f"{path}:{lineno}: a TREC run line needs 6 fields, got {len(parts)}")
+                try:
+                    score = float(parts[4])
+                except ValueError:
+                    raise RetrError(f"{path}:{lineno}: score {parts[4]!r} is not a number") from None
+                rankings.setdefault(parts[0], []).append(Hit(parts[2], score))
+        return cls(rankings)
+
+
+class Qrels(Mapping[str, Mapping[str, int]]):
+    """Graded relevance judgements: query id -> {doc id -> grade}. Grades > 0 are relevant."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, judgements: Mapping[str, Mapping[str, int]] | None = None):
+        self._data = MappingProxyType(
+            {str(q): MappingProxyType({str(d): int(g) for d, g in docs.items()})
+             for q, docs in (judgements or {}).items()}
+        )
+
+    def __getitem__(self, qid: str) -> Mapping[str, int]:
+        return self._data[qid]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Qrels({len(self)} queries, {sum(len(v) for v in self._data.values())} judgements)"
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        return {q: dict(docs) for q, docs in self._data.items()}
+
+    def num_relevant(self, qid: str) -> int:
+        return sum(1 for g in self._data.get(qid, {}).values() if g > 0)
+
+
+def _open_text(path: Path):
+    if not path.exists():
+        raise RetrError(f"{path}: no such file")
+    return path.open(encoding="utf-8", errors="strict", newline="")
