@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -109,7 +110,15 @@ def _setup_logging(args: argparse.Namespace) -> None:
         handler._retr = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     logger.setLevel(level)
-    logger.propagate = False
+    # the CLI is the application: keep third-party chatter (weight-loading bars, info logs) off stderr
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover
+        pass
 
 
 def _dense_config(args):

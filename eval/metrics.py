@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from retr.retrieval.types import Qrels, Run, trec_order_key
+from retr.retrieval.types import Qrels, Run
 
 DEFAULT_K_VALUES: tuple[int, ...] = (1, 3, 5, 10, 100, 1000)
 MRR_CUTOFF = 10
@@ -82,7 +82,7 @@ def evaluate(run: Run, qrels: Qrels, k_values: Sequence[int] = DEFAULT_K_VALUES,
         if qid not in qrels:
             continue
         grades = qrels[qid]
-        ranked = [h.doc_id for h in sorted(run[qid], key=trec_order_key)]
+        ranked = [h.doc_id for h in run[qid]]  # a Run is kept in trec_eval order
         scores: dict[str, float] = {}
         for k in k_values:
             scores[f"NDCG@{k}"] = ndcg_at_k(ranked, grades, k)

@@ -98,7 +98,8 @@ class BiEncoder:
             self.model.max_seq_length = int(config.max_length)
         self.model_path = local if local is not None else _hub_snapshot(self.model_id)
         self.model_hash = hash_model_dir(self.model_path) if self.model_path else f"hub:{self.model_id}"
-        dim = self.model.get_sentence_embedding_dimension()
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        dim = get_dim()
         if dim is None:
             dim = int(self.model.encode(["x"], convert_to_numpy=True).shape[1])
         self.dim = int(dim)

@@ -6,13 +6,13 @@ from collections.abc import Mapping, Sequence
 
 from retr.retrieval.errors import RetrError
 from retr.retrieval.protocol import Retriever, StageTimer
-from retr.retrieval.types import Hit, Run
+from retr.retrieval.types import Hit, Run, trec_sorted
 
 FUSIONS = ("rrf", "minmax")
 
 
 def _ranked(scores: dict[str, float], k: int) -> list[Hit]:
-    return sorted((Hit(d, s) for d, s in scores.items()), key=lambda h: (-h.score, h.doc_id))[:k]
+    return trec_sorted(Hit(d, s) for d, s in scores.items())[:k]
 
 
 def rrf(runs: Sequence[Run], k: int, rrf_k: int = 60) -> Run:

@@ -34,25 +34,16 @@ class Document:
         return self.text.strip()
 
 
-def trec_order_key(hit: Hit) -> tuple[float, str]:
-    """Sort key matching trec_eval: score descending, then doc id descending (strcmp order)."""
-    return (-hit.score, _Reverse(hit.doc_id))
-
-
-class _Reverse(str):
-    __slots__ = ()
-
-    def __lt__(self, other: str) -> bool:  # type: ignore[override]
-        return str.__gt__(self, other)
-
-    def __gt__(self, other: str) -> bool:  # type: ignore[override]
-        return str.__lt__(self, other)
+def trec_sorted(hits: Iterable[Hit]) -> list[Hit]:
+    """trec_eval's order: score descending, ties broken by doc id descending (strcmp order)."""
+    return sorted(hits, key=lambda h: (h.score, h.doc_id), reverse=True)
 
 
 class Run(Mapping[str, tuple[Hit, ...]]):
     """Ranked hits per query id. Each ranking is a tuple of ``Hit`` in rank order.
 
-    Rank order is the retriever's; ``sorted_trec()`` gives the order trec_eval would judge.
+    Rankings are kept in trec_eval's order (score descending, ties by doc id descending), so the
+    rank a user sees, the rank in a TREC file and the rank trec_eval judges are one and the same.
     """
 
     __slots__ = ("_data",)
@@ -60,7 +51,7 @@ class Run(Mapping[str, tuple[Hit, ...]]):
     def __init__(self, rankings: Mapping[str, Iterable[Hit | tuple[str, float]]] | None = None):
         data: dict[str, tuple[Hit, ...]] = {}
         for qid, hits in (rankings or {}).items():
-            ranking = tuple(Hit(str(d), float(s)) for d, s in hits)
+            ranking = tuple(trec_sorted(Hit(str(d), float(s)) for d, s in hits))
             seen = {h.doc_id for h in ranking}
             if len(seen) != len(ranking):
                 raise RetrError(f"run for query {qid!r} lists a document twice")
@@ -82,9 +73,6 @@ class Run(Mapping[str, tuple[Hit, ...]]):
     def top(self, k: int) -> Run:
         return Run({q: hits[:k] for q, hits in self._data.items()})
 
-    def sorted_trec(self) -> Run:
-        return Run({q: sorted(hits, key=trec_order_key) for q, hits in self._data.items()})
-
     def without_identical_ids(self) -> Run:
         """Drop hits whose doc id equals the query id (BEIR's ArguAna/Quora convention)."""
         return Run({q: [h for h in hits if h.doc_id != q] for q, hits in self._data.items()})
@@ -95,8 +83,7 @@ class Run(Mapping[str, tuple[Hit, ...]]):
 
     @classmethod
     def from_dict(cls, results: Mapping[str, Mapping[str, float]]) -> Run:
-        return cls({q: sorted(((d, float(s)) for d, s in docs.items()), key=lambda h: trec_order_key(Hit(*h)))
-                    for q, docs in results.items()})
+        return cls({q: docs.items() for q, docs in results.items()})
 
     def write_trec(self, path: str | Path, tag: str = "retr") -> None:
         """Write a TREC run file (``qid Q0 docid rank score tag``), atomically."""

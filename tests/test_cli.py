@@ -1,0 +1,141 @@
+"""The CLI, in-process: end to end on ADI with the bundled model, a user's own corpus, bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from retr.cli.main import main
+
+from .conftest import SHARED
+
+ADI = SHARED / "adi"
+
+
+@pytest.mark.skipif(not ADI.is_dir(), reason="../shared/datasets/adi not present")
+def test_eval_end_to_end_on_adi_matches_beir_and_reuses_cache(tmp_path, capsys, caplog):
+    from beir.retrieval.evaluation import EvaluateRetrieval
+    from retr.eval.data import load_dataset
+    from retr.retrieval.types import Run
+
+    report_path, runs = tmp_path / "report.json", tmp_path / "runs"
+    argv = ["eval", "--dataset", str(ADI), "--pipelines", "bm25,dense,hybrid", "--out", str(report_path),
+            "--run-dir", str(runs), "--k-values", "1,3,10,100"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "adi (test): 82 docs, 35 queries scored" in out
+    for name in ("bm25", "dense", "hybrid"):
+        assert any(line.startswith(name) for line in out.splitlines())
+    report = json.loads(report_path.read_text())
+    assert report["dataset"]["num_queries"] == 35
+    ds = load_dataset(str(ADI))
+    for name, p in report["pipelines"].items():
+        assert p["num_queries_scored"] == 35
+        lat = p["latency_ms"]
+        assert lat["total"]["n"] == 35 and lat["total"]["p50"] > 0 and lat["total"]["p99"] >= lat["total"]["p50"]
+        assert p["qps"] > 0 and p["index_bytes"] > 0 and p["build_seconds"] > 0
+        run = Run.read_trec(p["run_file"])
+        ndcg, _map, rec, prec = EvaluateRetrieval.evaluate(ds.qrels.to_dict(), run.to_dict(), [1, 3, 10, 100],
+                                                           ignore_identical_ids=False)
+        for metric, value in {**ndcg, **_map, **rec, **prec}.items():
+            assert round(p["metrics"][metric], 5) == value, (name, metric)
+    assert set(report["pipelines"]["hybrid"]["latency_ms"]) == {"encode", "ann", "bm25", "fusion", "total"}
+    # the bundled model is a real retriever: far better than chance on ADI
+    assert report["pipelines"]["dense"]["metrics"]["NDCG@10"] > 0.4
+    assert report["pipelines"]["hybrid"]["metrics"]["NDCG@10"] > 0.4
+    assert report["environment"]["versions"]["faiss-cpu"]
+    # second run: everything from the cache, nothing encoded
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="retr")
+    assert main(argv) == 0
+    assert "index cache used" in caplog.text and "encoding" not in caplog.text
+    again = json.loads(report_path.read_text())
+    for name in report["pipelines"]:
+        assert again["pipelines"][name]["metrics"] == report["pipelines"][name]["metrics"]
+
+
+def test_index_and_search_a_users_jsonl_with_paths_only(tmp_path, capsys):
+    corpus = tmp_path / "notes.jsonl"
+    rows = [{"_id": "a", "title": "Espresso", "text": "Espresso is coffee brewed by forcing hot water through beans."},
+            {"_id": "b", "title": "Glaciers", "text": "Glaciers are rivers of ice that carve valleys."},
+            {"_id": "c", "title": "", "text": "Bicycles have two wheels and pedals."}]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(corpus), "--out", str(idx)]) == 0
+    assert "indexed 3 documents" in capsys.readouterr().out
+    assert main(["search", str(idx), "how is coffee made", "-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:2] == ["1", "a"] and "Espresso" in out
+    assert main(["search", str(idx), "ice in the mountains", "--json", "-k", "3"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in res["results"]] == [1, 2, 3] and res["results"][0]["id"] == "b"
+    assert set(res["latency_ms"]) == {"encode", "ann"}
+    # bm25 mode needs --bm25 at index time: a clear error, not a traceback
+    assert main(["search", str(idx), "coffee", "--mode", "bm25"]) == 2
+    assert "rebuild it with `retr index --bm25`" in capsys.readouterr().err
+
+
+def test_search_modes_and_rerank_with_tiny_models(tiny_dataset, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
+                                                  capsys):
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--bm25", "--model",
+                 str(tiny_bi_encoder), "--kind", "hnsw"]) == 0
+    capsys.readouterr()
+    assert main(["search", str(idx), "solar panels", "--mode", "bm25", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["results"][0]["id"] == "d1"
+    assert main(["search", str(idx), "solar panels", "--mode", "hybrid", "--fusion", "minmax",
+                 "--rerank", str(tiny_cross_encoder), "--rerank-depth", "5", "--json", "-k", "3"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["pipeline"] == "hybrid+rerank" and len(res["results"]) == 3
+    assert set(res["latency_ms"]) == {"encode", "ann", "bm25", "fusion", "rerank"}
+    # a reranker folder that is not a cross-encoder
+    assert main(["search", str(idx), "x", "--rerank", str(tiny_bi_encoder)]) == 2
+    assert "not a cross-encoder" in capsys.readouterr().err
+    # an index built with another model than the query encoder
+    assert main(["search", str(idx), "x", "--model", "default"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("retr: error:") and "dims" in err and len(err.splitlines()) == 1
+
+
+def test_eval_with_rerank_pipeline_on_tiny_dataset(tiny_dataset, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
+                                                   capsys):
+    report = tmp_path / "r.json"
+    assert main(["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--pipelines",
+                 "hybrid,hybrid+rerank", "--reranker", str(tiny_cross_encoder), "--rerank-depth", "4",
+                 "--k-values", "1,5,10", "--warmup", "1", "--out", str(report)]) == 0
+    rep = json.loads(report.read_text())
+    assert rep["pipelines"]["hybrid+rerank"]["latency_ms"]["rerank"]["n"] == 6
+    assert rep["reranker"]["depth"] == 4
+    assert "NDCG@10" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["index", "--corpus", "nope.jsonl", "--out", "x"], "nope.jsonl: no such file"),
+    (["eval", "--dataset", "./missing-folder"], "no such dataset folder"),
+    (["eval", "--dataset", "absent-name", "--no-download"], "put its BEIR folder"),
+    (["search", "no-index-here", "q"], "no such index folder"),
+])
+def test_bad_input_is_one_line_and_nonzero(argv, needle, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_malformed_corpus_leaves_nothing_behind(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"_id": "1", "text": "fine"}\n{"_id": "2", "text": \n')
+    assert main(["index", "--corpus", str(bad), "--out", str(tmp_path / "out")]) == 2
+    assert f"{bad}:2: malformed JSON" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_pipeline_and_bad_k(capsys):
+    assert main(["eval", "--dataset", "x", "--pipelines", "dense,colbert"]) == 2
+    assert "unknown pipeline(s) colbert" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--dataset", "x", "--k-values", "0,5"])
+    assert e.value.code == 2

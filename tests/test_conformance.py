@@ -1,0 +1,195 @@
+"""One conformance suite that every retriever goes through, plus checks against references
+(numpy brute force for FAISS flat, a hand-written Lucene BM25 for bm25s)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from retr.eval.data import load_corpus
+from retr.indexes.build import IndexConfig, build_index
+from retr.indexes.dense import DenseIndexConfig
+from retr.indexes.index import IndexFolder
+from retr.retrieval.bm25 import BM25Config, tokenize
+from retr.retrieval.encoder import BiEncoder, EncoderConfig
+from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+from retr.retrieval.protocol import Retriever, StageTimer
+from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
+
+from .conftest import QUERIES
+
+KINDS = ("flat", "hnsw", "ivfpq")
+
+
+@pytest.fixture(scope="module")
+def env(tiny_dataset, tiny_bi_encoder, tiny_cross_encoder, tmp_path_factory):
+    import os
+
+    os.environ["RETR_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    corpus = load_corpus(tiny_dataset)
+    encoder = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
+    root = tmp_path_factory.mktemp("indexes")
+    indexes = {}
+    for kind in KINDS:
+        cfg = IndexConfig(dense=DenseIndexConfig(kind=kind, nprobe=64), encoder=EncoderConfig(model=str(tiny_bi_encoder)),
+                          bm25=BM25Config())
+        build_index(corpus, root / kind, cfg, encoder=encoder)
+        indexes[kind] = IndexFolder(root / kind)
+    reranker = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), depth=5, max_length=64))
+    return corpus, encoder, indexes, reranker
+
+
+SPECS = [
+    ("bm25", "flat", "rrf"),
+    ("dense", "flat", "rrf"),
+    ("dense", "hnsw", "rrf"),
+    ("dense", "ivfpq", "rrf"),
+    ("hybrid", "flat", "rrf"),
+    ("hybrid", "hnsw", "minmax"),
+    ("dense+rerank", "flat", "rrf"),
+    ("hybrid+rerank", "ivfpq", "rrf"),
+    ("bm25+rerank", "flat", "rrf"),
+]
+
+
+def _make(env, name, kind, fusion) -> Retriever:
+    corpus, encoder, indexes, reranker = env
+    factory = PipelineFactory(indexes[kind], encoder, reranker, PipelineConfig(fusion=fusion, fusion_depth=8,
+                                                                              rerank_depth=5))
+    return factory.make(name)
+
+
+@pytest.mark.parametrize("name,kind,fusion", SPECS, ids=[f"{a}-{b}-{c}" for a, b, c in SPECS])
+def test_retriever_conformance(env, name, kind, fusion):
+    corpus = env[0]
+    r = _make(env, name, kind, fusion)
+    assert isinstance(r, Retriever)
+    k = 7
+    timer = StageTimer()
+    run = r.search(QUERIES, k, timer)
+    assert list(run) == list(QUERIES), "one entry per query, in order"
+    known = set(corpus.ids)
+    for qid, hits in run.items():
+        assert len(hits) <= k
+        assert len({h.doc_id for h in hits}) == len(hits)
+        assert all(h.doc_id in known for h in hits)
+        assert all(math.isfinite(h.score) for h in hits)
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    if not name.startswith("bm25"):
+        assert all(len(hits) == k for hits in run.values()), "dense-based pipelines always fill k"
+    assert set(timer.seconds) == set(r.stages) and all(v >= 0 for v in timer.seconds.values())
+    # deterministic, and a single query gets what it gets in a batch
+    again = r.search(QUERIES, k)
+    assert again.to_dict().keys() == run.to_dict().keys()
+    for qid in QUERIES:
+        single = r.search({qid: QUERIES[qid]}, k)[qid]
+        assert [h.doc_id for h in single] == [h.doc_id for h in run[qid]]
+        np.testing.assert_allclose([h.score for h in single], [h.score for h in run[qid]], rtol=1e-4, atol=1e-5)
+    assert r.search({}, k) == {} or len(r.search({}, k)) == 0
+    assert all(len(h) <= 1 for h in r.search(QUERIES, 1).values())
+
+
+def test_flat_equals_numpy_brute_force(env):
+    corpus, encoder, indexes, _ = env
+    emb = encoder.encode([d.full_text() for d in corpus.docs])
+    r = _make(env, "dense", "flat", "rrf")
+    run = r.search(QUERIES, 5)
+    for qid, text in QUERIES.items():
+        scores = emb @ encoder.encode([text])[0]
+        order = np.argsort(-scores, kind="stable")[:5]
+        # exact search: the top-5 scores are the brute-force top-5, and each hit carries its own score
+        # (random tiny models give near-ties, so ids are compared through their scores)
+        np.testing.assert_allclose([h.score for h in run[qid]], scores[order], rtol=1e-5, atol=1e-6)
+        for h in run[qid]:
+            assert h.score == pytest.approx(float(scores[corpus.ids.index(h.doc_id)]), rel=1e-5, abs=1e-6)
+
+
+def test_ann_indexes_agree_with_flat_at_full_search(env):
+    flat = _make(env, "dense", "flat", "rrf").search(QUERIES, 16)
+    for kind in ("hnsw",):
+        ann = _make(env, "dense", kind, "rrf").search(QUERIES, 16)
+        for qid in QUERIES:
+            assert {h.doc_id for h in ann[qid]} == {h.doc_id for h in flat[qid]}
+
+
+def _lucene_bm25(corpus, query, k1=1.5, b=0.75):
+    cfg = BM25Config()
+    docs = tokenize([d.full_text() for d in corpus.docs], cfg)
+    q = tokenize([query], cfg)[0]
+    n = len(docs)
+    avgdl = sum(len(d) for d in docs) / n
+    scores = {}
+    for doc, toks in zip(corpus.ids, docs, strict=True):
+        s = 0.0
+        for t in set(q):
+            df = sum(1 for d in docs if t in d)
+            tf = toks.count(t)
+            if tf == 0:
+                continue
+            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            s += idf * tf / (tf + k1 * (1 - b + b * len(toks) / avgdl))  # Lucene >= 8: no (k1 + 1)
+        if s > 0:
+            scores[doc] = s
+    return scores
+
+
+def test_bm25_equals_hand_computed_lucene_bm25(env):
+    corpus = env[0]
+    run = _make(env, "bm25", "flat", "rrf").search(QUERIES, 16)
+    for qid, text in QUERIES.items():
+        ref = _lucene_bm25(corpus, text)
+        got = {h.doc_id: h.score for h in run[qid]}
+        assert got.keys() == ref.keys(), qid
+        for d in ref:
+            assert got[d] == pytest.approx(ref[d], rel=1e-5)
+    assert run["q6"] == ()  # no known term: no hits
+    assert re.fullmatch(r"\w+", tokenize(["Running"], BM25Config())[0][0])
+
+
+def test_rank_bm25_agrees_on_top_documents(env):
+    """rank_bm25 (the peer) uses another idf, so compare what matters: the top document."""
+    from rank_bm25 import BM25Okapi
+
+    corpus = env[0]
+    cfg = BM25Config()
+    peer = BM25Okapi(tokenize([d.full_text() for d in corpus.docs], cfg), k1=1.5, b=0.75)
+    run = _make(env, "bm25", "flat", "rrf").search(QUERIES, 1)
+    for qid in ("q1", "q3", "q4", "q5"):
+        scores = peer.get_scores(tokenize([QUERIES[qid]], cfg)[0])
+        assert run[qid][0].doc_id == corpus.ids[int(np.argmax(scores))]
+
+
+def test_fusion_functions_by_hand():
+    from retr.retrieval.fusion import minmax, rrf
+    from retr.retrieval.types import Run
+
+    a = Run({"q": [("x", 3.0), ("y", 2.0), ("z", 1.0)]})
+    b = Run({"q": [("y", 10.0), ("w", 5.0)]})
+    fused = rrf([a, b], 10, rrf_k=60)["q"]
+    assert fused[0].doc_id == "y" and fused[0].score == pytest.approx(1 / 62 + 1 / 61)
+    assert [h.doc_id for h in fused[1:]] == ["x", "w", "z"]
+    mm = minmax([a, b], 10, [0.5, 0.5])["q"]
+    assert {h.doc_id: round(h.score, 6) for h in mm} == {"y": 0.75, "x": 0.5, "w": 0.0, "z": 0.0}
+
+
+def test_rerank_reorders_only_the_head(env):
+    corpus, encoder, indexes, reranker = env
+    first = _make(env, "dense", "flat", "rrf").search(QUERIES, 10)
+    rr = _make(env, "dense+rerank", "flat", "rrf").search(QUERIES, 10)
+    for qid in QUERIES:
+        head = {h.doc_id for h in first[qid][:5]}
+        assert {h.doc_id for h in rr[qid][:5]} == head
+        assert [h.doc_id for h in rr[qid][5:]] == [h.doc_id for h in first[qid][5:]]
+        texts = [corpus.docs[corpus.ids.index(h.doc_id)].full_text() for h in rr[qid][:5]]
+        np.testing.assert_allclose(reranker.score(QUERIES[qid], texts), [h.score for h in rr[qid][:5]], rtol=1e-4)
+
+
+def test_reranker_folder_must_be_a_cross_encoder(tiny_bi_encoder, tmp_path):
+    from retr.retrieval.errors import RetrError
+
+    with pytest.raises(RetrError, match="not a cross-encoder"):
+        CrossEncoderReranker(RerankConfig(model=str(tiny_bi_encoder)))
+    with pytest.raises(RetrError, match="no such cross-encoder folder"):
+        CrossEncoderReranker(RerankConfig(model=str(tmp_path / "nope")))

@@ -1,0 +1,132 @@
+"""Loading corpora, queries, qrels and datasets: every bad input is a one-line error naming file:line."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+
+import pytest
+from retr.eval.data import CorpusFormat, download_beir, load_corpus, load_dataset, load_qrels, resolve_dataset
+from retr.retrieval.errors import RetrError
+
+
+def _write(path, text: str | bytes):
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return path
+
+
+def test_beir_corpus_loads_with_checksum_and_empty_docs_counted(tiny_dataset):
+    corpus = load_corpus(tiny_dataset)
+    assert len(corpus) == 16 and corpus.empty_docs == 1
+    assert corpus.docs[0].full_text() == "Solar power Solar panels convert sunlight into electricity using photovoltaic cells."
+    assert load_corpus(tiny_dataset / "corpus.jsonl").sha256 == corpus.sha256
+    assert len(corpus.sha256) == 64
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path):
+    p = _write(tmp_path / "c.jsonl", '{"_id": "1", "text": "ok"}\n{"_id": "2", "text": oops}\n')
+    with pytest.raises(RetrError, match=r"c\.jsonl:2: malformed JSON"):
+        load_corpus(p)
+
+
+def test_duplicate_ids_name_both_lines(tmp_path):
+    p = _write(tmp_path / "c.jsonl", '{"_id": "1", "text": "a"}\n{"_id": "2", "text": "b"}\n{"_id": "1", "text": "c"}\n')
+    with pytest.raises(RetrError, match=r"c\.jsonl:3: duplicate document id '1' \(first seen at line 1\)"):
+        load_corpus(p)
+
+
+def test_non_utf8_names_line(tmp_path):
+    p = _write(tmp_path / "c.jsonl", b'{"_id": "1", "text": "a"}\n{"_id": "2", "text": "caf\xe9"}\n')
+    with pytest.raises(RetrError, match=r"c\.jsonl:2: not valid UTF-8"):
+        load_corpus(p)
+
+
+def test_missing_id_field_and_missing_file(tmp_path):
+    p = _write(tmp_path / "c.jsonl", '{"doc": "1", "text": "a"}\n')
+    with pytest.raises(RetrError, match=r"c\.jsonl:1: record has no '_id' field"):
+        load_corpus(p)
+    with pytest.raises(RetrError, match="no such file"):
+        load_corpus(tmp_path / "nope.jsonl")
+
+
+def test_user_jsonl_and_csv_with_chosen_fields(tmp_path):
+    p = _write(tmp_path / "mine.jsonl", '{"id": 7, "body": "hello world", "name": "Greeting"}\n')
+    c = load_corpus(p, CorpusFormat("id", "body", "name"))
+    assert c.docs[0].doc_id == "7" and c.docs[0].title == "Greeting" and c.docs[0].text == "hello world"
+    p = _write(tmp_path / "mine.csv", 'id,body\n1,"a, quoted text"\n2,plain\n')
+    c = load_corpus(p, CorpusFormat("id", "body", None))
+    assert [d.text for d in c.docs] == ["a, quoted text", "plain"]
+    p = _write(tmp_path / "bad.csv", "id,body\n1,a,extra\n")
+    with pytest.raises(RetrError, match=r"bad\.csv:2: more fields"):
+        load_corpus(p, CorpusFormat("id", "body", None))
+
+
+def test_qrels_errors_and_trec_format(tmp_path):
+    p = _write(tmp_path / "q.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\n")
+    with pytest.raises(RetrError, match=r"q\.tsv:3: expected"):
+        load_qrels(p)
+    p = _write(tmp_path / "q.trec", "q1 0 d1 2\nq2 0 d3 0\n")
+    assert load_qrels(p).to_dict() == {"q1": {"d1": 2}, "q2": {"d3": 0}}
+
+
+def test_qrels_naming_unknown_docs_or_queries_are_counted_and_skipped(tiny_dataset, tmp_path, caplog):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        (folder / name).write_bytes((tiny_dataset / name).read_bytes())
+    (folder / "qrels").mkdir()
+    _write(folder / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\tNOPE\t1\nqX\td2\t1\n")
+    ds = load_dataset(str(folder), "test", download=False)
+    assert ds.qrels.to_dict() == {"q1": {"d1": 1}}
+    assert (ds.check.unknown_docs, ds.check.unknown_queries) == (1, 1)
+    assert list(ds.queries) == ["q1"]
+    assert "not in the corpus" in caplog.text and "not in the queries file" in caplog.text
+
+
+def test_missing_split_lists_available(tiny_dataset):
+    with pytest.raises(RetrError, match=r"splits here: test"):
+        load_dataset(str(tiny_dataset), "dev", download=False)
+
+
+def test_dataset_name_resolves_under_retr_data(tiny_dataset, monkeypatch, tmp_path):
+    monkeypatch.setenv("RETR_DATA", str(tiny_dataset.parent))
+    assert resolve_dataset("tiny") == tiny_dataset
+    with pytest.raises(RetrError, match=r"put its BEIR folder .* at .*nothere"):
+        resolve_dataset("nothere", download=False)
+
+
+def _zip_of(folder) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for f in sorted(folder.rglob("*")):
+            if f.is_file():
+                zf.write(f, f"tiny/{f.relative_to(folder)}")
+    return buf.getvalue()
+
+
+def test_download_verifies_md5_and_leaves_nothing_on_mismatch(tiny_dataset, tmp_path):
+    blob = _zip_of(tiny_dataset)
+    zpath = _write(tmp_path / "tiny.zip", blob)
+    home = tmp_path / "home"
+    with pytest.raises(RetrError, match="does not match the published"):
+        download_beir("tiny", home, url=zpath.as_uri(), md5="0" * 32)
+    assert not (home / "tiny").exists() and not list(home.glob("*.zip"))
+    out = download_beir("tiny", home, url=zpath.as_uri(), md5=hashlib.md5(blob).hexdigest())
+    assert (out / "corpus.jsonl").is_file() and (out / "qrels" / "test.tsv").is_file()
+    assert load_dataset(str(out)).qrels.num_relevant("q1") == 2
+
+
+def test_unreachable_download_says_where_to_put_the_data(tmp_path):
+    with pytest.raises(RetrError, match=r"could not be downloaded .* put its BEIR folder at"):
+        download_beir("tiny", tmp_path, url=(tmp_path / "absent.zip").as_uri())
+    assert not (tmp_path / "tiny").exists()
+
+
+def test_queries_jsonl_errors(tmp_path):
+    from retr.eval.data import load_queries
+
+    p = _write(tmp_path / "queries.jsonl", json.dumps({"_id": "1", "text": "a"}) + "\n[1, 2]\n")
+    with pytest.raises(RetrError, match=r"queries\.jsonl:2: expected a JSON object"):
+        load_queries(p)

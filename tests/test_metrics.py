@@ -1,0 +1,130 @@
+"""Metrics against pytrec_eval (per query, exact) and BEIR's EvaluateRetrieval (mean, rounded)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import pytrec_eval
+from retr.eval.metrics import evaluate, ndcg_at_k
+from retr.retrieval.types import Qrels, Run
+
+K = [1, 3, 5, 10, 100]
+
+# hand-written graded qrels, with a judged-non-relevant doc, a query with no relevant doc,
+# a query the run does not answer and a run query without judgements
+QRELS = {
+    "q1": {"a": 3, "b": 0, "c": 1, "e": 2},
+    "q2": {"x": 0},
+    "q3": {"y": 1, "z": 2},
+    "q4": {"m": 1},
+    "q6": {"s": 1},
+}
+RUN = {
+    "q1": {"a": 1.0, "b": 1.0, "c": 0.5, "d": 1.0, "e": 0.1, "f": 0.7},  # ties broken by doc id desc
+    "q2": {"x": 1.0, "w": 0.3},
+    "q3": {"z": 0.2, "n": 0.9, "y": 0.2},
+    "q5": {"a": 1.0},
+    "q6": {},
+}
+
+
+def _pytrec(qrels, run, ks):
+    measures = {f"ndcg_cut.{','.join(map(str, ks))}", f"map_cut.{','.join(map(str, ks))}",
+                f"recall.{','.join(map(str, ks))}", f"P.{','.join(map(str, ks))}", "recip_rank"}
+    return pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
+
+
+def _compare(qrels: dict, run: dict, ks: list[int]) -> int:
+    ref = _pytrec(qrels, run, ks)
+    # MRR@10 = trec_eval's recip_rank on the ranking cut at 10
+    cut10 = {q: dict(Run.from_dict({q: d}).top(10).to_dict()[q]) for q, d in run.items()}
+    ref10 = _pytrec(qrels, cut10, ks)
+    ours = evaluate(Run.from_dict(run), Qrels(qrels), ks)
+    assert set(ours.per_query) == set(ref), (set(ours.per_query), set(ref))
+    checked = 0
+    for q, vals in ref.items():
+        for k in ks:
+            for ours_name, ref_name in (("NDCG", "ndcg_cut"), ("MAP", "map_cut"), ("Recall", "recall"), ("P", "P")):
+                assert math.isclose(ours.per_query[q][f"{ours_name}@{k}"], vals[f"{ref_name}_{k}"],
+                                    rel_tol=1e-12, abs_tol=1e-12), (q, ours_name, k)
+                checked += 1
+        assert math.isclose(ours.per_query[q]["MRR@10"], ref10[q]["recip_rank"], abs_tol=1e-12)
+    return checked
+
+
+def test_hand_written_graded_qrels_match_pytrec_eval():
+    assert _compare(QRELS, RUN, K) == 4 * 4 * len(K)
+
+
+def test_hand_computed_ndcg_with_grades_as_gains():
+    # q1 in trec order: d(1.0) b(1.0) a(1.0) f(0.7) c(0.5) e(0.1) -> gains 0,0,3,0,1,2
+    dcg = 3 / math.log2(4) + 1 / math.log2(6) + 2 / math.log2(7)
+    idcg = 3 / math.log2(2) + 2 / math.log2(3) + 1 / math.log2(4)
+    ours = evaluate(Run.from_dict(RUN), Qrels(QRELS), [10]).per_query["q1"]["NDCG@10"]
+    assert ours == pytest.approx(dcg / idcg, abs=1e-15)
+    assert ndcg_at_k([], {"a": 1}, 10) == 0.0
+
+
+def test_scored_query_set_is_run_and_qrels_intersection():
+    ev = evaluate(Run.from_dict(RUN), Qrels(QRELS), K)
+    assert set(ev.per_query) == {"q1", "q2", "q3", "q6"}  # q4 unanswered, q5 unjudged
+    assert ev.per_query["q6"]["NDCG@10"] == 0.0  # empty ranking still scored, as 0
+    assert ev.num_queries == 4
+
+
+def test_random_runs_match_pytrec_eval():
+    rng = random.Random(7)
+    docs = [f"d{i}" for i in range(40)]
+    qrels, run = {}, {}
+    for q in range(25):
+        qid = f"q{q}"
+        qrels[qid] = {d: rng.choice([0, 1, 1, 2, 3]) for d in rng.sample(docs, rng.randint(1, 8))}
+        # coarse scores so that ties are common
+        run[qid] = {d: rng.randint(0, 5) / 5 for d in rng.sample(docs, rng.randint(0, 30))}
+    assert _compare(qrels, run, [1, 2, 5, 10, 20]) > 0
+
+
+def test_mean_equals_beir_evaluate_retrieval_and_inputs_unchanged():
+    from beir.retrieval.evaluation import EvaluateRetrieval
+
+    run = Run.from_dict(RUN)
+    qrels = Qrels(QRELS)
+    before = (run.to_dict(), qrels.to_dict())
+    ours = evaluate(run, qrels, K).mean
+    assert (run.to_dict(), qrels.to_dict()) == before
+    ndcg, _map, rec, prec = EvaluateRetrieval.evaluate(QRELS, run.to_dict(), K, ignore_identical_ids=False)
+    # BEIR's MRR needs every run query judged and divides by len(qrels): give it the common queries,
+    # which is what `retr eval` always has (every judged query is run)
+    common = set(QRELS) & set(RUN)
+    # (BEIR's MRR breaks score ties by dict order; a Run's order is trec_eval's, as in our run files)
+    mrr = EvaluateRetrieval.evaluate_custom({q: QRELS[q] for q in common}, {q: run.to_dict()[q] for q in common},
+                                            [10], metric="mrr")
+    for name, value in {**ndcg, **_map, **rec, **prec, **mrr}.items():
+        assert round(ours[name], 5) == value, name
+    # evaluation never rounds
+    assert any(round(v, 5) != v for v in ours.values())
+
+
+def test_ignore_identical_ids_like_beir():
+    from beir.retrieval.evaluation import EvaluateRetrieval
+
+    qrels = {"1": {"1": 1, "2": 1}, "2": {"3": 1}}
+    run = {"1": {"1": 0.9, "2": 0.5, "7": 0.4}, "2": {"2": 0.9, "3": 0.1}}
+    ours = evaluate(Run.from_dict(run), Qrels(qrels), [1, 3], ignore_identical_ids=True).mean
+    plain = evaluate(Run.from_dict(run), Qrels(qrels), [1, 3], ignore_identical_ids=False).mean
+    ndcg, *_ = EvaluateRetrieval.evaluate(qrels, {q: dict(d) for q, d in run.items()}, [1, 3],
+                                          ignore_identical_ids=True)
+    assert round(ours["NDCG@3"], 5) == ndcg["NDCG@3"]
+    assert ours["NDCG@1"] != plain["NDCG@1"]
+
+
+def test_run_rejects_duplicates_and_is_immutable():
+    from retr.retrieval.errors import RetrError
+
+    with pytest.raises(RetrError):
+        Run({"q": [("a", 1.0), ("a", 0.5)]})
+    run = Run.from_dict({"q": {"a": 1.0}})
+    with pytest.raises(TypeError):
+        run["q2"] = ()  # type: ignore[index]
