@@ -71,7 +71,7 @@ def test_retriever_conformance(env, name, kind, fusion):
     run = r.search(QUERIES, k, timer)
     assert list(run) == list(QUERIES), "one entry per query, in order"
     known = set(corpus.ids)
-    for qid, hits in run.items():
+    for hits in run.values():
         assert len(hits) <= k
         assert len({h.doc_id for h in hits}) == len(hits)
         assert all(h.doc_id in known for h in hits)
