@@ -17,6 +17,7 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     from beir.retrieval.evaluation import EvaluateRetrieval
+
     from retr.eval.data import load_dataset
     from retr.retrieval.types import Run
 

@@ -38,7 +38,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="bi-encoder: a sentence-transformers folder or hub id (default: bundled all-MiniLM-L6-v2)")
     p.add_argument("--max-length", type=_positive_int, default=None, help="encoder max tokens (default: model's)")
-    p.add_argument("--batch-size", type=_positive_int, default=32)
+    p.add_argument("--batch-size", type=_positive_int, default=32, help="texts per batch (torch backend)")
+    p.add_argument("--backend", choices=("onnx", "onnx-int8", "torch"), default="onnx",
+                   help="bi-encoder inference: ONNX Runtime fp32 (default, checked equal to torch), int8, or torch")
 
 
 def _add_index_args(p: argparse.ArgumentParser) -> None:
@@ -78,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rerank", default=None, metavar="MODEL_DIR", help="cross-encoder folder")
     p.add_argument("--rerank-depth", type=_positive_int, default=100)
     p.add_argument("--model", default=None, help="query encoder (default: the one that built the index)")
+    p.add_argument("--backend", choices=("onnx", "onnx-int8", "torch"), default="onnx")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("eval", help="BEIR metrics and latency for pipelines on a dataset")
@@ -95,19 +98,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drop hits whose doc id equals the query id (BEIR's ArguAna/Quora setting)")
     p.add_argument("--warmup", type=int, default=5, help="untimed queries before measuring")
     p.add_argument("--out", default=None, help="JSON report path")
-    p.add_argument("--run-dir", default=None, help="folder for one TREC run file per pipeline")
+    p.add_argument("--run-dir", default=None,
+                   help="folder for one TREC run file per pipeline (default with --out: REPORT-runs/ beside it)")
     p.add_argument("--no-download", action="store_true", help="never download a dataset")
     _add_model_args(p)
     _add_index_args(p)
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now (so in-process callers can redirect it)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def _setup_logging(args: argparse.Namespace) -> None:
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    if not any(getattr(h, "_retr", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("[retr] %(levelname)s %(message)s"))
-        handler._retr = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     logger.setLevel(level)
     # the CLI is the application: keep third-party chatter (weight-loading bars, info logs) off stderr
@@ -140,7 +155,8 @@ def cmd_index(args) -> int:
     fmt = CorpusFormat(args.id_field, args.text_field, args.title_field or None)
     corpus = load_corpus(Path(args.corpus), fmt)
     cfg = IndexConfig(dense=_dense_config(args),
-                      encoder=EncoderConfig(model=args.model, max_length=args.max_length, batch_size=args.batch_size),
+                      encoder=EncoderConfig(model=args.model, max_length=args.max_length, batch_size=args.batch_size,
+                                            backend=args.backend),
                       bm25=BM25Config() if args.bm25 else None, use_cache=not args.no_cache)
     m = build_index(corpus, Path(args.out), cfg)
     d = m["dense"]
@@ -159,7 +175,7 @@ def cmd_search(args) -> int:
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
     index = IndexFolder(args.index)
-    encoder = encoder_for_index(index, args.model) if args.mode in ("dense", "hybrid") else None
+    encoder = encoder_for_index(index, args.model, backend=args.backend) if args.mode in ("dense", "hybrid") else None
     reranker = (CrossEncoderReranker(RerankConfig(model=args.rerank, depth=args.rerank_depth))
                 if args.rerank else None)
     factory = PipelineFactory(index, encoder, reranker,
@@ -201,13 +217,18 @@ def cmd_eval(args) -> int:
     dataset = load_dataset(args.dataset, args.split, download=not args.no_download)
     cfg = EvalConfig(
         pipelines=pipelines, k_values=args.k_values,
-        encoder=EncoderConfig(model=args.model, max_length=args.max_length, batch_size=args.batch_size),
+        encoder=EncoderConfig(model=args.model, max_length=args.max_length, batch_size=args.batch_size,
+                                            backend=args.backend),
         dense=_dense_config(args), bm25=BM25Config(),
         pipeline=PipelineConfig(fusion=args.fusion, fusion_depth=args.fusion_depth, rerank_depth=args.rerank_depth),
         reranker=args.reranker, rerank_max_length=args.rerank_max_length,
         ignore_identical_ids=args.ignore_identical_ids, warmup=max(0, args.warmup), use_cache=not args.no_cache,
     )
-    report = run_eval(dataset, cfg, Path(args.run_dir) if args.run_dir else None)
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    if run_dir is None and args.out:
+        out = Path(args.out)
+        run_dir = out.with_name(f"{out.stem}-runs")
+    report = run_eval(dataset, cfg, run_dir)
     print(main_table(report))
     print()
     print(detail_table(report))

@@ -49,7 +49,7 @@ class EvalConfig:
 
 
 def _index_key(dataset: Dataset, encoder: BiEncoder, cfg: EvalConfig) -> str:
-    raw = json.dumps([dataset.corpus.sha256, encoder.model_hash, encoder.max_length, asdict(cfg.dense),
+    raw = json.dumps([dataset.corpus.sha256, encoder.model_hash, encoder.max_length, encoder.backend, asdict(cfg.dense),
                       asdict(cfg.bm25)], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from retr.indexes.atomic import atomic_dir
 from retr.indexes.cache import EmbeddingCache, embedding_key
 from retr.indexes.dense import FAISS_FILE, DenseIndexConfig, build_faiss, save_faiss
@@ -33,17 +34,18 @@ def corpus_embeddings(encoder: BiEncoder, corpus, use_cache: bool = True,
                       cache: EmbeddingCache | None = None) -> tuple[np.ndarray, dict]:
     """Embeddings of ``corpus`` from the cache, or encoded (and then cached)."""
     cache = cache or EmbeddingCache()
-    key = embedding_key(encoder.model_hash, corpus.sha256, encoder.max_length)
+    key = embedding_key(encoder.model_hash, corpus.sha256, encoder.max_length, encoder.backend)
     if use_cache:
         emb = cache.load(key, len(corpus), encoder.dim)
         if emb is not None:
             return emb, {"cached": True, "cache_key": key, "encode_seconds": 0.0}
-    logger.info("encoding %d documents with %s (max length %d)", len(corpus), encoder.model_id, encoder.max_length)
+    logger.info("encoding %d documents with %s (max length %d, %s backend)", len(corpus), encoder.model_id,
+                encoder.max_length, encoder.backend)
     t0 = time.perf_counter()
     emb = encoder.encode([d.full_text() for d in corpus.docs], show_progress=True)
     seconds = time.perf_counter() - t0
     if use_cache:
-        cache.save(key, emb, {"model": encoder.model_id, "model_hash": encoder.model_hash,
+        cache.save(key, emb, {"model": encoder.model_id, "model_hash": encoder.model_hash, "backend": encoder.backend,
                               "corpus_sha256": corpus.sha256, "max_length": encoder.max_length,
                               "encode_seconds": seconds})
     return emb, {"cached": False, "cache_key": key, "encode_seconds": seconds,

@@ -1,4 +1,4 @@
-"""Embedding cache keyed by (model hash, corpus checksum, max length): never encode twice.
+"""Embedding cache keyed by (model hash, corpus checksum, max length, backend): never encode twice.
 
 Lives under ``$RETR_CACHE`` (default ``~/.cache/retr``)/embeddings/<key>/ as a plain ``.npy`` that
 is memory-mapped on load, plus a small JSON describing it.
@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+
 from retr.indexes.atomic import atomic_dir
 
 logger = logging.getLogger(__name__)
@@ -22,8 +23,8 @@ def cache_home() -> Path:
     return Path(os.environ.get("RETR_CACHE") or Path.home() / ".cache" / "retr").expanduser()
 
 
-def embedding_key(model_hash: str, corpus_sha256: str, max_length: int) -> str:
-    raw = f"{model_hash}|{corpus_sha256}|{max_length}|normalized"
+def embedding_key(model_hash: str, corpus_sha256: str, max_length: int, backend: str) -> str:
+    raw = f"{model_hash}|{corpus_sha256}|{max_length}|{backend}|normalized"
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 

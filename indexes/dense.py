@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)

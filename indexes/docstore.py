@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Document
 

@@ -99,7 +99,7 @@ class BM25Retriever:
                 docs, scores = self.model.retrieve([token_lists[i] for i in nonempty], k=k_eff,
                                                    show_progress=False, n_threads=1)
                 for row, i in enumerate(nonempty):
-                    out[qids[i]] = [Hit(self.ids[int(d)], float(s))
-                                    for d, s in zip(docs[row], scores[row], strict=True) if s > 0]
+                    out[qids[i]] = [Hit(self.ids[d], s)
+                                    for d, s in zip(docs[row].tolist(), scores[row].tolist(), strict=True) if s > 0]
         return Run({q: out[q] for q in qids})
 

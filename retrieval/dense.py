@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+
 from retr.retrieval.encoder import BiEncoder
 from retr.retrieval.errors import RetrError
 from retr.retrieval.protocol import StageTimer
@@ -44,6 +45,7 @@ class DenseRetriever:
             k_eff = min(k, len(self.ids))
             scores, positions = self.index.search(np.ascontiguousarray(q, dtype=np.float32), k_eff)
             ids = self.ids
-            run = {qid: [Hit(ids[p], float(s)) for p, s in zip(positions[i], scores[i], strict=True) if p >= 0]
+            run = {qid: [Hit(ids[p], s) for p, s in zip(positions[i].tolist(), scores[i].tolist(), strict=True)
+                         if p >= 0]
                    for i, qid in enumerate(qids)}
         return Run(run)

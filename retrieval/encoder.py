@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -70,44 +72,101 @@ def _hash_files(root: str, stats: tuple) -> str:
     return h.hexdigest()
 
 
+BACKENDS = ("onnx", "onnx-int8", "torch")
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
     model: str | None = None
     max_length: int | None = None  # None: the model's own max_seq_length
-    batch_size: int = 32
+    batch_size: int = 32  # torch backend: texts per batch
+    token_budget: int = 8192  # onnx backends: padded tokens per batch (length-sorted, no waste beyond it)
     device: str = "cpu"
+    backend: str = "onnx"  # onnx (fp32, verified equal to torch), onnx-int8, torch
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise RetrError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
 
 
 class BiEncoder:
-    """Embeds text with a sentence-transformers model into normalised float32 vectors."""
+    """Embeds text with a sentence-transformers model into normalised float32 vectors.
+
+    With an ONNX backend whose verified export is already cached, neither torch nor
+    sentence-transformers is imported: the tokenizer and the ONNX session are all a query needs.
+    """
 
     def __init__(self, config: EncoderConfig = EncoderConfig()):
-        from sentence_transformers import SentenceTransformer
-
         self.config = config
         self.model_id, local = resolve_model(config.model)
-        source = str(local) if local is not None else self.model_id
         if local is not None and not ((local / "modules.json").is_file() or (local / "config.json").is_file()):
             raise RetrError(f"{local}: not a sentence-transformers or transformers model folder "
                             f"(no modules.json or config.json)")
-        try:
-            self.model = SentenceTransformer(source, device=config.device)
-        except OSError as e:
-            raise RetrError(f"cannot load model {self.model_id!r}: {str(e).splitlines()[0]}") from None
-        if config.max_length:
-            self.model.max_seq_length = int(config.max_length)
         self.model_path = local if local is not None else _hub_snapshot(self.model_id)
         self.model_hash = hash_model_dir(self.model_path) if self.model_path else f"hub:{self.model_id}"
-        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
-        dim = get_dim()
-        if dim is None:
-            dim = int(self.model.encode(["x"], convert_to_numpy=True).shape[1])
-        self.dim = int(dim)
-        self.max_length = int(self.model.max_seq_length)
+        self._st = None
+        self.backend = "torch"
+        self._onnx = None
+        self.max_length = int(config.max_length) if config.max_length else _configured_max_length(self.model_path)
+        if config.backend != "torch" and config.device == "cpu":
+            self._onnx = self._load_onnx(config.backend)
+        if self._onnx is None:
+            model = self.model
+            get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+            self.dim = int(get_dim() or model.encode(["x"], convert_to_numpy=True).shape[1])
+            self.max_length = int(model.max_seq_length)
+
+    @property
+    def model(self):
+        """The sentence-transformers model, loaded on first use."""
+        if self._st is None:
+            from sentence_transformers import SentenceTransformer
+
+            source = str(self.model_path) if self.model_path is not None else self.model_id
+            try:
+                self._st = SentenceTransformer(source, device=self.config.device)
+            except OSError as e:
+                raise RetrError(f"cannot load model {self.model_id!r}: {str(e).splitlines()[0]}") from None
+            if self.config.max_length:
+                self._st.max_seq_length = int(self.config.max_length)
+            if self.max_length is None:
+                self.max_length = int(self._st.max_seq_length)
+        return self._st
+
+    def _load_onnx(self, variant: str):
+        from retr.indexes.cache import cache_home
+        from retr.retrieval import onnx_backend
+
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            logger.warning("onnxruntime is not installed: using the torch backend")
+            return None
+        tokenizer = onnx_backend.fast_tokenizer(self.model_path, self.max_length) if self.max_length else None
+        sess = onnx_backend.find_cached(self.model_hash, variant, cache_home()) if tokenizer else None
+        if sess is None:
+            try:
+                sess = onnx_backend.load_or_export(self.model, self.model_hash, variant, self.max_length, cache_home())
+            except RetrError:
+                raise
+            except Exception as e:  # noqa: BLE001 - an export failure must not stop the user
+                logger.warning("ONNX export failed (%s): using the torch backend", str(e).splitlines()[0][:200])
+                return None
+        self.backend = variant
+        self.dim = sess.dim
+        self.check_cosine = sess.check_cosine
+        self._token_ids = tokenizer or self._hf_token_ids
+        return sess
+
+    def _hf_token_ids(self, texts: list[str]) -> list[list[int]]:
+        return self.model.tokenizer(texts, truncation=True, max_length=self.max_length, padding=False,
+                                    return_attention_mask=False, return_token_type_ids=False)["input_ids"]
 
     def encode(self, texts: list[str], show_progress: bool = False, batch_size: int | None = None) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if self._onnx is not None:
+            return self._encode_onnx(texts, show_progress)
         emb = self.model.encode(
             texts,
             batch_size=batch_size or self.config.batch_size,
@@ -117,13 +176,62 @@ class BiEncoder:
         )
         return np.ascontiguousarray(emb, dtype=np.float32)
 
+    def _encode_onnx(self, texts: list[str], show_progress: bool) -> np.ndarray:
+        """Length-sorted batches under a token budget, each padded only to its own longest text."""
+        from retr.retrieval.onnx_backend import run_session
+
+        tok = self._token_ids(texts)
+        if len(texts) == 1:  # the query path: no sorting, no progress bar
+            ids = np.asarray(tok, dtype=np.int64)
+            return run_session(self._onnx.session, ids, np.ones_like(ids))
+        lengths = np.fromiter((len(t) for t in tok), dtype=np.int64, count=len(tok))
+        order = np.argsort(-lengths, kind="stable")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        pad = 0  # padded positions are masked out; their id never matters
+        budget = max(self.config.token_budget, int(lengths.max()))
+        bar = _progress(len(texts), show_progress)
+        start = 0
+        while start < len(order):
+            width = int(lengths[order[start]])  # longest in this batch (sorted descending)
+            size = max(1, min(budget // max(width, 1), len(order) - start))
+            idx = order[start:start + size]
+            ids = np.full((size, width), pad, dtype=np.int64)
+            mask = np.zeros((size, width), dtype=np.int64)
+            for row, i in enumerate(idx):
+                n = int(lengths[i])
+                ids[row, :n] = tok[i]
+                mask[row, :n] = 1
+            out[idx] = run_session(self._onnx.session, ids, mask)
+            bar.update(size)
+            start += size
+        bar.close()
+        return out
+
     def encode_query(self, text: str) -> np.ndarray:
         """One query, shape (1, dim): the single-query path (no progress bar, no sorting)."""
         return self.encode([text])
 
     def describe(self) -> dict:
         return {"id": self.model_id, "hash": self.model_hash, "dim": self.dim, "max_length": self.max_length,
-                "path": str(self.model_path) if self.model_path else None}
+                "path": str(self.model_path) if self.model_path else None, "backend": self.backend}
+
+
+def _progress(total: int, show: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="encoding", unit="doc", disable=not show or None, leave=False)
+
+
+def _configured_max_length(path: Path | None) -> int | None:
+    """max_seq_length from a sentence-transformers folder, without loading the model."""
+    if path is None:
+        return None
+    cfg = path / "sentence_bert_config.json"
+    try:
+        value = json.loads(cfg.read_text()).get("max_seq_length")
+    except (OSError, ValueError):
+        return None
+    return int(value) if value else None
 
 
 def _hub_snapshot(model_id: str) -> Path | None:

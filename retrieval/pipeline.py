@@ -31,7 +31,8 @@ def parse_pipelines(spec: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def encoder_for_index(index, model: str | None = None, max_length: int | None = None) -> BiEncoder:
+def encoder_for_index(index, model: str | None = None, max_length: int | None = None,
+                      backend: str = "onnx") -> BiEncoder:
     """The query encoder for ``index``: ``model`` if given, else the model recorded in its manifest."""
     built = index.dense_info["model"]
     if model is None:
@@ -40,7 +41,7 @@ def encoder_for_index(index, model: str | None = None, max_length: int | None = 
 
         if built.get("path") and not Path(built["path"]).is_dir():
             model = built["id"]
-    encoder = BiEncoder(EncoderConfig(model=model, max_length=max_length or built.get("max_length")))
+    encoder = BiEncoder(EncoderConfig(model=model, max_length=max_length or built.get("max_length"), backend=backend))
     check_encoder(index.folder, index.dense_info, encoder)
     return encoder
 

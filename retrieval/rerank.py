@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from retr.retrieval.errors import RetrError
 from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.types import Hit, Run

@@ -7,6 +7,7 @@ files). Both are immutable once built: evaluation can never mutate its inputs.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +35,12 @@ class Document:
         return self.text.strip()
 
 
+_SCORE_THEN_ID = operator.itemgetter(1, 0)
+
+
 def trec_sorted(hits: Iterable[Hit]) -> list[Hit]:
     """trec_eval's order: score descending, ties broken by doc id descending (strcmp order)."""
-    return sorted(hits, key=lambda h: (h.score, h.doc_id), reverse=True)
+    return sorted(hits, key=_SCORE_THEN_ID, reverse=True)
 
 
 class Run(Mapping[str, tuple[Hit, ...]]):
@@ -51,7 +55,7 @@ class Run(Mapping[str, tuple[Hit, ...]]):
     def __init__(self, rankings: Mapping[str, Iterable[Hit | tuple[str, float]]] | None = None):
         data: dict[str, tuple[Hit, ...]] = {}
         for qid, hits in (rankings or {}).items():
-            ranking = tuple(trec_sorted(Hit(str(d), float(s)) for d, s in hits))
+            ranking = tuple(trec_sorted(h if type(h) is Hit else Hit(str(h[0]), float(h[1])) for h in hits))
             seen = {h.doc_id for h in ranking}
             if len(seen) != len(ranking):
                 raise RetrError(f"run for query {qid!r} lists a document twice")

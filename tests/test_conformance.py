@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+
 from retr.eval.data import load_corpus
 from retr.indexes.build import IndexConfig, build_index
 from retr.indexes.dense import DenseIndexConfig

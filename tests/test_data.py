@@ -8,6 +8,7 @@ import json
 import zipfile
 
 import pytest
+
 from retr.eval.data import CorpusFormat, download_beir, load_corpus, load_dataset, load_qrels, resolve_dataset
 from retr.retrieval.errors import RetrError
 

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+
 from retr.eval.data import load_corpus
 from retr.indexes.build import IndexConfig, build_index
 from retr.indexes.dense import DenseIndexConfig

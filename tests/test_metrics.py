@@ -7,6 +7,7 @@ import random
 
 import pytest
 import pytrec_eval
+
 from retr.eval.metrics import evaluate, ndcg_at_k
 from retr.retrieval.types import Qrels, Run
 

@@ -1,0 +1,229 @@
+"""ONNX Runtime inference for the bi-encoder: exported once per model, verified, cached.
+
+The export wraps the transformer with the model's own pooling (mean or CLS) and L2
+normalisation, with dynamic batch and sequence axes (``torch.onnx.export(dynamo=True)``), so
+one graph serves any padded batch. Before an exported (or quantised) graph is trusted it is
+compared with the torch model on padded batches of mixed lengths; a graph whose embeddings do
+not match (cosine below the variant's floor) is refused, never cached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from retr.retrieval.errors import RetrError
+
+logger = logging.getLogger(__name__)
+
+VARIANTS = {"onnx": 0.9999, "onnx-int8": 0.985}  # variant -> minimum cosine to torch on the check batch
+CHECK_TEXTS = [
+    "a",
+    "What causes the northern lights?",
+    "Mitochondria are membrane-bound organelles that generate most of the chemical energy needed to power the "
+    "cell's biochemical reactions. Chemical energy produced by the mitochondria is stored in ATP.",
+    "BM25 ranks documents by term frequency, inverse document frequency and length normalisation; dense "
+    "retrieval embeds queries and documents into one vector space. " * 6,
+    "short query",
+    "Zero-shot evaluation on heterogeneous benchmarks.",
+]
+
+
+def _pooling_mode(st_model) -> str:
+    pools = [m for m in st_model if type(m).__name__ == "Pooling"]
+    if len(pools) != 1:
+        raise RetrError("ONNX export supports models with one Pooling module")
+    cfg = pools[0].get_config_dict()
+    mode = cfg.get("pooling_mode")
+    if mode is None:  # sentence-transformers < 6 keeps one flag per mode
+        mode = "cls" if cfg.get("pooling_mode_cls_token") else "mean" if cfg.get("pooling_mode_mean_tokens") else None
+    if mode not in ("mean", "cls"):
+        raise RetrError(f"ONNX export supports mean or CLS pooling, not {mode!r}")
+    return mode
+
+
+def _check_layout(st_model) -> None:
+    names = [type(m).__name__ for m in st_model]
+    if names[:2] != ["Transformer", "Pooling"] or any(n not in ("Transformer", "Pooling", "Normalize") for n in names):
+        raise RetrError(f"ONNX export supports Transformer + Pooling (+ Normalize) models, not {names}")
+
+
+def export_onnx(st_model, path: Path) -> None:
+    """Export transformer + pooling + normalisation to ``path`` with dynamic batch/sequence axes."""
+    import torch
+
+    _check_layout(st_model)
+    mode = _pooling_mode(st_model)
+    hf = st_model[0].auto_model.eval()
+
+    class Embed(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):  # (B, L) int64 each -> (B, D) float32
+            h = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, D)
+            if mode == "cls":
+                emb = h[:, 0]
+            else:
+                mask = attention_mask.unsqueeze(-1).to(h.dtype)  # (B, L, 1)
+                emb = (h * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (B, D)
+            return torch.nn.functional.normalize(emb, dim=-1)
+
+    tok = st_model.tokenizer
+    ex = tok(["hello world", "a somewhat longer example sentence"], return_tensors="pt", padding=True)
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=4096)
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Embed(hf).eval(), (ex["input_ids"], ex["attention_mask"]), str(path), dynamo=True,
+                              input_names=["input_ids", "attention_mask"], output_names=["sentence_embedding"],
+                              dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
+                              verbose=False)
+    finally:
+        exporter_log.setLevel(level)
+
+
+def quantize_int8(src: Path, dst: Path) -> None:
+    """Dynamic int8 (per-channel weights, MatMul only: embeddings and norms stay fp32)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(src), str(dst), per_channel=True, op_types_to_quantize=["MatMul"],
+                     weight_type=QuantType.QInt8)
+
+
+@dataclass
+class OnnxSession:
+    session: object
+    path: Path
+    variant: str
+    check_cosine: float
+    dim: int
+
+
+def _folder(cache_root: Path, model_hash: str, variant: str) -> Path:
+    return cache_root / "onnx" / f"{model_hash[:24]}-{variant}"
+
+
+def find_cached(model_hash: str, variant: str, cache_root: Path, threads: int | None = None) -> OnnxSession | None:
+    """The cached, verified export for this model and variant, or None."""
+    folder = _folder(cache_root, model_hash, variant)
+    try:
+        meta = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if meta.get("model_hash") != model_hash or meta.get("check_cosine", 0) < VARIANTS[variant] or "dim" not in meta:
+        return None
+    threads = threads or min(os.cpu_count() or 1, 4)
+    return OnnxSession(_session(folder / "model.onnx", threads), folder / "model.onnx", variant,
+                       meta["check_cosine"], int(meta["dim"]))
+
+
+def fast_tokenizer(model_path: Path | None, max_length: int):
+    """A ``texts -> token ids`` function from the model's tokenizer.json (no transformers import)."""
+    if model_path is None:
+        return None
+    candidates = [model_path / "tokenizer.json", *sorted(model_path.glob("*/tokenizer.json"))]
+    path = next((c for c in candidates if c.is_file()), None)
+    if path is None:
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    tok.enable_truncation(max_length)
+    tok.no_padding()
+
+    def token_ids(texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in tok.encode_batch(texts)]
+
+    return token_ids
+
+
+def _session(path: Path, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def run_session(session, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    return session.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
+
+
+def verify(session, st_model, max_length: int) -> float:
+    """Min cosine between ONNX and torch embeddings on one padded mixed-length batch and on singles."""
+    import torch
+
+    tok = st_model.tokenizer
+    texts = CHECK_TEXTS
+    with torch.inference_mode():
+        ref = st_model.encode(texts, convert_to_numpy=True, normalize_embeddings=True, batch_size=len(texts))
+    enc = tok(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+    batched = run_session(session, enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64))
+    singles = []
+    for t in texts[:3]:
+        e = tok([t], truncation=True, max_length=max_length, return_tensors="np")
+        singles.append(run_session(session, e["input_ids"].astype(np.int64), e["attention_mask"].astype(np.int64))[0])
+    cos_b = (batched * ref).sum(1)
+    cos_s = (np.stack(singles) * ref[:3]).sum(1)
+    return float(min(cos_b.min(), cos_s.min()))
+
+
+def load_or_export(st_model, model_hash: str, variant: str, max_length: int, cache_root: Path,
+                   threads: int | None = None) -> OnnxSession:
+    """The verified ONNX graph for this model and variant, from the cache or exported now."""
+    from retr.indexes.atomic import atomic_dir
+    from retr.indexes.manifest import new_manifest
+
+    if variant not in VARIANTS:
+        raise RetrError(f"unknown ONNX variant {variant!r}")
+    threads = threads or max(1, min(os.cpu_count() or 1, _torch_threads()))
+    cached = find_cached(model_hash, variant, cache_root, threads)
+    if cached is not None:
+        return cached
+    folder = _folder(cache_root, model_hash, variant)
+    path = folder / "model.onnx"
+    logger.info("exporting %s to ONNX (%s), once per model", model_hash[:12], variant)
+    t0 = time.perf_counter()
+    with atomic_dir(folder) as tmp:
+        fp32 = tmp / "model.fp32.onnx"
+        export_onnx(st_model, fp32)
+        final = tmp / "model.onnx"
+        if variant == "onnx-int8":
+            quantize_int8(fp32, final)
+            fp32.unlink()
+            for extra in tmp.glob("model.fp32.onnx*"):
+                extra.unlink()
+        else:
+            os.replace(fp32, final)
+        session = _session(final, threads)
+        cos = verify(session, st_model, max_length)
+        dim = int(run_session(session, np.array([[1, 2]], dtype=np.int64), np.ones((1, 2), dtype=np.int64)).shape[1])
+        if cos < VARIANTS[variant]:
+            raise RetrError(f"the {variant} export of model {model_hash[:12]} disagrees with torch (cosine {cos:.4f} "
+                            f"< {VARIANTS[variant]}): use --backend torch")
+        manifest = new_manifest("retr-onnx", variant=variant, model_hash=model_hash, check_cosine=cos, dim=dim,
+                                max_length=max_length, export_seconds=time.perf_counter() - t0)
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    logger.info("ONNX %s verified against torch: min cosine %.6f", variant, cos)
+    return OnnxSession(_session(path, threads), path, variant, cos, dim)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

@@ -1,0 +1,90 @@
+"""The ONNX backend: equal to torch on padded mixed-length batches, and a bad export is caught."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from retr.retrieval.encoder import BiEncoder, EncoderConfig
+from retr.retrieval.errors import RetrError
+from retr.retrieval.onnx_backend import CHECK_TEXTS, load_or_export, verify
+
+TEXTS = ["solar panels", "wolves hunt in packs and live in forests and tundra " * 3, "tea",
+         "coffee beans are roasted ground and brewed with hot water", "x"]
+
+
+def test_onnx_equals_torch_on_padded_mixed_batches(tiny_bi_encoder, tmp_path):
+    torch_enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
+    onnx_enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="onnx", token_budget=40))
+    assert torch_enc.backend == "torch" and onnx_enc.backend == "onnx"
+    ref = torch_enc.encode(TEXTS)
+    got = onnx_enc.encode(TEXTS)  # a small token budget forces several length-sorted batches
+    np.testing.assert_allclose((got * ref).sum(1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    for i, t in enumerate(TEXTS):  # the single-query path agrees with the batched one
+        np.testing.assert_allclose(onnx_enc.encode_query(t)[0], got[i], atol=1e-5)
+    # exported once, then loaded from the cache with its manifest
+    folders = list((tmp_path / "retr-cache" / "onnx").iterdir())
+    assert len(folders) == 1 and (folders[0] / "manifest.json").is_file()
+
+
+def _legacy_export(st_model, path):
+    """A legacy (TorchScript) export traced on one unpadded input."""
+    import torch
+
+    hf = st_model[0].auto_model.eval()
+
+    class Embed(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask):
+            h = self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).float()
+            return torch.nn.functional.normalize((h * mask).sum(1) / mask.sum(1), dim=-1)
+
+    ex = st_model.tokenizer(["solar panels make electricity"], return_tensors="pt")
+    torch.onnx.export(Embed(hf).eval(), (ex["input_ids"], ex["attention_mask"]), str(path), dynamo=False,
+                      input_names=["input_ids", "attention_mask"], output_names=["sentence_embedding"],
+                      dynamic_axes={"input_ids": {0: "b", 1: "l"}, "attention_mask": {0: "b", 1: "l"}})
+
+
+def test_a_graph_that_ignores_padding_is_refused_and_not_cached(tiny_bi_encoder, tmp_path, monkeypatch):
+    import retr.retrieval.onnx_backend as ob
+
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
+
+    def wrong_export(st_model, path):
+        # simulate a baked-in mask path: the graph ignores the mask input, so padding leaks into the mean
+        _legacy_export(st_model, path)
+        import onnx
+
+        g = onnx.load(str(path))
+        mask_input = g.graph.input[1].name
+        ones = onnx.helper.make_node("Shape", [mask_input], ["_shape"])
+        fill = onnx.helper.make_node("ConstantOfShape", ["_shape"], ["_ones"],
+                                     value=onnx.helper.make_tensor("v", onnx.TensorProto.INT64, [1], [1]))
+        for node in g.graph.node:
+            node.input[:] = ["_ones" if i == mask_input else i for i in node.input]
+        g.graph.node.insert(0, fill)
+        g.graph.node.insert(0, ones)
+        onnx.save(g, str(path))
+
+    monkeypatch.setattr(ob, "export_onnx", wrong_export)
+    with pytest.raises(RetrError, match=r"disagrees with torch \(cosine"):
+        load_or_export(enc.model, enc.model_hash, "onnx", enc.max_length, tmp_path / "c")
+    assert not (tmp_path / "c" / "onnx").exists() or not any((tmp_path / "c" / "onnx").iterdir())
+
+
+def test_verify_scores_a_good_export_near_one(tiny_bi_encoder, tmp_path):
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
+    sess = load_or_export(enc.model, enc.model_hash, "onnx", enc.max_length, tmp_path / "c")
+    assert sess.check_cosine >= 0.9999
+    assert verify(sess.session, enc.model, enc.max_length) == pytest.approx(sess.check_cosine)
+    assert len(CHECK_TEXTS) >= 4
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(RetrError, match="unknown backend"):
+        EncoderConfig(backend="tensorrt")
