@@ -125,15 +125,15 @@ def _setup_logging(args: argparse.Namespace) -> None:
         handler.setFormatter(logging.Formatter("[retr] %(levelname)s %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(level)
-    # the CLI is the application: keep third-party chatter (weight-loading bars, info logs) off stderr
+    # the CLI is the application: keep third-party chatter (weight-loading bars, info logs) off stderr,
+    # without importing those libraries before they are needed
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    except ImportError:  # pragma: no cover
-        pass
 
 
 def _dense_config(args):

@@ -55,6 +55,36 @@ def reciprocal_rank_at_k(ranked: Sequence[str], grades: Mapping[str, int], k: in
     return 0.0
 
 
+def _query_metrics(ranked: Sequence[str], grades: Mapping[str, int], k_values: Sequence[int]) -> dict[str, float]:
+    """All metrics of one query in one pass over its ranking (same definitions as the functions above)."""
+    top = ranked[: max(max(k_values), MRR_CUTOFF)]
+    gains = [max(grades.get(d, 0), 0) for d in top]
+    num_rel = sum(1 for g in grades.values() if g > 0)
+    ideal = sorted((g for g in grades.values() if g > 0), reverse=True)
+    first_rel = next((i for i, g in enumerate(gains) if g > 0), None)
+    out: dict[str, float] = {}
+    dcg = idcg = ap_sum = 0.0
+    hits = 0
+    i = 0
+    for k in k_values:
+        while i < k:
+            if i < len(gains):
+                g = gains[i]
+                if g > 0:
+                    dcg += g / math.log2(i + 2)
+                    hits += 1
+                    ap_sum += hits / (i + 1)
+            if i < len(ideal):
+                idcg += ideal[i] / math.log2(i + 2)
+            i += 1
+        out[f"NDCG@{k}"] = dcg / idcg if idcg > 0 else 0.0
+        out[f"MAP@{k}"] = ap_sum / num_rel if num_rel else 0.0
+        out[f"Recall@{k}"] = hits / num_rel if num_rel else 0.0
+        out[f"P@{k}"] = hits / k
+    out[f"MRR@{MRR_CUTOFF}"] = 1.0 / (first_rel + 1) if first_rel is not None and first_rel < MRR_CUTOFF else 0.0
+    return out
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """Mean metrics plus the per-query values they were averaged from (unrounded)."""
@@ -81,16 +111,7 @@ def evaluate(run: Run, qrels: Qrels, k_values: Sequence[int] = DEFAULT_K_VALUES,
     for qid in run:
         if qid not in qrels:
             continue
-        grades = qrels[qid]
-        ranked = [h.doc_id for h in run[qid]]  # a Run is kept in trec_eval order
-        scores: dict[str, float] = {}
-        for k in k_values:
-            scores[f"NDCG@{k}"] = ndcg_at_k(ranked, grades, k)
-            scores[f"MAP@{k}"] = average_precision_at_k(ranked, grades, k)
-            scores[f"Recall@{k}"] = recall_at_k(ranked, grades, k)
-            scores[f"P@{k}"] = precision_at_k(ranked, grades, k)
-        scores[f"MRR@{MRR_CUTOFF}"] = reciprocal_rank_at_k(ranked, grades, MRR_CUTOFF)
-        per_query[qid] = scores
+        per_query[qid] = _query_metrics([h.doc_id for h in run[qid]], qrels[qid], k_values)
     names = metric_names(k_values)
     n = len(per_query)
     mean = {m: (sum(s[m] for s in per_query.values()) / n if n else 0.0) for m in names}

@@ -102,11 +102,14 @@ def _cost(index: IndexFolder, pipeline: str) -> dict[str, float]:
             "docs_per_second": m["num_docs"] / seconds if seconds > 0 else float("inf")}
 
 
-def environment() -> dict:
-    import torch
-
-    return {"versions": versions(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "argv": sys.argv}
+def environment(encoder: BiEncoder | None = None) -> dict:
+    env = {"versions": versions(), "platform": platform.platform(), "cpu_count": os.cpu_count(), "argv": sys.argv,
+           "encoder_backend": encoder.backend if encoder else None}
+    if "torch" in sys.modules:  # report torch's threads only where torch was used
+        env["torch_threads"] = sys.modules["torch"].get_num_threads()
+    if "faiss" in sys.modules:
+        env["faiss_threads"] = sys.modules["faiss"].omp_get_max_threads()
+    return env
 
 
 def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> dict:
@@ -132,7 +135,7 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
         "index": {"folder": str(index.folder), "manifest": index.manifest},
         "reranker": reranker.describe() if reranker else None,
         "config": asdict(cfg),
-        "environment": environment(),
+        "environment": environment(encoder),
     }
     for name in cfg.pipelines:
         retriever = factory.make(name)

@@ -129,3 +129,27 @@ def test_run_rejects_duplicates_and_is_immutable():
     run = Run.from_dict({"q": {"a": 1.0}})
     with pytest.raises(TypeError):
         run["q2"] = ()  # type: ignore[index]
+
+
+def test_one_pass_metrics_equal_the_small_pure_functions():
+    from retr.eval.metrics import (
+        _query_metrics,
+        average_precision_at_k,
+        precision_at_k,
+        recall_at_k,
+        reciprocal_rank_at_k,
+    )
+
+    rng = random.Random(3)
+    docs = [f"d{i}" for i in range(30)]
+    for _ in range(50):
+        grades = {d: rng.choice([0, 1, 2, 3]) for d in rng.sample(docs, rng.randint(1, 10))}
+        ranked = rng.sample(docs, rng.randint(0, 25))
+        ks = sorted(rng.sample(range(1, 40), 4))
+        got = _query_metrics(ranked, grades, ks)
+        for k in ks:
+            assert got[f"NDCG@{k}"] == pytest.approx(ndcg_at_k(ranked, grades, k), abs=1e-12)
+            assert got[f"MAP@{k}"] == pytest.approx(average_precision_at_k(ranked, grades, k), abs=1e-12)
+            assert got[f"Recall@{k}"] == pytest.approx(recall_at_k(ranked, grades, k), abs=1e-12)
+            assert got[f"P@{k}"] == pytest.approx(precision_at_k(ranked, grades, k), abs=1e-12)
+        assert got["MRR@10"] == pytest.approx(reciprocal_rank_at_k(ranked, grades, 10), abs=1e-12)
