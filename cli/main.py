@@ -103,6 +103,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-download", action="store_true", help="never download a dataset")
     _add_model_args(p)
     _add_index_args(p)
+
+    p = sub.add_parser("train", help="train retr models from a BERT backbone")
+    tsub = p.add_subparsers(dest="trainer", required=True)
+    t = tsub.add_parser("bi-encoder", help="contrastive bi-encoder (in-batch + BM25 hard negatives)")
+    t.add_argument("--base", default=None, help="BERT or sentence-transformers folder (default: bundled MiniLM)")
+    t.add_argument("--out", required=True)
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dataset", help="BEIR dataset with training qrels")
+    src.add_argument("--corpus", help="unlabeled corpus (with --self-supervised)")
+    t.add_argument("--split", default="train")
+    t.add_argument("--self-supervised", action="store_true", help="pairs from the corpus: title->body, sentence->rest")
+    t.add_argument("--epochs", type=_positive_int, default=1)
+    t.add_argument("--batch-size", type=_positive_int, default=16)
+    t.add_argument("--mini-batch-size", type=_positive_int, default=16, help="GradCache chunk (memory)")
+    t.add_argument("--lr", type=float, default=2e-5)
+    t.add_argument("--max-length", type=_positive_int, default=256)
+    t.add_argument("--num-negatives", type=int, default=1, help="BM25 hard negatives per pair (0: in-batch only)")
+    t.add_argument("--dev-fraction", type=float, default=0.2)
+    t.add_argument("--seed", type=int, default=42)
+    t.add_argument("--max-steps", type=int, default=-1)
+    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint of --out")
     return parser
 
 
@@ -238,7 +259,32 @@ def cmd_eval(args) -> int:
     return 0
 
 
-COMMANDS = {"index": cmd_index, "search": cmd_search, "eval": cmd_eval}
+def cmd_train(args) -> int:
+    from pathlib import Path
+
+    from retr.eval.data import load_corpus, load_dataset
+    from retr.train.bi_encoder import BiEncoderTrainConfig, train_bi_encoder
+
+    if args.self_supervised != bool(args.corpus):
+        from retr.retrieval.errors import RetrError
+
+        raise RetrError("use --corpus with --self-supervised, or --dataset for labeled training")
+    cfg = BiEncoderTrainConfig(base=args.base, epochs=args.epochs, batch_size=args.batch_size,
+                               mini_batch_size=args.mini_batch_size, learning_rate=args.lr,
+                               max_length=args.max_length, num_negatives=args.num_negatives,
+                               dev_fraction=args.dev_fraction, seed=args.seed,
+                               self_supervised=args.self_supervised, max_steps=args.max_steps)
+    if args.dataset:
+        dataset = load_dataset(args.dataset, args.split)
+        m = train_bi_encoder(Path(args.out), cfg, dataset=dataset, resume=args.resume)
+    else:
+        m = train_bi_encoder(Path(args.out), cfg, corpus=load_corpus(Path(args.corpus)), resume=args.resume)
+    print(f"bi-encoder written to {args.out}: dev nDCG@10 {m['dev_ndcg@10_before']:.4f} -> {m['dev_ndcg@10']:.4f} "
+          f"({m['train_pairs']} pairs, {m['train_seconds']:.0f} s)")
+    return 0
+
+
+COMMANDS = {"index": cmd_index, "search": cmd_search, "eval": cmd_eval, "train": cmd_train}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -145,6 +145,17 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
 
 
+def pytest_configure(config):
+    """Module- and session-scoped fixtures run before the per-test environment: point them away from
+    the user's own cache and data too, so a test run never writes under ~/.cache."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="retr-tests-"))
+    os.environ["RETR_CACHE"] = str(root / "cache")
+    os.environ["RETR_DATA"] = str(root / "data")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("RETR_SLOW") == "1":
         return

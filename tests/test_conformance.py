@@ -26,9 +26,6 @@ KINDS = ("flat", "hnsw", "ivfpq")
 
 @pytest.fixture(scope="module")
 def env(tiny_dataset, tiny_bi_encoder, tiny_cross_encoder, tmp_path_factory):
-    import os
-
-    os.environ["RETR_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     corpus = load_corpus(tiny_dataset)
     encoder = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
     root = tmp_path_factory.mktemp("indexes")

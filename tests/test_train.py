@@ -1,0 +1,123 @@
+"""Training: the contrastive loss by hand, cached == plain gradients, a tiny run that learns, --resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from retr.eval.data import load_dataset
+from retr.train.bi_encoder import BiEncoderTrainConfig, load_st_model, train_bi_encoder
+from retr.train.data import self_supervised_pairs, split_dev
+
+from .conftest import DOCS, QRELS, QUERIES, write_beir
+
+
+@pytest.fixture(scope="module")
+def tiny_train(tmp_path_factory):
+    qrels = {**QRELS, "q7": {"d3": 1}, "q8": {"d14": 1}, "q9": {"d6": 1}, "q10": {"d10": 1}}
+    queries = {**QUERIES, "q7": "dams and turbines", "q8": "baking in an oven", "q9": "bread dough with yeast",
+               "q10": "rivers flow to the sea"}
+    return write_beir(tmp_path_factory.mktemp("train") / "tiny", DOCS, queries, qrels, split="train")
+
+
+def test_mnrl_equals_hand_computed_infonce_on_3x3():
+    import torch
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    torch.manual_seed(0)
+    a, p = torch.randn(3, 4), torch.randn(3, 4)
+    loss = MultipleNegativesRankingLoss(model=None, scale=20.0)  # model unused for embeddings
+    got = loss.compute_loss_from_embeddings([a, p], labels=None)
+    cos = [[float(torch.dot(a[i], p[j]) / (a[i].norm() * p[j].norm())) for j in range(3)] for i in range(3)]
+    hand = 0.0
+    for i in range(3):
+        logits = [20.0 * c for c in cos[i]]
+        hand += -(logits[i] - math.log(sum(math.exp(x) for x in logits)))
+    assert float(got) == pytest.approx(hand / 3, rel=1e-5)
+
+
+def test_cached_and_plain_losses_give_the_same_gradients(tiny_bi_encoder):
+    import torch
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
+
+    texts_a = ["solar panels", "hot coffee", "wolves in the tundra", "lava"]
+    texts_p = ["photovoltaic cells", "brewed beans", "packs of wolves", "volcanoes erupt"]
+    grads = []
+    for cls, kw in ((MultipleNegativesRankingLoss, {}), (CachedMultipleNegativesRankingLoss, {"mini_batch_size": 2})):
+        torch.manual_seed(0)
+        model = load_st_model(str(tiny_bi_encoder), 32)
+        model.eval()  # no dropout: the two losses must see the same network (gradients still flow)
+        feats = [model.tokenize(texts_a), model.tokenize(texts_p)]
+        loss = cls(model, scale=20.0, **kw)
+        value = loss(feats, None)
+        value.backward()
+        grads.append((float(value.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (l1, g1), (l2, g2) = grads
+    assert l1 == pytest.approx(l2, rel=1e-5)
+    assert g1.keys() == g2.keys() and len(g1) > 10
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6)
+
+
+def test_dev_split_is_fixed_by_seed():
+    from retr.retrieval.types import Qrels
+
+    q = Qrels({f"q{i}": {"d": 1} for i in range(50)})
+    assert split_dev(q, 0.2, 1) == split_dev(q, 0.2, 1)
+    train, dev = split_dev(q, 0.2, 1)
+    assert len(dev) == 10 and not set(train) & set(dev) and split_dev(q, 0.2, 2)[1] != dev
+
+
+def test_self_supervised_pairs_never_pair_a_text_with_itself():
+    from retr.retrieval.types import Document
+
+    docs = [Document("a", "A title", "Body text that is long enough here."),
+            Document("b", "", "First sentence is long enough. Second sentence is also long enough. Third one too!")]
+    pairs, positives = self_supervised_pairs(docs, seed=0)
+    assert [p.positive_id for p in pairs] == ["a", "b"]
+    assert pairs[0].query == "A title"
+    assert pairs[1].query not in positives["b"] and pairs[1].query in docs[1].text
+
+
+def _cfg(base, **kw):
+    return BiEncoderTrainConfig(base=str(base), epochs=kw.pop("epochs", 3), batch_size=4, mini_batch_size=2,
+                                learning_rate=1e-3, max_length=32, num_negatives=1, negative_depth=5,
+                                dev_fraction=0.3, dev_candidates=5, seed=0, **kw)
+
+
+def test_tiny_training_run_learns_and_writes_a_loadable_folder(tiny_train, tiny_bi_encoder, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    ds = load_dataset(str(tiny_train), "train", download=False)
+    out = tmp_path / "bi"
+    m = train_bi_encoder(out, _cfg(tiny_bi_encoder.parent / "bert", epochs=4), dataset=ds)
+    assert len(m["loss_history"]) >= 2 and m["loss_history"][-1] < m["loss_history"][0]
+    assert len(m["dev_ndcg@10_per_epoch"]) == 4 and m["dev_ndcg@10"] == max(m["dev_ndcg@10_per_epoch"])
+    manifest = json.loads((out / "retr_manifest.json").read_text())
+    assert manifest["config"]["seed"] == 0 and manifest["data_sha256"] == m["data_sha256"]
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin")) and not list(out.glob("*.pkl"))
+    model = SentenceTransformer(str(out), device="cpu")
+    assert model.encode(["solar"]).shape == (1, 32)
+    assert not (tmp_path / ".bi.checkpoints").exists()
+
+
+def test_resume_continues_from_the_last_checkpoint(tiny_train, tiny_bi_encoder, tmp_path):
+    from transformers import TrainerCallback
+
+    class Crash(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            raise KeyboardInterrupt  # the session dies right after the first checkpoint
+
+    ds = load_dataset(str(tiny_train), "train", download=False)
+    out = tmp_path / "bi"
+    with pytest.raises(KeyboardInterrupt):
+        train_bi_encoder(out, _cfg(tiny_bi_encoder.parent / "bert", epochs=2), dataset=ds, callbacks=[Crash()])
+    assert not out.exists() and list((tmp_path / ".bi.checkpoints").glob("checkpoint-*"))
+    m = train_bi_encoder(out, _cfg(tiny_bi_encoder.parent / "bert", epochs=2), dataset=ds, resume=True)
+    assert m["resumed_from"] and m["resumed_from"].endswith(f"checkpoint-{m['steps'] // 2}")
+    assert (out / "retr_manifest.json").is_file()

@@ -1,0 +1,1 @@
+"""retr.train: turning a BERT backbone into retr models (bi-encoder, cross-encoder, MLM)."""

@@ -1,0 +1,177 @@
+"""`retr train bi-encoder`: contrastive training from a BERT backbone or a sentence-transformers model.
+
+In-batch negatives plus BM25 hard negatives (guarded against false negatives) with
+sentence-transformers' cached MNRL loss (GradCache: a large batch in small memory), a batch sampler
+that never puts one text twice in a batch, a dev split carved from the training queries to pick
+the checkpoint by dev nDCG@10, and `--resume` from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from retr.eval.data import Corpus, Dataset
+from retr.retrieval.bm25 import BM25Config, BM25Retriever, build_bm25
+from retr.retrieval.errors import RetrError
+from retr.retrieval.types import Qrels
+from retr.train.common import checkpoint_dir, dev_ndcg, last_checkpoint, write_output
+from retr.train.data import labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
+from retr.train.negatives import mine_bm25_negatives
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BiEncoderTrainConfig:
+    base: str | None = None  # BERT or sentence-transformers folder (default: the bundled MiniLM)
+    epochs: int = 1
+    batch_size: int = 16
+    mini_batch_size: int = 16  # GradCache chunk: memory is set by this, not by batch_size
+    learning_rate: float = 2e-5
+    warmup_ratio: float = 0.1
+    max_length: int = 256
+    num_negatives: int = 1
+    negative_depth: int = 30
+    scale: float = 20.0  # 1 / temperature
+    dev_fraction: float = 0.2
+    dev_candidates: int = 30  # BM25 candidates per dev query (plus its positives) for dev nDCG@10
+    seed: int = 42
+    self_supervised: bool = False
+    max_steps: int = -1
+
+
+def load_st_model(base: str | None, max_length: int):
+    """A SentenceTransformer from ``base``; a raw BERT gets mean pooling and normalisation."""
+    from sentence_transformers import SentenceTransformer
+
+    from retr.retrieval.encoder import resolve_model
+
+    _, path = resolve_model(base)
+    source = str(path) if path is not None else base
+    if path is not None and (path / "modules.json").is_file() or path is None:
+        model = SentenceTransformer(source, device="cpu")
+    else:
+        try:
+            from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+        except ImportError:  # pragma: no cover - sentence-transformers < 6
+            from sentence_transformers.models import Normalize, Pooling, Transformer
+        if not (path / "config.json").is_file():
+            raise RetrError(f"{path}: not a BERT or sentence-transformers folder (no config.json)")
+        word = Transformer(source, max_seq_length=max_length)
+        dim = word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension") \
+            else word.get_word_embedding_dimension()
+        model = SentenceTransformer(modules=[word, Pooling(dim, "mean"), Normalize()], device="cpu")
+    model.max_seq_length = max_length
+    return model
+
+
+def _dev_candidates(corpus: Corpus, texts: list[str], queries: dict[str, str], qrels: Qrels, depth: int):
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="retr-dev-") as tmp:
+        build_bm25(texts, Path(tmp) / "bm25", BM25Config())
+        run = BM25Retriever(Path(tmp) / "bm25", corpus.ids).search(queries, depth)
+    return {q: list(dict.fromkeys([h.doc_id for h in run[q]] + [d for d, g in qrels[q].items() if g > 0]))
+            for q in queries}
+
+
+def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | None = None,
+                     corpus: Corpus | None = None, resume: bool = False, callbacks: list | None = None) -> dict:
+    """Train and write a sentence-transformers folder (+ retr_manifest.json) to ``out``."""
+    import torch
+    from datasets import Dataset as HFDataset
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
+    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
+
+    t0 = time.perf_counter()
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    corpus = dataset.corpus if dataset is not None else corpus
+    if corpus is None:
+        raise RetrError("training needs --dataset or --corpus")
+    texts = [d.full_text() for d in corpus.docs]
+    doc_text = dict(zip(corpus.ids, texts, strict=True))
+    qrels: Qrels | None = None
+    if cfg.self_supervised:
+        pairs, positives = self_supervised_pairs(corpus.docs, cfg.seed)
+        doc_text_pos = {**doc_text, **positives}
+        rng = random.Random(cfg.seed)
+        order = list(range(len(pairs)))
+        rng.shuffle(order)
+        n_dev = min(200, int(len(pairs) * cfg.dev_fraction))
+        dev_pairs, train_pairs = [pairs[i] for i in order[:n_dev]], [pairs[i] for i in order[n_dev:]]
+        dev_queries = {p.qid: p.query for p in dev_pairs}
+        dev_qrels = Qrels({p.qid: {p.positive_id: 1} for p in dev_pairs})
+    else:
+        if dataset is None:
+            raise RetrError("labeled training needs --dataset (or use --corpus with --self-supervised)")
+        qrels = dataset.qrels
+        train_q, dev_q = split_dev(qrels, cfg.dev_fraction, cfg.seed)
+        train_pairs = labeled_pairs(dataset.queries, qrels, train_q)
+        dev_queries = {q: dataset.queries[q] for q in dev_q}
+        dev_qrels = Qrels({q: qrels[q] for q in dev_q})
+        doc_text_pos = doc_text
+    if not train_pairs or not dev_queries:
+        raise RetrError(f"too little training data: {len(train_pairs)} pairs, {len(dev_queries)} dev queries")
+    logger.info("%d training pairs, %d dev queries", len(train_pairs), len(dev_queries))
+    negatives = mine_bm25_negatives(train_pairs, corpus.ids, texts, qrels, cfg.num_negatives, cfg.seed,
+                                    depth=cfg.negative_depth) if cfg.num_negatives else [[] for _ in train_pairs]
+    columns = {"anchor": [p.query for p in train_pairs], "positive": [doc_text_pos[p.positive_id] for p in train_pairs]}
+    for j in range(cfg.num_negatives):
+        columns[f"negative_{j + 1}"] = [doc_text[n[j]] for n in negatives]
+    train_ds = HFDataset.from_dict(columns)
+    candidates = _dev_candidates(corpus, texts, dev_queries, dev_qrels, cfg.dev_candidates)
+
+    model = load_st_model(cfg.base, cfg.max_length)
+
+    class DevEvaluator(SentenceEvaluator):
+        def __init__(self):
+            super().__init__()
+            self.primary_metric = "ndcg@10"
+
+        def __call__(self, model, output_path=None, epoch=-1, steps=-1):
+            def score(qs, ds):
+                q = model.encode(qs[:1], convert_to_numpy=True, normalize_embeddings=True)
+                d = model.encode(ds, convert_to_numpy=True, normalize_embeddings=True, batch_size=32)
+                return d @ q[0]
+
+            value = dev_ndcg(score, dev_queries, candidates, doc_text_pos, dev_qrels)
+            logger.info("dev nDCG@10 %.4f (epoch %s)", value, epoch)
+            return self.prefix_name_to_metrics({"ndcg@10": value}, "dev")
+
+    evaluator = DevEvaluator()
+    base_dev = evaluator(model)["dev_ndcg@10"]
+    loss = CachedMultipleNegativesRankingLoss(model, scale=cfg.scale, mini_batch_size=cfg.mini_batch_size)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(checkpoint_dir(out)), num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, warmup_ratio=cfg.warmup_ratio,
+        seed=cfg.seed, data_seed=cfg.seed, batch_sampler=BatchSamplers.NO_DUPLICATES,
+        eval_strategy="epoch", save_strategy="epoch", save_total_limit=2, load_best_model_at_end=True,
+        metric_for_best_model="eval_dev_ndcg@10", greater_is_better=True,
+        logging_steps=max(1, min(10, len(train_pairs) // cfg.batch_size // 2)),
+        report_to="none", use_cpu=True, dataloader_num_workers=0, save_only_model=False,
+    )
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_ds, loss=loss,
+                                         evaluator=evaluator, callbacks=callbacks)
+    resume_from = last_checkpoint(out) if resume else None
+    if resume and resume_from is None:
+        logger.warning("--resume: no checkpoint under %s, starting from scratch", checkpoint_dir(out))
+    trainer.train(resume_from_checkpoint=resume_from)
+    dev_scores = [h["eval_dev_ndcg@10"] for h in trainer.state.log_history if "eval_dev_ndcg@10" in h]
+    losses_ = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    seconds = time.perf_counter() - t0
+    extra = {
+        "base": cfg.base or "all-MiniLM-L6-v2", "train_pairs": len(train_pairs), "dev_queries": len(dev_queries),
+        "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
+        "dev_ndcg@10_before": base_dev, "dev_ndcg@10_per_epoch": dev_scores,
+        "dev_ndcg@10": max(dev_scores) if dev_scores else base_dev, "loss_history": losses_,
+        "resumed_from": resume_from, "train_seconds": seconds,
+        "seconds_per_epoch": seconds / max(1, cfg.epochs), "steps": trainer.state.global_step,
+    }
+    return write_output(out, lambda p: model.save(str(p)), "retr-bi-encoder", cfg, extra)
