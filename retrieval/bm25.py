@@ -5,10 +5,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from retr.retrieval.errors import RetrError
 from retr.retrieval.protocol import StageTimer
@@ -36,6 +39,14 @@ def _stemmer(language: str | None):
     import Stemmer
 
     return Stemmer.Stemmer(language)
+
+
+def _stopwords(name: str | None) -> list[str]:
+    if not name:
+        return []
+    from bm25s.tokenization import _infer_stopwords
+
+    return list(_infer_stopwords(name))
 
 
 def tokenize(texts: Sequence[str], cfg: BM25Config, show_progress: bool = False) -> list[list[str]]:
@@ -77,29 +88,34 @@ class BM25Retriever:
         self.model = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
         self.ids = list(ids)
         self.vocab = self.model.vocab_dict
+        self._split = re.compile(r"(?u)\b\w\w+\b").findall
+        self._stop = frozenset(_stopwords(self.cfg.stopwords))
+        self._stem = _stemmer(self.cfg.stemmer)
         n = int(self.model.scores["num_docs"])
         if n != len(self.ids):
             raise RetrError(f"{folder}: BM25 index holds {n} documents but the id list has {len(self.ids)}")
 
-    def _query_tokens(self, texts: Sequence[str]) -> list[list[str]]:
-        return [[t for t in toks if t in self.vocab] for toks in tokenize(texts, self.cfg)]
+    def _query_ids(self, text: str) -> list[int]:
+        """bm25s's tokenisation (lowercase, \\w\\w+, stopwords, Snowball) without its per-call overhead."""
+        words = [w for w in self._split(text.lower()) if w not in self._stop]
+        if self._stem is not None:
+            words = self._stem.stemWords(words)
+        vocab = self.vocab
+        return [vocab[w] for w in words if w in vocab]
 
     def search(self, queries: Mapping[str, str], k: int, timer: StageTimer | None = None) -> Run:
         timer = timer or StageTimer()
-        qids = list(queries)
+        ids = self.ids
+        k_eff = min(k, len(ids))
+        out: dict[str, list[Hit]] = {}
         with timer.stage("bm25"):
-            token_lists = self._query_tokens([queries[q] for q in qids])
-            k_eff = min(k, len(self.ids))
-            out: dict[str, list[Hit]] = {}
-            nonempty = [i for i, t in enumerate(token_lists) if t]
-            for i, t in enumerate(token_lists):
-                if not t:
-                    out[qids[i]] = []
-            if nonempty and k_eff > 0:
-                docs, scores = self.model.retrieve([token_lists[i] for i in nonempty], k=k_eff,
-                                                   show_progress=False, n_threads=1)
-                for row, i in enumerate(nonempty):
-                    out[qids[i]] = [Hit(self.ids[d], s)
-                                    for d, s in zip(docs[row].tolist(), scores[row].tolist(), strict=True) if s > 0]
-        return Run({q: out[q] for q in qids})
-
+            for qid, text in queries.items():
+                token_ids = self._query_ids(text)
+                if not token_ids or k_eff == 0:
+                    out[qid] = []
+                    continue
+                scores = self.model.get_scores_from_ids(token_ids)
+                top = np.argpartition(-scores, k_eff - 1)[:k_eff] if k_eff < len(scores) else np.arange(len(scores))
+                top = top[scores[top] > 0]
+                out[qid] = [Hit(ids[d], s) for d, s in zip(top.tolist(), scores[top].tolist(), strict=True)]
+        return Run(out)

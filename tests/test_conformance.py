@@ -191,3 +191,16 @@ def test_reranker_folder_must_be_a_cross_encoder(tiny_bi_encoder, tmp_path):
         CrossEncoderReranker(RerankConfig(model=str(tiny_bi_encoder)))
     with pytest.raises(RetrError, match="no such cross-encoder folder"):
         CrossEncoderReranker(RerankConfig(model=str(tmp_path / "nope")))
+
+
+def test_fast_query_tokenisation_equals_bm25s(env):
+    import bm25s
+
+    corpus, _, indexes, _ = env
+    r = PipelineFactory(indexes["flat"]).bm25()
+    texts = [*QUERIES.values(), *(d.full_text() for d in corpus.docs), "The RUNNING runners ran; it's 2024!"]
+    ref = tokenize(texts, BM25Config())
+    for text, ref_tokens in zip(texts, ref, strict=True):
+        expected = [r.vocab[t] for t in ref_tokens if t in r.vocab]
+        assert r._query_ids(text) == expected, text
+    assert bm25s.__version__

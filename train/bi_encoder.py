@@ -38,7 +38,7 @@ class BiEncoderTrainConfig:
     negative_depth: int = 30
     scale: float = 20.0  # 1 / temperature
     dev_fraction: float = 0.2
-    dev_candidates: int = 30  # BM25 candidates per dev query (plus its positives) for dev nDCG@10
+    dev_candidates: int = 10  # BM25 candidates per dev query (plus its positives) for dev nDCG@10
     seed: int = 42
     self_supervised: bool = False
     max_steps: int = -1
@@ -136,12 +136,14 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
             self.primary_metric = "ndcg@10"
 
         def __call__(self, model, output_path=None, epoch=-1, steps=-1):
-            def score(qs, ds):
-                q = model.encode(qs[:1], convert_to_numpy=True, normalize_embeddings=True)
-                d = model.encode(ds, convert_to_numpy=True, normalize_embeddings=True, batch_size=32)
-                return d @ q[0]
-
-            value = dev_ndcg(score, dev_queries, candidates, doc_text_pos, dev_qrels)
+            qids = list(dev_queries)
+            docs = sorted({d for q in qids for d in candidates[q]})
+            pos = {d: i for i, d in enumerate(docs)}
+            q_emb = model.encode([dev_queries[q] for q in qids], convert_to_numpy=True, normalize_embeddings=True)
+            d_emb = model.encode([doc_text_pos[d] for d in docs], convert_to_numpy=True, normalize_embeddings=True,
+                                 batch_size=32)
+            scores = {q: {d: float(d_emb[pos[d]] @ q_emb[i]) for d in candidates[q]} for i, q in enumerate(qids)}
+            value = dev_ndcg(scores, dev_qrels)
             logger.info("dev nDCG@10 %.4f (epoch %s)", value, epoch)
             return self.prefix_name_to_metrics({"ndcg@10": value}, "dev")
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-
-import numpy as np
 
 from retr.eval.metrics import evaluate
 from retr.indexes.atomic import atomic_dir
@@ -28,15 +26,10 @@ def last_checkpoint(out: Path) -> str | None:
     return str(ckpts[-1]) if ckpts else None
 
 
-def dev_ndcg(score_fn: Callable[[list[str], list[str]], np.ndarray], queries: Mapping[str, str],
-             candidates: Mapping[str, Sequence[str]], texts: Mapping[str, str], qrels: Qrels) -> float:
-    """nDCG@10 over each dev query's candidate documents, ranked by ``score_fn(queries, docs)``."""
-    rankings = {}
-    for qid, q in queries.items():
-        cands = list(candidates[qid])
-        scores = score_fn([q] * len(cands), [texts[d] for d in cands])
-        rankings[qid] = [Hit(d, float(s)) for d, s in zip(cands, scores, strict=True)]
-    return evaluate(Run(rankings), qrels, [10]).mean["NDCG@10"]
+def dev_ndcg(scores: Mapping[str, Mapping[str, float]], qrels: Qrels) -> float:
+    """nDCG@10 of each dev query's candidates ranked by ``scores[qid][doc]``."""
+    return evaluate(Run({q: [Hit(d, float(s)) for d, s in docs.items()] for q, docs in scores.items()}),
+                    qrels, [10]).mean["NDCG@10"]
 
 
 def write_output(out: Path, save_model: Callable[[Path], None], kind: str, config, extra: dict) -> dict:
