@@ -1,0 +1,293 @@
+"""retr against its peers, side by side in one run, on this machine. A script, not a test.
+
+    python benchmarks/speed.py [--sections 1,2,4,6] [--dataset ../shared/datasets/scifact]
+                               [--encode-docs N] [--ann-n 1000000] [--out benchmarks/results/speed.json]
+
+Sections (as numbered in the speed issue):
+  1  corpus encoding docs/s: sentence-transformers fp32 vs retr's backends (+ nDCG@10 with --quality)
+  2  single-query first-stage latency (encode + exact search, k=10): sentence-transformers + FAISS vs retr
+  4  BM25 ms/query: rank_bm25 vs bm25s vs retr
+  6  ANN at scale: flat vs HNSW (several efSearch) vs IVF-PQ (several nprobe) on vectors made from
+     real SciFact embeddings (see ``synthetic_vectors``): recall@10, single-query QPS, bytes/vector,
+     build time, and the curve as a PNG
+Prints a table per section with absolute figures and retr/peer ratios, and writes all numbers to JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _pct(samples_s: list[float]) -> dict:
+    ms = np.asarray(samples_s) * 1000
+    return {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)), "mean": float(ms.mean())}
+
+
+def _table(title: str, header: list[str], rows: list[list]) -> str:
+    cells = [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+    lines = [title, "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+def section_encoding(ds, n_docs: int, quality: bool) -> dict:
+    from sentence_transformers import SentenceTransformer
+
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig, bundled_model_path
+
+    texts = [d.full_text() for d in ds.corpus.docs][:n_docs]
+    out = {}
+    st = SentenceTransformer(str(bundled_model_path()), device="cpu")
+    st.encode(texts[:32])
+    t0 = time.perf_counter()
+    st_emb = st.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
+    out["sentence-transformers fp32"] = {"docs_per_s": len(texts) / (time.perf_counter() - t0), "emb": st_emb}
+    for backend in ("onnx", "onnx-int8"):
+        enc = BiEncoder(EncoderConfig(backend=backend))
+        enc.encode(texts[:32])
+        t0 = time.perf_counter()
+        emb = enc.encode(texts)
+        out[f"retr {backend}"] = {"docs_per_s": len(texts) / (time.perf_counter() - t0), "emb": emb,
+                                  "min_cos_to_st": float((emb * st_emb).sum(1).min())}
+    if quality and n_docs >= len(ds.corpus):
+        from retr.eval.metrics import evaluate
+        from retr.retrieval.types import Run
+
+        enc = BiEncoder(EncoderConfig(backend="torch"))
+        q = enc.encode(list(ds.queries.values()))
+        for r in out.values():
+            scores = q @ r["emb"].T
+            top = np.argsort(-scores, axis=1)[:, :10]
+            run = Run({qid: [(ds.corpus.ids[j], float(scores[i, j])) for j in top[i]]
+                       for i, qid in enumerate(ds.queries)})
+            r["ndcg@10"] = evaluate(run, ds.qrels, [10]).mean["NDCG@10"]
+    base = out["sentence-transformers fp32"]["docs_per_s"]
+    rows = [[k, v["docs_per_s"], v["docs_per_s"] / base, v.get("min_cos_to_st", 1.0), v.get("ndcg@10", "-")]
+            for k, v in out.items()]
+    print(_table(f"1. corpus encoding, {len(texts)} SciFact docs (max length 256)",
+                 ["encoder", "docs/s", "ratio vs ST", "min cos vs ST", "nDCG@10"], rows), "\n")
+    return {k: {kk: vv for kk, vv in v.items() if kk != "emb"} for k, v in out.items()}
+
+
+def section_query_latency(ds, n_queries: int) -> dict:
+    import faiss
+    from sentence_transformers import SentenceTransformer
+
+    from retr.indexes.build import corpus_embeddings
+    from retr.retrieval.dense import DenseRetriever
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig, bundled_model_path
+    from retr.retrieval.protocol import StageTimer
+
+    enc = BiEncoder(EncoderConfig())
+    emb, _ = corpus_embeddings(enc, ds.corpus)
+    index = faiss.IndexFlatIP(emb.shape[1])
+    index.add(np.ascontiguousarray(emb))
+    queries = list(ds.queries.items())[:n_queries]
+    st = SentenceTransformer(str(bundled_model_path()), device="cpu")
+    peer, ours, stages = [], [], []
+    retriever = DenseRetriever(index, ds.corpus.ids, enc)
+    for _, text in queries[:5]:
+        st.encode([text])
+        retriever.search({"q": text}, 10)
+    for _, text in queries:
+        t0 = time.perf_counter()
+        v = st.encode([text], normalize_embeddings=True, convert_to_numpy=True)
+        index.search(v, 10)
+        peer.append(time.perf_counter() - t0)
+        timer = StageTimer()
+        t0 = time.perf_counter()
+        retriever.search({"q": text}, 10, timer)
+        ours.append(time.perf_counter() - t0)
+        stages.append(timer.seconds)
+    res = {"sentence-transformers + faiss flat": _pct(peer), f"retr ({enc.backend}) + faiss flat": _pct(ours),
+           "retr encode": _pct([s["encode"] for s in stages]), "retr ann": _pct([s["ann"] for s in stages])}
+    rows = [[k, v["p50"], v["p95"]] for k, v in res.items()]
+    print(_table(f"2. single-query first stage, {len(queries)} SciFact queries, k=10, warm",
+                 ["path", "p50 ms", "p95 ms"], rows))
+    print(f"   ratio retr/peer p50: {res[f'retr ({enc.backend}) + faiss flat']['p50'] / res['sentence-transformers + faiss flat']['p50']:.2f}\n")
+    return res
+
+
+def section_bm25(ds, n_queries: int) -> dict:
+    import tempfile
+
+    import bm25s
+    from rank_bm25 import BM25Okapi
+
+    from retr.retrieval.bm25 import BM25Config, BM25Retriever, build_bm25, tokenize
+
+    texts = [d.full_text() for d in ds.corpus.docs]
+    queries = list(ds.queries.values())[:n_queries]
+    cfg = BM25Config()
+    tokens = tokenize(texts, cfg)
+    res = {}
+    peer = BM25Okapi(tokens)
+    sample = queries[: max(10, n_queries // 10)]  # rank_bm25 is slow: time a tenth of the queries
+    t0 = time.perf_counter()
+    for q in sample:
+        s = peer.get_scores(tokenize([q], cfg)[0])
+        np.argpartition(-s, 10)[:10]
+    res["rank_bm25"] = (time.perf_counter() - t0) / len(sample) * 1000
+    model = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
+    model.index(tokens, show_progress=False)
+    t0 = time.perf_counter()
+    for q in queries:
+        qt = [t for t in bm25s.tokenize(q, stopwords=cfg.stopwords, stemmer=bm25s_stemmer(),
+                                        return_ids=False, show_progress=False)[0] if t in model.vocab_dict]
+        if qt:
+            model.retrieve([qt], k=10, show_progress=False, n_threads=1)
+    res["bm25s"] = (time.perf_counter() - t0) / len(queries) * 1000
+    with tempfile.TemporaryDirectory() as tmp:
+        build_bm25(texts, Path(tmp) / "bm25", cfg)
+        ours = BM25Retriever(Path(tmp) / "bm25", ds.corpus.ids)
+        t0 = time.perf_counter()
+        for q in queries:
+            ours.search({"q": q}, 10)
+        res["retr"] = (time.perf_counter() - t0) / len(queries) * 1000
+    rows = [[k, v, v / res["retr"]] for k, v in res.items()]
+    print(_table(f"4. BM25 per query (tokenise + score + top-10), SciFact, {len(queries)} queries",
+                 ["library", "ms/query", "x retr"], rows), "\n")
+    return {k: {"ms_per_query": v} for k, v in res.items()}
+
+
+def bm25s_stemmer():
+    import Stemmer
+
+    return Stemmer.Stemmer("english")
+
+
+def synthetic_vectors(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+    """n unit vectors shaped like real embeddings: each is a random mix of two real embeddings
+    (weights 0.5-1.0 / rest) plus Gaussian noise at a third of the mean nearest-neighbour distance,
+    renormalised. They keep the anisotropy and cluster structure of the real ones."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((n, base.shape[1]), dtype=np.float32)
+    nn_dist = float(np.sqrt(np.maximum(0, 2 - 2 * np.sort(base[:500] @ base.T, axis=1)[:, -2])).mean())
+    for start in range(0, n, 100_000):
+        m = min(100_000, n - start)
+        i, j = rng.integers(0, len(base), m), rng.integers(0, len(base), m)
+        w = rng.uniform(0.5, 1.0, (m, 1)).astype(np.float32)
+        v = w * base[i] + (1 - w) * base[j]
+        v += rng.normal(0, nn_dist / 3 / np.sqrt(base.shape[1]), v.shape).astype(np.float32)
+        out[start:start + m] = v / np.linalg.norm(v, axis=1, keepdims=True)
+    return out
+
+
+def section_ann(ds, n: int, png: Path | None) -> dict:
+    import faiss
+
+    from retr.indexes.build import corpus_embeddings
+    from retr.indexes.dense import DenseIndexConfig, build_faiss, configure_search
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    enc = BiEncoder(EncoderConfig())
+    base, _ = corpus_embeddings(enc, ds.corpus)
+    base = np.asarray(base)
+    xb = synthetic_vectors(base, n)
+    xq = enc.encode(list(ds.queries.values()))
+    faiss.omp_set_num_threads(os.cpu_count() or 1)
+    flat = faiss.IndexFlatIP(xb.shape[1])
+    flat.add(xb)
+    _, gt = flat.search(xq, 10)
+    faiss.omp_set_num_threads(1)  # single-query serving: one thread per query
+
+    def measure(index, label, build_s, params):
+        t0 = time.perf_counter()
+        found = [index.search(xq[i:i + 1], 10)[1][0] for i in range(len(xq))]
+        qps = len(xq) / (time.perf_counter() - t0)
+        recall = float(np.mean([len(set(f) & set(g)) / 10 for f, g in zip(found, gt, strict=True)]))
+        nbytes = faiss.serialize_index(index).nbytes / n
+        return {"index": label, "recall@10": recall, "qps": qps, "bytes_per_vector": nbytes,
+                "build_s": build_s, **params}
+
+    rows = [measure(flat, "flat", 0.0, {})]
+    faiss.omp_set_num_threads(os.cpu_count() or 1)
+    for kind, sweep_key, sweep in (("hnsw", "efSearch", (16, 32, 64, 128, 256)), ("ivfpq", "nprobe", (4, 8, 16, 32, 64))):
+        t0 = time.perf_counter()
+        index, params = build_faiss(xb, DenseIndexConfig(kind=kind))
+        build_s = time.perf_counter() - t0
+        faiss.omp_set_num_threads(1)
+        for value in sweep:
+            configure_search(index, kind, {**params, sweep_key: value})
+            rows.append(measure(index, kind, build_s, {**params, sweep_key: value}))
+        faiss.omp_set_num_threads(os.cpu_count() or 1)
+    print(_table(f"6. ANN over {n:,} vectors of dimension {xb.shape[1]} (made from SciFact embeddings), "
+                 f"{len(xq)} real queries, 1 thread per query",
+                 ["index", "param", "recall@10", "QPS", "bytes/vec", "build s"],
+                 [[r["index"], r.get("efSearch", r.get("nprobe", "-")), r["recall@10"], r["qps"],
+                   r["bytes_per_vector"], r["build_s"]] for r in rows]), "\n")
+    if png is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for kind in ("hnsw", "ivfpq"):
+            pts = [r for r in rows if r["index"] == kind]
+            ax.plot([r["recall@10"] for r in pts], [r["qps"] for r in pts], marker="o", label=kind)
+        ax.scatter([rows[0]["recall@10"]], [rows[0]["qps"]], marker="x", color="k", label="flat (exact)")
+        ax.set_xlabel("recall@10 vs exact search")
+        ax.set_ylabel("single-query QPS (1 thread)")
+        ax.set_yscale("log")
+        ax.set_title(f"{n:,} x {xb.shape[1]} vectors")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(png, dpi=110)
+        print(f"   curve saved to {png}\n")
+    return {"n": n, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sections", default="1,2,4,6")
+    p.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1].parent / "shared/datasets/scifact"))
+    p.add_argument("--encode-docs", type=int, default=5183)
+    p.add_argument("--quality", action="store_true", help="section 1: also nDCG@10 (needs the full corpus)")
+    p.add_argument("--queries", type=int, default=300)
+    p.add_argument("--ann-n", type=int, default=1_000_000)
+    p.add_argument("--out", default="benchmarks/results/speed.json")
+    args = p.parse_args(argv)
+
+    import faiss
+    import torch
+
+    from retr.eval.data import load_dataset
+    from retr.indexes.manifest import versions
+
+    sections = {int(s) for s in args.sections.split(",") if s}
+    header = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "platform": platform.platform(),
+              "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+              "faiss_threads": faiss.omp_get_max_threads(),
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    print(json.dumps(header, indent=1), "\n")
+    ds = load_dataset(args.dataset, "test", download=False)
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    results: dict = {"header": header}
+    if 1 in sections:
+        results["encoding"] = section_encoding(ds, args.encode_docs, args.quality)
+    if 2 in sections:
+        results["query_latency"] = section_query_latency(ds, args.queries)
+    if 4 in sections:
+        results["bm25"] = section_bm25(ds, args.queries)
+    if 6 in sections:
+        results["ann"] = section_ann(ds, args.ann_n, out_path.with_suffix(".ann.png"))
+    out_path.write_text(json.dumps(results, indent=2, default=float) + "\n")
+    print(f"results written to {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
