@@ -18,7 +18,7 @@ from retr.eval.data import Corpus, Dataset
 from retr.retrieval.bm25 import BM25Config, BM25Retriever, build_bm25
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Qrels
-from retr.train.common import checkpoint_dir, dev_ndcg, last_checkpoint, write_output
+from retr.train.common import dev_evaluator, run_trainer, trainer_kwargs, write_output
 from retr.train.data import labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
 from retr.train.negatives import mine_bm25_negatives
 
@@ -85,9 +85,7 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     import torch
     from datasets import Dataset as HFDataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
-    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 
     t0 = time.perf_counter()
     random.seed(cfg.seed)
@@ -130,50 +128,27 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
 
     model = load_st_model(cfg.base, cfg.max_length)
 
-    class DevEvaluator(SentenceEvaluator):
-        def __init__(self):
-            super().__init__()
-            self.primary_metric = "ndcg@10"
+    def score_all(model):
+        qids = list(dev_queries)
+        docs = sorted({d for q in qids for d in candidates[q]})
+        pos = {d: i for i, d in enumerate(docs)}
+        q_emb = model.encode([dev_queries[q] for q in qids], convert_to_numpy=True, normalize_embeddings=True)
+        d_emb = model.encode([doc_text_pos[d] for d in docs], convert_to_numpy=True, normalize_embeddings=True,
+                             batch_size=32)
+        return {q: {d: float(d_emb[pos[d]] @ q_emb[i]) for d in candidates[q]} for i, q in enumerate(qids)}
 
-        def __call__(self, model, output_path=None, epoch=-1, steps=-1):
-            qids = list(dev_queries)
-            docs = sorted({d for q in qids for d in candidates[q]})
-            pos = {d: i for i, d in enumerate(docs)}
-            q_emb = model.encode([dev_queries[q] for q in qids], convert_to_numpy=True, normalize_embeddings=True)
-            d_emb = model.encode([doc_text_pos[d] for d in docs], convert_to_numpy=True, normalize_embeddings=True,
-                                 batch_size=32)
-            scores = {q: {d: float(d_emb[pos[d]] @ q_emb[i]) for d in candidates[q]} for i, q in enumerate(qids)}
-            value = dev_ndcg(scores, dev_qrels)
-            logger.info("dev nDCG@10 %.4f (epoch %s)", value, epoch)
-            return self.prefix_name_to_metrics({"ndcg@10": value}, "dev")
-
-    evaluator = DevEvaluator()
+    evaluator = dev_evaluator(score_all, dev_qrels)
     base_dev = evaluator(model)["dev_ndcg@10"]
     loss = CachedMultipleNegativesRankingLoss(model, scale=cfg.scale, mini_batch_size=cfg.mini_batch_size)
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(checkpoint_dir(out)), num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, warmup_ratio=cfg.warmup_ratio,
-        seed=cfg.seed, data_seed=cfg.seed, batch_sampler=BatchSamplers.NO_DUPLICATES,
-        eval_strategy="epoch", save_strategy="epoch", save_total_limit=2, load_best_model_at_end=True,
-        metric_for_best_model="eval_dev_ndcg@10", greater_is_better=True,
-        logging_steps=max(1, min(10, len(train_pairs) // cfg.batch_size // 2)),
-        report_to="none", use_cpu=True, dataloader_num_workers=0, save_only_model=False,
-    )
+    args = SentenceTransformerTrainingArguments(**trainer_kwargs(out, cfg, len(train_pairs)))
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_ds, loss=loss,
                                          evaluator=evaluator, callbacks=callbacks)
-    resume_from = last_checkpoint(out) if resume else None
-    if resume and resume_from is None:
-        logger.warning("--resume: no checkpoint under %s, starting from scratch", checkpoint_dir(out))
-    trainer.train(resume_from_checkpoint=resume_from)
-    dev_scores = [h["eval_dev_ndcg@10"] for h in trainer.state.log_history if "eval_dev_ndcg@10" in h]
-    losses_ = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    result = run_trainer(trainer, out, resume)
     seconds = time.perf_counter() - t0
     extra = {
         "base": cfg.base or "all-MiniLM-L6-v2", "train_pairs": len(train_pairs), "dev_queries": len(dev_queries),
         "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
-        "dev_ndcg@10_before": base_dev, "dev_ndcg@10_per_epoch": dev_scores,
-        "dev_ndcg@10": max(dev_scores) if dev_scores else base_dev, "loss_history": losses_,
-        "resumed_from": resume_from, "train_seconds": seconds,
-        "seconds_per_epoch": seconds / max(1, cfg.epochs), "steps": trainer.state.global_step,
+        "dev_ndcg@10_before": base_dev, **result, "train_seconds": seconds,
+        "wall_seconds_per_epoch": seconds / max(1, cfg.epochs),
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-bi-encoder", cfg, extra)

@@ -41,3 +41,48 @@ def write_output(out: Path, save_model: Callable[[Path], None], kind: str, confi
     shutil.rmtree(checkpoint_dir(out), ignore_errors=True)
     logger.info("%s written to %s", kind, out)
     return manifest
+
+
+def trainer_kwargs(out: Path, cfg, n_examples: int) -> dict:
+    """The TrainingArguments both trainers share: one checkpoint per epoch, best by dev nDCG@10."""
+    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
+
+    return dict(
+        output_dir=str(checkpoint_dir(out)), num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, warmup_ratio=cfg.warmup_ratio,
+        seed=cfg.seed, data_seed=cfg.seed, batch_sampler=BatchSamplers.NO_DUPLICATES,
+        eval_strategy="epoch", save_strategy="epoch", save_total_limit=2, load_best_model_at_end=True,
+        metric_for_best_model="eval_dev_ndcg@10", greater_is_better=True,
+        logging_steps=max(1, min(10, n_examples // cfg.batch_size // 2)),
+        report_to="none", use_cpu=True, dataloader_num_workers=0,
+    )
+
+
+def dev_evaluator(score_all: Callable[[object], Mapping[str, Mapping[str, float]]], qrels: Qrels):
+    """A sentence-transformers evaluator reporting ``dev_ndcg@10`` of ``score_all(model)``."""
+    from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
+
+    class DevEvaluator(SentenceEvaluator):
+        def __init__(self):
+            super().__init__()
+            self.primary_metric = "ndcg@10"
+
+        def __call__(self, model, output_path=None, epoch=-1, steps=-1):
+            value = dev_ndcg(score_all(model), qrels)
+            logger.info("dev nDCG@10 %.4f (epoch %s)", value, epoch)
+            return self.prefix_name_to_metrics({"ndcg@10": value}, "dev")
+
+    return DevEvaluator()
+
+
+def run_trainer(trainer, out: Path, resume: bool) -> dict:
+    """Train (from the last checkpoint with ``resume``); return what the manifest records of it."""
+    resume_from = last_checkpoint(out) if resume else None
+    if resume and resume_from is None:
+        logger.warning("--resume: no checkpoint under %s, starting from scratch", checkpoint_dir(out))
+    trainer.train(resume_from_checkpoint=resume_from)
+    history = trainer.state.log_history
+    dev = [h["eval_dev_ndcg@10"] for h in history if "eval_dev_ndcg@10" in h]
+    return {"dev_ndcg@10_per_epoch": dev, "dev_ndcg@10": max(dev) if dev else None,
+            "loss_history": [h["loss"] for h in history if "loss" in h], "resumed_from": resume_from,
+            "steps": trainer.state.global_step}

@@ -18,7 +18,7 @@ from pathlib import Path
 from retr.eval.data import Dataset
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Qrels
-from retr.train.common import checkpoint_dir, dev_ndcg, last_checkpoint, write_output
+from retr.train.common import dev_evaluator, dev_ndcg, run_trainer, trainer_kwargs, write_output
 from retr.train.data import labeled_pairs, pairs_digest, split_dev
 
 logger = logging.getLogger(__name__)
@@ -63,8 +63,6 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
         CrossEncoderTrainingArguments,
     )
     from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
-    from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
-    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 
     from retr.retrieval.encoder import resolve_model
 
@@ -103,45 +101,25 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     model = CrossEncoder(str(base_path) if base_path else cfg.base, num_labels=1, max_length=cfg.max_length,
                          device="cpu")
 
-    class DevEvaluator(SentenceEvaluator):
-        def __init__(self):
-            super().__init__()
-            self.primary_metric = "ndcg@10"
+    def score_all(model):
+        scores = {}
+        for q, cands in candidates.items():
+            s = model.predict([(dev_queries[q], texts[d]) for d in cands], batch_size=32, show_progress_bar=False,
+                              convert_to_numpy=True)
+            scores[q] = {d: float(v) for d, v in zip(cands, s, strict=True)}
+        return scores
 
-        def __call__(self, model, output_path=None, epoch=-1, steps=-1):
-            scores = {}
-            for q, cands in candidates.items():
-                s = model.predict([(dev_queries[q], texts[d]) for d in cands], batch_size=32,
-                                  show_progress_bar=False, convert_to_numpy=True)
-                scores[q] = {d: float(v) for d, v in zip(cands, s, strict=True)}
-            value = dev_ndcg(scores, dev_qrels)
-            logger.info("dev nDCG@10 %.4f (epoch %s)", value, epoch)
-            return self.prefix_name_to_metrics({"ndcg@10": value}, "dev")
-
-    evaluator = DevEvaluator()
+    evaluator = dev_evaluator(score_all, dev_qrels)
     first_stage_dev = dev_ndcg({q: {h.doc_id: h.score for h in first[q][: cfg.dev_depth]} for q in dev_q}, dev_qrels)
     loss = MultipleNegativesRankingLoss(model, num_negatives=cfg.num_negatives)
-    args = CrossEncoderTrainingArguments(
-        output_dir=str(checkpoint_dir(out)), num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, warmup_ratio=cfg.warmup_ratio,
-        seed=cfg.seed, data_seed=cfg.seed, batch_sampler=BatchSamplers.NO_DUPLICATES,
-        eval_strategy="epoch", save_strategy="epoch", save_total_limit=2, load_best_model_at_end=True,
-        metric_for_best_model="eval_dev_ndcg@10", greater_is_better=True,
-        logging_steps=max(1, min(10, len(train_ds) // cfg.batch_size // 2)),
-        report_to="none", use_cpu=True, dataloader_num_workers=0,
-    )
+    args = CrossEncoderTrainingArguments(**trainer_kwargs(out, cfg, len(train_ds)))
     trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=train_ds, loss=loss, evaluator=evaluator,
                                   callbacks=callbacks)
-    resume_from = last_checkpoint(out) if resume else None
-    trainer.train(resume_from_checkpoint=resume_from)
-    dev_scores = [h["eval_dev_ndcg@10"] for h in trainer.state.log_history if "eval_dev_ndcg@10" in h]
+    result = run_trainer(trainer, out, resume)
     seconds = time.perf_counter() - t0
     extra = {
         "base": cfg.base or "all-MiniLM-L6-v2", "train_lists": len(train_ds), "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
-        "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, "dev_ndcg@10_per_epoch": dev_scores,
-        "dev_ndcg@10": max(dev_scores) if dev_scores else None,
-        "loss_history": [h["loss"] for h in trainer.state.log_history if "loss" in h],
-        "resumed_from": resume_from, "train_seconds": seconds, "steps": trainer.state.global_step,
+        "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-cross-encoder", cfg, extra)
