@@ -24,6 +24,20 @@ class RerankConfig:
     max_length: int = 256
     batch_size: int = 32
     device: str = "cpu"
+    # weight of the cross-encoder in the final score (1.0: cross-encoder alone); None: the value
+    # chosen on dev by `retr train cross-encoder` (in the folder's retr_manifest.json), else 1.0
+    interpolation: float | None = None
+
+
+def interpolate(ce: np.ndarray, first: np.ndarray, alpha: float) -> np.ndarray:
+    """alpha * minmax(ce) + (1 - alpha) * minmax(first), both over the reranked head."""
+    def norm(x: np.ndarray) -> np.ndarray:
+        span = float(x.max() - x.min()) if len(x) else 0.0
+        return (x - x.min()) / span if span > 0 else np.ones_like(x)
+
+    if alpha >= 1.0:
+        return ce
+    return alpha * norm(ce) + (1.0 - alpha) * norm(first)
 
 
 def check_cross_encoder_dir(path: Path) -> None:
@@ -57,6 +71,11 @@ class CrossEncoderReranker:
         self.config = config
         self.path = path.resolve()
         self.model = CrossEncoder(str(self.path), max_length=config.max_length, device=config.device)
+        self.interpolation = config.interpolation
+        if self.interpolation is None:
+            manifest = self.path / "retr_manifest.json"
+            chosen = json.loads(manifest.read_text()).get("interpolation") if manifest.is_file() else None
+            self.interpolation = float(chosen) if chosen is not None else 1.0
 
     def score(self, query: str, texts: list[str]) -> np.ndarray:
         if not texts:
@@ -70,7 +89,7 @@ class CrossEncoderReranker:
         from retr.retrieval.encoder import hash_model_dir
 
         return {"path": str(self.path), "hash": hash_model_dir(self.path), "depth": self.config.depth,
-                "max_length": self.config.max_length}
+                "max_length": self.config.max_length, "interpolation": self.interpolation}
 
 
 class RerankRetriever:
@@ -94,7 +113,9 @@ class RerankRetriever:
             for qid, hits in first.items():
                 head, tail = hits[: self.depth], hits[self.depth:]
                 texts = [self.docstore.get(self.positions[h.doc_id]).full_text() for h in head]
-                scores = self.reranker.score(queries[qid], texts)
+                scores = interpolate(self.reranker.score(queries[qid], texts),
+                                     np.fromiter((h.score for h in head), dtype=np.float32, count=len(head)),
+                                     self.reranker.interpolation)
                 order = np.argsort(-scores, kind="stable")
                 ranked = [Hit(head[i].doc_id, float(scores[i])) for i in order]
                 floor = float(scores.min()) if len(scores) else 0.0

@@ -204,3 +204,13 @@ def test_fast_query_tokenisation_equals_bm25s(env):
         expected = [r.vocab[t] for t in ref_tokens if t in r.vocab]
         assert r._query_ids(text) == expected, text
     assert bm25s.__version__
+
+
+def test_interpolation_by_hand():
+    from retr.retrieval.rerank import interpolate
+
+    ce = np.array([2.0, 0.0, 1.0], dtype=np.float32)
+    fs = np.array([0.3, 0.5, 0.1], dtype=np.float32)
+    np.testing.assert_allclose(interpolate(ce, fs, 1.0), ce)
+    np.testing.assert_allclose(interpolate(ce, fs, 0.0), [0.5, 1.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(interpolate(ce, fs, 0.5), [0.75, 0.5, 0.25], rtol=1e-6)

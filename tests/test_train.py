@@ -135,5 +135,8 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     m = train_cross_encoder(out, cfg, ds)
     assert m["train_lists"] > 0 and len(m["dev_ndcg@10_per_epoch"]) == 2
     assert m["loss_history"] and 0 <= m["dev_ndcg@10_first_stage"] <= 1
+    assert 0.0 <= m["interpolation"] <= 1.0 and len(m["dev_ndcg@10_by_interpolation"]) == 11
+    assert m["dev_ndcg@10_by_interpolation"][f"{m['interpolation']:.1f}"] == max(m["dev_ndcg@10_by_interpolation"].values())
     reranker = CrossEncoderReranker(RerankConfig(model=str(out), max_length=32))  # passes the folder check
+    assert reranker.interpolation == m["interpolation"]  # the dev choice travels with the model
     assert reranker.score("solar panels", ["Solar panels convert sunlight", "Tea leaves"]).shape == (2,)

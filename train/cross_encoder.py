@@ -53,6 +53,26 @@ def first_stage_runs(dataset: Dataset, model: str | None, queries: dict[str, str
     return PipelineFactory(index, encoder).make("hybrid").search(queries, depth)
 
 
+def choose_interpolation(ce_scores, first, dev_q, depth: int, qrels: Qrels) -> tuple[float, dict[str, float]]:
+    """The weight of the cross-encoder against the first stage that maximises dev nDCG@10."""
+    import numpy as np
+
+    from retr.retrieval.rerank import interpolate
+
+    curve = {}
+    for alpha in [i / 10 for i in range(11)]:
+        scores = {}
+        for q in dev_q:
+            head = first[q][:depth]
+            ce = np.array([ce_scores[q][h.doc_id] for h in head], dtype=np.float32)
+            fs = np.array([h.score for h in head], dtype=np.float32)
+            scores[q] = dict(zip([h.doc_id for h in head], interpolate(ce, fs, alpha).tolist(), strict=True))
+        curve[f"{alpha:.1f}"] = dev_ndcg(scores, qrels)
+    best = max(curve, key=lambda a: (curve[a], float(a)))
+    logger.info("interpolation chosen on dev: %s x cross-encoder (dev nDCG@10 %.4f)", best, curve[best])
+    return float(best), curve
+
+
 def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Dataset, resume: bool = False,
                         callbacks: list | None = None) -> dict:
     import torch
@@ -116,10 +136,12 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=train_ds, loss=loss, evaluator=evaluator,
                                   callbacks=callbacks)
     result = run_trainer(trainer, out, resume)
+    alpha, alpha_curve = choose_interpolation(score_all(model), first, dev_q, cfg.dev_depth, dev_qrels)
     seconds = time.perf_counter() - t0
     extra = {
         "base": cfg.base or "all-MiniLM-L6-v2", "train_lists": len(train_ds), "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
         "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
+        "interpolation": alpha, "dev_ndcg@10_by_interpolation": alpha_curve,
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-cross-encoder", cfg, extra)
