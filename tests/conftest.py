@@ -82,11 +82,18 @@ def _tiny_bert_config(vocab_size: int):
 
 
 def _tokenizer(folder: Path):
-    from transformers import BertTokenizerFast
+    """A WordPiece tokenizer whose vocabulary is the fixture corpus's words."""
+    from transformers import BertTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(_vocab()) + "\n", encoding="utf-8")
-    tok = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True, model_max_length=128)
+    vocab = _vocab()
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    try:  # transformers >= 5
+        tok = BertTokenizer(vocab=str(folder / "vocab.txt"), do_lower_case=True, model_max_length=128)
+    except TypeError:  # pragma: no cover - transformers 4
+        tok = BertTokenizer(vocab_file=str(folder / "vocab.txt"), do_lower_case=True, model_max_length=128)
+    assert len(tok) == len(vocab), "the fixture tokenizer must know the corpus words"
+    assert tok.convert_tokens_to_ids("solar") != tok.unk_token_id
     return tok
 
 

@@ -1,0 +1,150 @@
+"""`retr train mlm`: domain-adaptive masked-language modelling with BERT's 80/10/10 rule.
+
+Of the tokens chosen for prediction (``mask_prob`` of the non-special tokens, or of the words with
+``whole_word``: then every word-piece of a chosen word), 80% become [MASK], 10% a random token and
+10% stay as they are. A checkpoint without an MLM head (the bundled MiniLM) gets one, its decoder
+tied to the input embeddings. The checkpoint with the lowest dev MLM loss (held-out documents) is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from retr.eval.data import Corpus
+from retr.retrieval.errors import RetrError
+from retr.train.common import checkpoint_dir, last_checkpoint, write_output
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MLMTrainConfig:
+    base: str | None = None
+    epochs: int = 1
+    batch_size: int = 16
+    learning_rate: float = 5e-5
+    warmup_ratio: float = 0.06
+    max_length: int = 256
+    mask_prob: float = 0.15
+    whole_word: bool = False
+    dev_fraction: float = 0.05
+    seed: int = 42
+    max_steps: int = -1
+
+
+def mask_tokens(input_ids, special, mask_id: int, allowed_random, prob: float, generator, word_ids=None):
+    """BERT masking. ``input_ids`` (B, L) long; ``special`` (B, L) bool (specials and padding, never
+    chosen); ``word_ids`` (B, L) long, -1 on specials, for whole-word masking. Returns (inputs, labels)
+    with labels -100 where nothing is predicted. The input tensor is not modified."""
+    import torch
+
+    if word_ids is None:
+        chosen = (torch.rand(input_ids.shape, generator=generator) < prob) & ~special  # (B, L)
+    else:
+        n_words = int(word_ids.max().item()) + 1 if word_ids.numel() else 0
+        word_chosen = torch.rand((input_ids.shape[0], max(n_words, 1)), generator=generator) < prob  # (B, W)
+        safe = word_ids.clamp(min=0)
+        chosen = torch.gather(word_chosen, 1, safe) & (word_ids >= 0) & ~special  # (B, L)
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
+    roll = torch.rand(input_ids.shape, generator=generator)  # one draw per position: 80 / 10 / 10
+    to_mask = chosen & (roll < 0.8)
+    to_random = chosen & (roll >= 0.8) & (roll < 0.9)
+    inputs = input_ids.clone()
+    inputs[to_mask] = mask_id
+    picks = torch.randint(len(allowed_random), input_ids.shape, generator=generator)
+    inputs[to_random] = allowed_random[picks][to_random]
+    return inputs, labels
+
+
+class MLMCollator:
+    """Tokenises raw texts and masks them (a fresh random mask every time a text is seen)."""
+
+    def __init__(self, tokenizer, cfg: MLMTrainConfig):
+        import torch
+
+        self.tok = tokenizer
+        self.cfg = cfg
+        specials = set(tokenizer.all_special_ids)
+        self.allowed = torch.tensor([i for i in range(len(tokenizer)) if i not in specials], dtype=torch.long)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+
+    def __call__(self, rows):
+        import torch
+
+        if "labels" in rows[0]:  # pre-masked rows (the dev set): pad only
+            width = max(len(r["input_ids"]) for r in rows)
+
+            def pad(key, value):
+                return torch.tensor([r[key] + [value] * (width - len(r[key])) for r in rows])
+
+            return {"input_ids": pad("input_ids", self.tok.pad_token_id or 0), "labels": pad("labels", -100),
+                    "attention_mask": pad("attention_mask", 0)}
+        enc = self.tok([r["text"] for r in rows], truncation=True, max_length=self.cfg.max_length, padding=True,
+                       return_special_tokens_mask=True, return_tensors="pt")
+        special = enc.pop("special_tokens_mask").bool() | (enc["attention_mask"] == 0)
+        word_ids = None
+        if self.cfg.whole_word:
+            word_ids = torch.tensor([[-1 if w is None else w for w in enc.word_ids(i)] for i in range(len(rows))])
+        inputs, labels = mask_tokens(enc["input_ids"], special, self.tok.mask_token_id, self.allowed,
+                                     self.cfg.mask_prob, self.gen, word_ids)
+        enc["input_ids"] = inputs
+        enc["labels"] = labels
+        return dict(enc)
+
+
+def train_mlm(out: Path, cfg: MLMTrainConfig, corpus: Corpus, resume: bool = False) -> dict:
+    import torch
+    from datasets import Dataset as HFDataset
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingArguments
+
+    from retr.retrieval.encoder import resolve_model
+
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    _, path = resolve_model(cfg.base)
+    source = str(path) if path is not None else cfg.base
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.mask_token_id is None:
+        raise RetrError(f"{source}: its tokenizer has no [MASK] token")
+    model = AutoModelForMaskedLM.from_pretrained(source)  # adds a fresh MLM head where there is none
+    model.tie_weights()
+    texts = [d.full_text() for d in corpus.docs if d.full_text().strip()]
+    order = list(range(len(texts)))
+    random.Random(cfg.seed).shuffle(order)
+    n_dev = max(1, int(len(texts) * cfg.dev_fraction))
+    collator = MLMCollator(tokenizer, cfg)
+    fixed = MLMCollator(tokenizer, cfg)  # the dev set is masked once, so dev losses are comparable
+    dev_rows = [fixed([{"text": texts[i]}]) for i in order[:n_dev]]
+    dev = HFDataset.from_dict({k: [r[k][0].tolist() for r in dev_rows] for k in ("input_ids", "labels",
+                                                                                "attention_mask")})
+    train = HFDataset.from_dict({"text": [texts[i] for i in order[n_dev:]]})
+    args = TrainingArguments(
+        output_dir=str(checkpoint_dir(out)), num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size, per_device_eval_batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_ratio, seed=cfg.seed,  # a float: a ratio
+        eval_strategy="epoch", save_strategy="epoch", save_total_limit=2, load_best_model_at_end=True,
+        metric_for_best_model="eval_loss", greater_is_better=False, remove_unused_columns=False,
+        logging_steps=max(1, min(20, len(train) // cfg.batch_size // 2)), report_to="none", use_cpu=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev,
+                      data_collator=collator)
+    before = trainer.evaluate()["eval_loss"]
+    resume_from = last_checkpoint(out) if resume else None
+    trainer.train(resume_from_checkpoint=resume_from)
+    history = trainer.state.log_history
+    dev_losses = [h["eval_loss"] for h in history if "eval_loss" in h]
+    extra = {"base": cfg.base or "all-MiniLM-L6-v2", "corpus_sha256": corpus.sha256, "train_docs": len(train),
+             "dev_docs": len(dev), "dev_mlm_loss_before": before, "dev_mlm_loss_per_epoch": dev_losses,
+             "dev_mlm_loss": min(dev_losses) if dev_losses else before,
+             "loss_history": [h["loss"] for h in history if "loss" in h], "resumed_from": resume_from,
+             "train_seconds": time.perf_counter() - t0, "steps": trainer.state.global_step}
+
+    def save(p: Path) -> None:
+        trainer.model.save_pretrained(str(p))
+        tokenizer.save_pretrained(str(p))
+
+    return write_output(out, save, "retr-mlm", cfg, extra)
