@@ -66,9 +66,16 @@ def dev_evaluator(score_all: Callable[[object], Mapping[str, Mapping[str, float]
         def __init__(self):
             super().__init__()
             self.primary_metric = "ndcg@10"
+            self.history: list[tuple[float, Mapping[str, Mapping[str, float]]]] = []  # (value, scores) per call
+
+        def best_scores(self) -> Mapping[str, Mapping[str, float]]:
+            """The dev scores of the best evaluation (the checkpoint the trainer keeps)."""
+            return max(self.history, key=lambda h: h[0])[1]
 
         def __call__(self, model, output_path=None, epoch=-1, steps=-1):
-            value = dev_ndcg(score_all(model), qrels)
+            scores = score_all(model)
+            value = dev_ndcg(scores, qrels)
+            self.history.append((value, scores))
             logger.info("dev nDCG@10 %.4f (epoch %s)", value, epoch)
             return self.prefix_name_to_metrics({"ndcg@10": value}, "dev")
 

@@ -136,7 +136,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=train_ds, loss=loss, evaluator=evaluator,
                                   callbacks=callbacks)
     result = run_trainer(trainer, out, resume)
-    alpha, alpha_curve = choose_interpolation(score_all(model), first, dev_q, cfg.dev_depth, dev_qrels)
+    alpha, alpha_curve = choose_interpolation(evaluator.best_scores(), first, dev_q, cfg.dev_depth, dev_qrels)
     seconds = time.perf_counter() - t0
     extra = {
         "base": cfg.base or "all-MiniLM-L6-v2", "train_lists": len(train_ds), "dev_queries": len(dev_q),
