@@ -68,7 +68,8 @@ def build_faiss(emb: np.ndarray, cfg: DenseIndexConfig):
         quantizer = faiss.IndexFlatIP(dim)
         index = faiss.IndexIVFPQ(quantizer, dim, nlist, pq_m, nbits, faiss.METRIC_INNER_PRODUCT)
         rng = np.random.default_rng(cfg.seed)
-        sample = emb if n <= cfg.train_sample else emb[np.sort(rng.choice(n, cfg.train_sample, replace=False))]
+        n_train = max(cfg.train_sample, 64 * nlist)  # k-means wants >= 39 points per list
+        sample = emb if n <= n_train else emb[np.sort(rng.choice(n, n_train, replace=False))]
         index.cp.seed = cfg.seed
         index.pq.cp.seed = cfg.seed if hasattr(index.pq, "cp") else 0
         logger.info("training IVF%d,PQ%dx%d on %d of %d vectors", nlist, pq_m, nbits, len(sample), n)
