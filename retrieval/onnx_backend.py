@@ -124,7 +124,7 @@ def find_cached(model_hash: str, variant: str, cache_root: Path, threads: int | 
         return None
     if meta.get("model_hash") != model_hash or meta.get("check_cosine", 0) < VARIANTS[variant] or "dim" not in meta:
         return None
-    threads = threads or min(os.cpu_count() or 1, 4)
+    threads = threads or default_threads()
     return OnnxSession(_session(folder / "model.onnx", threads), folder / "model.onnx", variant,
                        meta["check_cosine"], int(meta["dim"]))
 
@@ -191,7 +191,7 @@ def load_or_export(st_model, model_hash: str, variant: str, max_length: int, cac
 
     if variant not in VARIANTS:
         raise RetrError(f"unknown ONNX variant {variant!r}")
-    threads = threads or max(1, min(os.cpu_count() or 1, _torch_threads()))
+    threads = threads or default_threads()
     cached = find_cached(model_hash, variant, cache_root, threads)
     if cached is not None:
         return cached
@@ -205,8 +205,7 @@ def load_or_export(st_model, model_hash: str, variant: str, max_length: int, cac
         final = tmp / "model.onnx"
         if variant == "onnx-int8":
             quantize_int8(fp32, final)
-            fp32.unlink()
-            for extra in tmp.glob("model.fp32.onnx*"):
+            for extra in tmp.glob("model.fp32.onnx*"):  # the fp32 graph and its external data
                 extra.unlink()
         else:
             os.replace(fp32, final)
@@ -223,7 +222,6 @@ def load_or_export(st_model, model_hash: str, variant: str, max_length: int, cac
     return OnnxSession(_session(path, threads), path, variant, cos, dim)
 
 
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
+def default_threads() -> int:
+    """ONNX Runtime intra-op threads: the machine's cores, at most 4 (one policy for export and load)."""
+    return max(1, min(os.cpu_count() or 1, 4))

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retr.eval.data import Corpus, Dataset
-from retr.retrieval.bm25 import BM25Config, BM25Retriever, build_bm25
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Qrels
 from retr.train.common import dev_evaluator, run_trainer, trainer_kwargs, write_output
 from retr.train.data import labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
-from retr.train.negatives import mine_bm25_negatives
+from retr.train.negatives import mine_bm25_negatives, temporary_bm25
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ def load_st_model(base: str | None, max_length: int):
 
     _, path = resolve_model(base)
     source = str(path) if path is not None else base
-    if path is not None and (path / "modules.json").is_file() or path is None:
+    if path is None or (path / "modules.json").is_file():
         model = SentenceTransformer(source, device="cpu")
     else:
         try:
@@ -69,12 +68,9 @@ def load_st_model(base: str | None, max_length: int):
     return model
 
 
-def _dev_candidates(corpus: Corpus, texts: list[str], queries: dict[str, str], qrels: Qrels, depth: int):
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="retr-dev-") as tmp:
-        build_bm25(texts, Path(tmp) / "bm25", BM25Config())
-        run = BM25Retriever(Path(tmp) / "bm25", corpus.ids).search(queries, depth)
+def _dev_candidates(bm25, queries: dict[str, str], qrels: Qrels, depth: int) -> dict[str, list[str]]:
+    """Each dev query's BM25 top ``depth`` plus its positives: the list dev nDCG@10 reranks."""
+    run = bm25.search(queries, depth)
     return {q: list(dict.fromkeys([h.doc_id for h in run[q]] + [d for d, g in qrels[q].items() if g > 0]))
             for q in queries}
 
@@ -118,13 +114,14 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     if not train_pairs or not dev_queries:
         raise RetrError(f"too little training data: {len(train_pairs)} pairs, {len(dev_queries)} dev queries")
     logger.info("%d training pairs, %d dev queries", len(train_pairs), len(dev_queries))
-    negatives = mine_bm25_negatives(train_pairs, corpus.ids, texts, qrels, cfg.num_negatives, cfg.seed,
-                                    depth=cfg.negative_depth) if cfg.num_negatives else [[] for _ in train_pairs]
+    with temporary_bm25(corpus.ids, texts) as bm25:  # one BM25 for mining and for the dev candidates
+        negatives = (mine_bm25_negatives(train_pairs, bm25, qrels, cfg.num_negatives, cfg.seed,
+                                         depth=cfg.negative_depth) if cfg.num_negatives else [[] for _ in train_pairs])
+        candidates = _dev_candidates(bm25, dev_queries, dev_qrels, cfg.dev_candidates)
     columns = {"anchor": [p.query for p in train_pairs], "positive": [doc_text_pos[p.positive_id] for p in train_pairs]}
     for j in range(cfg.num_negatives):
         columns[f"negative_{j + 1}"] = [doc_text[n[j]] for n in negatives]
     train_ds = HFDataset.from_dict(columns)
-    candidates = _dev_candidates(corpus, texts, dev_queries, dev_qrels, cfg.dev_candidates)
 
     model = load_st_model(cfg.base, cfg.max_length)
 

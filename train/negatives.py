@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from retr.retrieval.bm25 import BM25Config, BM25Retriever, build_bm25
@@ -15,9 +16,17 @@ from retr.train.data import Pair
 logger = logging.getLogger(__name__)
 
 
-def mine_bm25_negatives(pairs: Sequence[Pair], doc_ids: Sequence[str], doc_texts: Sequence[str],
-                        qrels: Qrels | None, num_negatives: int, seed: int, depth: int = 30,
-                        skip_top: int = 0, max_relative_score: float = 0.95) -> list[list[str]]:
+@contextlib.contextmanager
+def temporary_bm25(doc_ids: Sequence[str], doc_texts: Sequence[str]) -> Iterator[BM25Retriever]:
+    """A BM25 retriever over the training corpus, built once and removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="retr-bm25-") as tmp:
+        build_bm25(list(doc_texts), Path(tmp) / "bm25", BM25Config())
+        yield BM25Retriever(Path(tmp) / "bm25", doc_ids)
+
+
+def mine_bm25_negatives(pairs: Sequence[Pair], bm25: BM25Retriever, qrels: Qrels | None, num_negatives: int,
+                        seed: int, depth: int = 30, skip_top: int = 0,
+                        max_relative_score: float = 0.95) -> list[list[str]]:
     """For each pair, ``num_negatives`` doc ids from BM25's top ``depth`` for its query.
 
     False-negative guard: a candidate judged for that query (any grade) is never used, nor the
@@ -25,11 +34,8 @@ def mine_bm25_negatives(pairs: Sequence[Pair], doc_ids: Sequence[str], doc_texts
     positive — near-duplicates of a positive are more often unjudged positives than negatives.
     """
     rng = random.Random(seed)
-    with tempfile.TemporaryDirectory(prefix="retr-bm25-") as tmp:
-        build_bm25(list(doc_texts), Path(tmp) / "bm25", BM25Config())
-        bm25 = BM25Retriever(Path(tmp) / "bm25", doc_ids)
-        queries = {f"{i}": p.query for i, p in enumerate(pairs)}
-        run = bm25.search(queries, depth + 1 + skip_top)
+    doc_ids = bm25.ids
+    run = bm25.search({f"{i}": p.query for i, p in enumerate(pairs)}, depth + 1 + skip_top)
     out: list[list[str]] = []
     short = 0
     for i, p in enumerate(pairs):
