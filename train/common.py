@@ -82,14 +82,17 @@ def dev_evaluator(score_all: Callable[[object], Mapping[str, Mapping[str, float]
     return DevEvaluator()
 
 
-def run_trainer(trainer, out: Path, resume: bool) -> dict:
-    """Train (from the last checkpoint with ``resume``); return what the manifest records of it."""
+def run_trainer(trainer, out: Path, resume: bool, eval_key: str = "eval_dev_ndcg@10", name: str = "dev_ndcg@10",
+                best: Callable = max) -> dict:
+    """Train (from the last checkpoint with ``resume``); return what the manifest records of it:
+    ``{name}_per_epoch`` (the trainer's ``eval_key`` at each evaluation), ``{name}`` (the ``best`` of them),
+    the training loss history, the checkpoint resumed from and the step count."""
     resume_from = last_checkpoint(out) if resume else None
     if resume and resume_from is None:
         logger.warning("--resume: no checkpoint under %s, starting from scratch", checkpoint_dir(out))
     trainer.train(resume_from_checkpoint=resume_from)
     history = trainer.state.log_history
-    dev = [h["eval_dev_ndcg@10"] for h in history if "eval_dev_ndcg@10" in h]
-    return {"dev_ndcg@10_per_epoch": dev, "dev_ndcg@10": max(dev) if dev else None,
+    dev = [h[eval_key] for h in history if eval_key in h]
+    return {f"{name}_per_epoch": dev, name: best(dev) if dev else None,
             "loss_history": [h["loss"] for h in history if "loss" in h], "resumed_from": resume_from,
             "steps": trainer.state.global_step}

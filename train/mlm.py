@@ -16,7 +16,7 @@ from pathlib import Path
 
 from retr.eval.data import Corpus
 from retr.retrieval.errors import RetrError
-from retr.train.common import checkpoint_dir, last_checkpoint, write_output
+from retr.train.common import checkpoint_dir, run_trainer, write_output
 
 logger = logging.getLogger(__name__)
 
@@ -133,15 +133,12 @@ def train_mlm(out: Path, cfg: MLMTrainConfig, corpus: Corpus, resume: bool = Fal
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev,
                       data_collator=collator)
     before = trainer.evaluate()["eval_loss"]
-    resume_from = last_checkpoint(out) if resume else None
-    trainer.train(resume_from_checkpoint=resume_from)
-    history = trainer.state.log_history
-    dev_losses = [h["eval_loss"] for h in history if "eval_loss" in h]
+    result = run_trainer(trainer, out, resume, eval_key="eval_loss", name="dev_mlm_loss", best=min)
+    if result["dev_mlm_loss"] is None:
+        result["dev_mlm_loss"] = before
     extra = {"base": cfg.base or "all-MiniLM-L6-v2", "corpus_sha256": corpus.sha256, "train_docs": len(train),
-             "dev_docs": len(dev), "dev_mlm_loss_before": before, "dev_mlm_loss_per_epoch": dev_losses,
-             "dev_mlm_loss": min(dev_losses) if dev_losses else before,
-             "loss_history": [h["loss"] for h in history if "loss" in h], "resumed_from": resume_from,
-             "train_seconds": time.perf_counter() - t0, "steps": trainer.state.global_step}
+             "dev_docs": len(dev), "dev_mlm_loss_before": before, **result,
+             "train_seconds": time.perf_counter() - t0}
 
     def save(p: Path) -> None:
         trainer.model.save_pretrained(str(p))
