@@ -128,7 +128,7 @@ def section_bm25(ds, n_queries: int) -> dict:
     import bm25s
     from rank_bm25 import BM25Okapi
 
-    from retr.retrieval.bm25 import BM25Config, BM25Retriever, build_bm25, tokenize
+    from retr.retrieval.bm25 import BM25Config, BM25Retriever, _stemmer, build_bm25, tokenize
 
     texts = [d.full_text() for d in ds.corpus.docs]
     queries = list(ds.queries.values())[:n_queries]
@@ -146,7 +146,7 @@ def section_bm25(ds, n_queries: int) -> dict:
     model.index(tokens, show_progress=False)
     t0 = time.perf_counter()
     for q in queries:
-        qt = [t for t in bm25s.tokenize(q, stopwords=cfg.stopwords, stemmer=bm25s_stemmer(),
+        qt = [t for t in bm25s.tokenize(q, stopwords=cfg.stopwords, stemmer=_stemmer(cfg.stemmer),
                                         return_ids=False, show_progress=False)[0] if t in model.vocab_dict]
         if qt:
             model.retrieve([qt], k=10, show_progress=False, n_threads=1)
@@ -162,12 +162,6 @@ def section_bm25(ds, n_queries: int) -> dict:
     print(_table(f"4. BM25 per query (tokenise + score + top-10), SciFact, {len(queries)} queries",
                  ["library", "ms/query", "x retr"], rows), "\n")
     return {k: {"ms_per_query": v} for k, v in res.items()}
-
-
-def bm25s_stemmer():
-    import Stemmer
-
-    return Stemmer.Stemmer("english")
 
 
 def synthetic_vectors(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:

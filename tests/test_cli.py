@@ -146,3 +146,10 @@ def test_unknown_pipeline_and_bad_k(capsys):
     with pytest.raises(SystemExit) as e:
         main(["eval", "--dataset", "x", "--k-values", "0,5"])
     assert e.value.code == 2
+
+
+def test_cli_backend_choices_match_the_encoder():
+    from retr.cli.main import BACKENDS
+    from retr.retrieval import encoder
+
+    assert BACKENDS == encoder.BACKENDS
