@@ -72,7 +72,8 @@ def _hash_files(root: str, stats: tuple) -> str:
     return h.hexdigest()
 
 
-BACKENDS = ("onnx", "onnx-int8", "torch")
+BACKENDS = ("openvino", "onnx", "onnx-int8", "torch")
+DEFAULT_BACKEND = "openvino"
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class EncoderConfig:
     batch_size: int = 32  # torch backend: texts per batch
     token_budget: int = 8192  # onnx backends: padded tokens per batch (length-sorted, no waste beyond it)
     device: str = "cpu"
-    backend: str = "onnx"  # onnx (fp32, verified equal to torch), onnx-int8, torch
+    backend: str = DEFAULT_BACKEND  # openvino (bf16 where native), onnx (ORT fp32), onnx-int8, torch
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -106,6 +107,7 @@ class BiEncoder:
         self.model_hash = hash_model_dir(self.model_path) if self.model_path else f"hub:{self.model_id}"
         self._st = None
         self.backend = "torch"
+        self.precision = "fp32"
         self._onnx = None
         self.max_length = int(config.max_length) if config.max_length else _configured_max_length(self.model_path)
         if config.backend != "torch" and config.device == "cpu":
@@ -142,6 +144,12 @@ class BiEncoder:
         except ImportError:
             logger.warning("onnxruntime is not installed: using the torch backend")
             return None
+        if variant == "openvino":
+            try:
+                import openvino  # noqa: F401
+            except ImportError:
+                logger.warning("openvino is not installed: using the onnx backend")
+                variant = "onnx"
         tokenizer = onnx_backend.fast_tokenizer(self.model_path, self.max_length) if self.max_length else None
         sess = onnx_backend.find_cached(self.model_hash, variant, cache_home()) if tokenizer else None
         if sess is None:
@@ -155,6 +163,7 @@ class BiEncoder:
         self.backend = variant
         self.dim = sess.dim
         self.check_cosine = sess.check_cosine
+        self.precision = sess.precision
         self._token_ids = tokenizer or self._hf_token_ids
         return sess
 
@@ -213,7 +222,8 @@ class BiEncoder:
 
     def describe(self) -> dict:
         return {"id": self.model_id, "hash": self.model_hash, "dim": self.dim, "max_length": self.max_length,
-                "path": str(self.model_path) if self.model_path else None, "backend": self.backend}
+                "path": str(self.model_path) if self.model_path else None, "backend": self.backend,
+                "precision": self.precision}
 
 
 def _progress(total: int, show: bool):

@@ -1,10 +1,14 @@
-"""ONNX Runtime inference for the bi-encoder: exported once per model, verified, cached.
+"""ONNX Runtime / OpenVINO inference for the bi-encoder: exported once per model, verified, cached.
 
 The export wraps the transformer with the model's own pooling (mean or CLS) and L2
 normalisation, with dynamic batch and sequence axes (``torch.onnx.export(dynamo=True)``), so
 one graph serves any padded batch. Before an exported (or quantised) graph is trusted it is
 compared with the torch model on padded batches of mixed lengths; a graph whose embeddings do
 not match (cosine below the variant's floor) is refused, never cached.
+
+Variants: ``onnx`` (ONNX Runtime fp32), ``onnx-int8`` (ONNX Runtime, dynamic int8 MatMuls) and
+``openvino`` (the same fp32 graph converted to OpenVINO IR, run in bf16 where the CPU has native
+bf16 instructions, fp32 elsewhere; the precision used is recorded in the cache manifest).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
 
-VARIANTS = {"onnx": 0.9999, "onnx-int8": 0.985}  # variant -> minimum cosine to torch on the check batch
+VARIANTS = {"onnx": 0.9999, "onnx-int8": 0.985, "openvino": 0.999}  # variant -> min cosine to torch (check batch)
+MODEL_FILE = {"onnx": "model.onnx", "onnx-int8": "model.onnx", "openvino": "model.xml"}
 CHECK_TEXTS = [
     "a",
     "What causes the northern lights?",
@@ -104,11 +109,56 @@ def quantize_int8(src: Path, dst: Path) -> None:
 
 @dataclass
 class OnnxSession:
-    session: object
+    session: object  # a runner: feeds {name: int64 array} -> first output
     path: Path
     variant: str
     check_cosine: float
     dim: int
+    precision: str = "fp32"
+
+
+def openvino_precision() -> str:
+    """bf16 where OpenVINO reports native bf16 on this CPU (AVX-512 BF16 / AMX), else fp32."""
+    import openvino as ov
+
+    caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return "bf16" if "BF16" in caps else "fp32"
+
+
+class OrtRunner:
+    """An ONNX Runtime session with retr's thread policy."""
+
+    def __init__(self, path: Path, threads: int):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self.precision = "int8" if "int8" in path.parent.name else "fp32"
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        return self.session.run(None, feeds)[0]
+
+
+class OpenVinoRunner:
+    """An OpenVINO compiled model (latency hint, bf16 where native) with one reused infer request."""
+
+    def __init__(self, path: Path, threads: int, precision: str | None = None):
+        import openvino as ov
+
+        self.precision = precision or openvino_precision()
+        core = ov.Core()
+        self.compiled = core.compile_model(core.read_model(str(path)), "CPU", {
+            "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": "bf16" if self.precision == "bf16" else "f32"})
+        self.request = self.compiled.create_infer_request()
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        self.request.infer(feeds)
+        return self.request.get_output_tensor(0).data.copy()  # the request's buffer is reused by the next call
 
 
 def _folder(cache_root: Path, model_hash: str, variant: str) -> Path:
@@ -125,8 +175,11 @@ def find_cached(model_hash: str, variant: str, cache_root: Path, threads: int | 
     if meta.get("model_hash") != model_hash or meta.get("check_cosine", 0) < VARIANTS[variant] or "dim" not in meta:
         return None
     threads = threads or default_threads()
-    return OnnxSession(_session(folder / "model.onnx", threads), folder / "model.onnx", variant,
-                       meta["check_cosine"], int(meta["dim"]))
+    path = folder / MODEL_FILE[variant]
+    runner = _session(path, threads, variant)
+    if meta.get("precision", runner.precision) != runner.precision:  # verified in another precision: re-verify
+        return None
+    return OnnxSession(runner, path, variant, meta["check_cosine"], int(meta["dim"]), runner.precision)
 
 
 def fast_tokenizer(model_path: Path | None, max_length: int):
@@ -149,19 +202,12 @@ def fast_tokenizer(model_path: Path | None, max_length: int):
     return token_ids
 
 
-def _session(path: Path, threads: int):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+def _session(path: Path, threads: int, variant: str = "onnx"):
+    return OpenVinoRunner(path, threads) if variant == "openvino" else OrtRunner(path, threads)
 
 
 def run_session(session, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    return session.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
+    return session({"input_ids": input_ids, "attention_mask": attention_mask})
 
 
 def verify(session, st_model, max_length: int) -> float:
@@ -196,30 +242,36 @@ def load_or_export(st_model, model_hash: str, variant: str, max_length: int, cac
     if cached is not None:
         return cached
     folder = _folder(cache_root, model_hash, variant)
-    path = folder / "model.onnx"
+    path = folder / MODEL_FILE[variant]
     logger.info("exporting %s to ONNX (%s), once per model", model_hash[:12], variant)
     t0 = time.perf_counter()
     with atomic_dir(folder) as tmp:
         fp32 = tmp / "model.fp32.onnx"
         export_onnx(st_model, fp32)
-        final = tmp / "model.onnx"
+        final = tmp / MODEL_FILE[variant]
         if variant == "onnx-int8":
             quantize_int8(fp32, final)
-            for extra in tmp.glob("model.fp32.onnx*"):  # the fp32 graph and its external data
-                extra.unlink()
+        elif variant == "openvino":
+            import openvino as ov
+
+            ov.save_model(ov.Core().read_model(str(fp32)), str(final), compress_to_fp16=False)
         else:
-            os.replace(fp32, final)
-        session = _session(final, threads)
+            os.replace(fp32, final)  # its external data file keeps the name the graph refers to
+        if variant != "onnx":
+            for extra in tmp.glob("model.fp32.onnx*"):  # the fp32 graph and its external data, once converted
+                extra.unlink()
+        session = _session(final, threads, variant)
         cos = verify(session, st_model, max_length)
         dim = int(run_session(session, np.array([[1, 2]], dtype=np.int64), np.ones((1, 2), dtype=np.int64)).shape[1])
         if cos < VARIANTS[variant]:
             raise RetrError(f"the {variant} export of model {model_hash[:12]} disagrees with torch (cosine {cos:.4f} "
                             f"< {VARIANTS[variant]}): use --backend torch")
         manifest = new_manifest("retr-onnx", variant=variant, model_hash=model_hash, check_cosine=cos, dim=dim,
-                                max_length=max_length, export_seconds=time.perf_counter() - t0)
+                                precision=session.precision, max_length=max_length,
+                                export_seconds=time.perf_counter() - t0)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    logger.info("ONNX %s verified against torch: min cosine %.6f", variant, cos)
-    return OnnxSession(_session(path, threads), path, variant, cos, dim)
+    logger.info("%s (%s) verified against torch: min cosine %.6f", variant, session.precision, cos)
+    return OnnxSession(_session(path, threads, variant), path, variant, cos, dim, session.precision)
 
 
 def default_threads() -> int:

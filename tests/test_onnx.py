@@ -50,7 +50,8 @@ def _legacy_export(st_model, path):
                       dynamic_axes={"input_ids": {0: "b", 1: "l"}, "attention_mask": {0: "b", 1: "l"}})
 
 
-def test_a_graph_that_ignores_padding_is_refused_and_not_cached(tiny_bi_encoder, tmp_path, monkeypatch):
+@pytest.mark.parametrize("variant", ["onnx", "openvino"])
+def test_a_graph_that_ignores_padding_is_refused_and_not_cached(tiny_bi_encoder, tmp_path, monkeypatch, variant):
     import retr.retrieval.onnx_backend as ob
 
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
@@ -73,8 +74,28 @@ def test_a_graph_that_ignores_padding_is_refused_and_not_cached(tiny_bi_encoder,
 
     monkeypatch.setattr(ob, "export_onnx", wrong_export)
     with pytest.raises(RetrError, match=r"disagrees with torch \(cosine"):
-        load_or_export(enc.model, enc.model_hash, "onnx", enc.max_length, tmp_path / "c")
+        load_or_export(enc.model, enc.model_hash, variant, enc.max_length, tmp_path / "c")
     assert not (tmp_path / "c" / "onnx").exists() or not any((tmp_path / "c" / "onnx").iterdir())
+
+
+def test_openvino_backend_is_close_to_torch_and_cached_as_ir(tiny_bi_encoder, tmp_path):
+    torch_enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
+    ov_enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino", token_budget=40))
+    assert ov_enc.backend == "openvino" and ov_enc.precision in ("bf16", "fp32")
+    assert ov_enc.describe()["precision"] == ov_enc.precision
+    ref = torch_enc.encode(TEXTS)
+    got = ov_enc.encode(TEXTS)
+    floor = 0.999 if ov_enc.precision == "bf16" else 0.9999
+    assert (got * ref).sum(1).min() >= floor
+    for i, t in enumerate(TEXTS):
+        assert float(ov_enc.encode_query(t)[0] @ got[i]) >= floor
+    (folder,) = (tmp_path / "retr-cache" / "onnx").iterdir()
+    assert (folder / "model.xml").is_file() and (folder / "model.bin").is_file()
+    assert not list(folder.glob("*.onnx*"))  # the intermediate ONNX graph is not kept
+    manifest = (folder / "manifest.json").read_text()
+    again = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
+    assert again.backend == "openvino" and (folder / "manifest.json").read_text() == manifest  # from the cache
+    np.testing.assert_allclose(again.encode(TEXTS), got, atol=2e-2)
 
 
 def test_verify_scores_a_good_export_near_one(tiny_bi_encoder, tmp_path):

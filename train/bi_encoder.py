@@ -81,7 +81,10 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     import torch
     from datasets import Dataset as HFDataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
 
     t0 = time.perf_counter()
     random.seed(cfg.seed)
@@ -136,7 +139,10 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
 
     evaluator = dev_evaluator(score_all, dev_qrels)
     base_dev = evaluator(model)["dev_ndcg@10"]
-    loss = CachedMultipleNegativesRankingLoss(model, scale=cfg.scale, mini_batch_size=cfg.mini_batch_size)
+    if cfg.mini_batch_size < cfg.batch_size:  # GradCache: memory bounded by the mini-batch, ~1.3x the compute
+        loss = CachedMultipleNegativesRankingLoss(model, scale=cfg.scale, mini_batch_size=cfg.mini_batch_size)
+    else:  # the whole batch fits: the same loss and gradients without the extra forward pass
+        loss = MultipleNegativesRankingLoss(model, scale=cfg.scale)
     args = SentenceTransformerTrainingArguments(**trainer_kwargs(out, cfg, len(train_pairs)))
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_ds, loss=loss,
                                          evaluator=evaluator, callbacks=callbacks)
