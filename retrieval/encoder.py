@@ -187,32 +187,18 @@ class BiEncoder:
 
     def _encode_onnx(self, texts: list[str], show_progress: bool) -> np.ndarray:
         """Length-sorted batches under a token budget, each padded only to its own longest text."""
-        from retr.retrieval.onnx_backend import run_session
+        from retr.retrieval.onnx_backend import length_batches, padded, run_session
 
         tok = self._token_ids(texts)
         if len(texts) == 1:  # the query path: no sorting, no progress bar
             ids = np.asarray(tok, dtype=np.int64)
             return run_session(self._onnx.session, ids, np.ones_like(ids))
         lengths = np.fromiter((len(t) for t in tok), dtype=np.int64, count=len(tok))
-        order = np.argsort(-lengths, kind="stable")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        pad = 0  # padded positions are masked out; their id never matters
-        budget = max(self.config.token_budget, int(lengths.max()))
         bar = _progress(len(texts), show_progress)
-        start = 0
-        while start < len(order):
-            width = int(lengths[order[start]])  # longest in this batch (sorted descending)
-            size = max(1, min(budget // max(width, 1), len(order) - start))
-            idx = order[start:start + size]
-            ids = np.full((size, width), pad, dtype=np.int64)
-            mask = np.zeros((size, width), dtype=np.int64)
-            for row, i in enumerate(idx):
-                n = int(lengths[i])
-                ids[row, :n] = tok[i]
-                mask[row, :n] = 1
-            out[idx] = run_session(self._onnx.session, ids, mask)
-            bar.update(size)
-            start += size
+        for idx, width, mask in length_batches(lengths, self.config.token_budget):
+            out[idx] = run_session(self._onnx.session, padded(tok, idx, width, lengths), mask)
+            bar.update(len(idx))
         bar.close()
         return out
 

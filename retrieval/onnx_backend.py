@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 VARIANTS = {"onnx": 0.9999, "onnx-int8": 0.985, "openvino": 0.999}  # variant -> min cosine to torch (check batch)
 MODEL_FILE = {"onnx": "model.onnx", "onnx-int8": "model.onnx", "openvino": "model.xml"}
+# cross-encoders: minimum agreement with torch, 1 - max |score difference| / max(1, score range)
+CE_VARIANTS = {"onnx": 0.999, "onnx-int8": 0.95, "openvino": 0.98}
 CHECK_TEXTS = [
     "a",
     "What causes the northern lights?",
@@ -82,8 +84,34 @@ def export_onnx(st_model, path: Path) -> None:
                 emb = (h * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (B, D)
             return torch.nn.functional.normalize(emb, dim=-1)
 
-    tok = st_model.tokenizer
-    ex = tok(["hello world", "a somewhat longer example sentence"], return_tensors="pt", padding=True)
+    ex = st_model.tokenizer(["hello world", "a somewhat longer example sentence"], return_tensors="pt", padding=True)
+    _torch_export(Embed(hf).eval(), ex, ["input_ids", "attention_mask"], "sentence_embedding", path)
+
+
+def export_cross_encoder(ce_model, path: Path) -> None:
+    """Export a sentence-transformers CrossEncoder's model to ``path``: (ids, mask, types) -> one logit each."""
+    import torch
+
+    hf = ce_model.model.eval()
+
+    class Score(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # (B, L) int64 each -> (B,) float32
+            return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).logits[:, 0]
+
+    ex = ce_model.tokenizer([("a query", "a document"), ("another query", "a somewhat longer document text")],
+                            return_tensors="pt", padding=True, return_token_type_ids=True)
+    _torch_export(Score(hf).eval(), ex, ["input_ids", "attention_mask", "token_type_ids"], "score", path)
+
+
+def _torch_export(module, example, input_names: list[str], output_name: str, path: Path) -> None:
+    """torch.onnx (dynamo) export with dynamic batch and sequence axes on every input."""
+    import torch
+
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=4096)
     exporter_log = logging.getLogger("torch.onnx")
     level = exporter_log.level
@@ -91,10 +119,9 @@ def export_onnx(st_model, path: Path) -> None:
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(Embed(hf).eval(), (ex["input_ids"], ex["attention_mask"]), str(path), dynamo=True,
-                              input_names=["input_ids", "attention_mask"], output_names=["sentence_embedding"],
-                              dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}},
-                              verbose=False)
+            torch.onnx.export(module, tuple(example[n] for n in input_names), str(path), dynamo=True,
+                              input_names=input_names, output_names=[output_name],
+                              dynamic_shapes={n: {0: batch, 1: seq} for n in input_names}, verbose=False)
     finally:
         exporter_log.setLevel(level)
 
@@ -161,18 +188,24 @@ class OpenVinoRunner:
         return self.request.get_output_tensor(0).data.copy()  # the request's buffer is reused by the next call
 
 
-def _folder(cache_root: Path, model_hash: str, variant: str) -> Path:
-    return cache_root / "onnx" / f"{model_hash[:24]}-{variant}"
+def _folder(cache_root: Path, model_hash: str, variant: str, kind: str = "bi") -> Path:
+    return cache_root / "onnx" / f"{model_hash[:24]}-{'ce-' if kind == 'ce' else ''}{variant}"
 
 
-def find_cached(model_hash: str, variant: str, cache_root: Path, threads: int | None = None) -> OnnxSession | None:
-    """The cached, verified export for this model and variant, or None."""
-    folder = _folder(cache_root, model_hash, variant)
+def _floor(variant: str, kind: str) -> float:
+    return (CE_VARIANTS if kind == "ce" else VARIANTS)[variant]
+
+
+def find_cached(model_hash: str, variant: str, cache_root: Path, threads: int | None = None,
+                kind: str = "bi") -> OnnxSession | None:
+    """The cached, verified export for this model, variant and kind (``bi`` encoder or ``ce``), or None."""
+    folder = _folder(cache_root, model_hash, variant, kind)
     try:
         meta = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError):
         return None
-    if meta.get("model_hash") != model_hash or meta.get("check_cosine", 0) < VARIANTS[variant] or "dim" not in meta:
+    if meta.get("model_hash") != model_hash or meta.get("check_cosine", 0) < _floor(variant, kind) \
+            or "dim" not in meta:
         return None
     threads = threads or default_threads()
     path = folder / MODEL_FILE[variant]
@@ -182,8 +215,7 @@ def find_cached(model_hash: str, variant: str, cache_root: Path, threads: int | 
     return OnnxSession(runner, path, variant, meta["check_cosine"], int(meta["dim"]), runner.precision)
 
 
-def fast_tokenizer(model_path: Path | None, max_length: int):
-    """A ``texts -> token ids`` function from the model's tokenizer.json (no transformers import)."""
+def _fast_tokenizer_file(model_path: Path | None, max_length: int):
     if model_path is None:
         return None
     candidates = [model_path / "tokenizer.json", *sorted(model_path.glob("*/tokenizer.json"))]
@@ -193,13 +225,56 @@ def fast_tokenizer(model_path: Path | None, max_length: int):
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(path))
-    tok.enable_truncation(max_length)
+    tok.enable_truncation(max_length, strategy="longest_first")
     tok.no_padding()
+    return tok
+
+
+def fast_tokenizer(model_path: Path | None, max_length: int):
+    """A ``texts -> token ids`` function from the model's tokenizer.json (no transformers import)."""
+    tok = _fast_tokenizer_file(model_path, max_length)
+    if tok is None:
+        return None
 
     def token_ids(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tok.encode_batch(texts)]
 
     return token_ids
+
+
+def fast_pair_tokenizer(model_path: Path | None, max_length: int):
+    """A ``(query, texts) -> (token ids, token type ids)`` function for cross-encoder pairs, or None."""
+    tok = _fast_tokenizer_file(model_path, max_length)
+    if tok is None:
+        return None
+
+    def pair_ids(query: str, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+        encs = tok.encode_batch([(query, t) for t in texts])
+        return [e.ids for e in encs], [e.type_ids for e in encs]
+
+    return pair_ids
+
+
+def length_batches(lengths: np.ndarray, token_budget: int):
+    """Yield ``(indices, width, attention mask)``: longest first, as many texts per batch as fit ``token_budget``
+    padded tokens, each batch padded only to its own longest text."""
+    order = np.argsort(-lengths, kind="stable")
+    budget = max(token_budget, int(lengths.max()) if len(lengths) else 1)
+    start = 0
+    while start < len(order):
+        width = int(lengths[order[start]])  # longest in this batch (sorted descending)
+        size = max(1, min(budget // max(width, 1), len(order) - start))
+        idx = order[start:start + size]
+        yield idx, width, (np.arange(width)[None, :] < lengths[idx][:, None]).astype(np.int64)
+        start += size
+
+
+def padded(rows: list[list[int]], idx: np.ndarray, width: int, lengths: np.ndarray, fill: int = 0) -> np.ndarray:
+    """The rows ``idx`` of ``rows`` as one (len(idx), width) int64 array, right-padded with ``fill``."""
+    out = np.full((len(idx), width), fill, dtype=np.int64)
+    for r, i in enumerate(idx):
+        out[r, : int(lengths[i])] = rows[i]
+    return out
 
 
 def _session(path: Path, threads: int, variant: str = "onnx"):
@@ -208,6 +283,24 @@ def _session(path: Path, threads: int, variant: str = "onnx"):
 
 def run_session(session, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     return session({"input_ids": input_ids, "attention_mask": attention_mask})
+
+
+def verify_cross_encoder(session, ce_model, max_length: int) -> float:
+    """Agreement of exported and torch cross-encoder scores on a padded mixed-length batch and on singles:
+    1 - max |difference| / max(1, range of the torch scores)."""
+    from retr.retrieval.rerank import ce_logits
+
+    pairs = [(q, d) for q in CHECK_TEXTS[1:3] for d in CHECK_TEXTS]
+    ref = ce_logits(ce_model, pairs, batch_size=len(pairs))
+
+    def scores(batch):
+        enc = ce_model.tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="np",
+                                 return_token_type_ids=True)
+        return session({k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")})
+
+    got = np.concatenate([scores(pairs), *[scores([p]) for p in pairs[:3]]]).reshape(-1)
+    want = np.concatenate([ref, ref[:3]])
+    return float(1.0 - np.abs(got - want).max() / max(1.0, float(np.ptp(ref))))
 
 
 def verify(session, st_model, max_length: int) -> float:
@@ -230,24 +323,26 @@ def verify(session, st_model, max_length: int) -> float:
 
 
 def load_or_export(st_model, model_hash: str, variant: str, max_length: int, cache_root: Path,
-                   threads: int | None = None) -> OnnxSession:
-    """The verified ONNX graph for this model and variant, from the cache or exported now."""
+                   threads: int | None = None, kind: str = "bi") -> OnnxSession:
+    """The verified graph for this model and variant, from the cache or exported now. ``kind``: ``bi``
+    (a SentenceTransformer: ids, mask -> normalised embedding) or ``ce`` (a CrossEncoder: ids, mask,
+    token types -> one score per pair)."""
     from retr.indexes.atomic import atomic_dir
     from retr.indexes.manifest import new_manifest
 
     if variant not in VARIANTS:
         raise RetrError(f"unknown ONNX variant {variant!r}")
     threads = threads or default_threads()
-    cached = find_cached(model_hash, variant, cache_root, threads)
+    cached = find_cached(model_hash, variant, cache_root, threads, kind)
     if cached is not None:
         return cached
-    folder = _folder(cache_root, model_hash, variant)
+    folder = _folder(cache_root, model_hash, variant, kind)
     path = folder / MODEL_FILE[variant]
     logger.info("exporting %s to ONNX (%s), once per model", model_hash[:12], variant)
     t0 = time.perf_counter()
     with atomic_dir(folder) as tmp:
         fp32 = tmp / "model.fp32.onnx"
-        export_onnx(st_model, fp32)
+        (export_cross_encoder if kind == "ce" else export_onnx)(st_model, fp32)
         final = tmp / MODEL_FILE[variant]
         if variant == "onnx-int8":
             quantize_int8(fp32, final)
@@ -261,12 +356,17 @@ def load_or_export(st_model, model_hash: str, variant: str, max_length: int, cac
             for extra in tmp.glob("model.fp32.onnx*"):  # the fp32 graph and its external data, once converted
                 extra.unlink()
         session = _session(final, threads, variant)
-        cos = verify(session, st_model, max_length)
-        dim = int(run_session(session, np.array([[1, 2]], dtype=np.int64), np.ones((1, 2), dtype=np.int64)).shape[1])
-        if cos < VARIANTS[variant]:
-            raise RetrError(f"the {variant} export of model {model_hash[:12]} disagrees with torch (cosine {cos:.4f} "
-                            f"< {VARIANTS[variant]}): use --backend torch")
-        manifest = new_manifest("retr-onnx", variant=variant, model_hash=model_hash, check_cosine=cos, dim=dim,
+        if kind == "ce":
+            cos, dim = verify_cross_encoder(session, st_model, max_length), 1
+        else:
+            cos = verify(session, st_model, max_length)
+            dim = int(run_session(session, np.array([[1, 2]], dtype=np.int64),
+                                  np.ones((1, 2), dtype=np.int64)).shape[1])
+        if cos < _floor(variant, kind):
+            what = "agreement" if kind == "ce" else "cosine"
+            raise RetrError(f"the {variant} export of model {model_hash[:12]} disagrees with torch ({what} {cos:.4f} "
+                            f"< {_floor(variant, kind)}): use --backend torch")
+        manifest = new_manifest("retr-onnx", variant=variant, graph=kind, model_hash=model_hash, check_cosine=cos, dim=dim,
                                 precision=session.precision, max_length=max_length,
                                 export_seconds=time.perf_counter() - t0)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))

@@ -22,8 +22,10 @@ class RerankConfig:
     model: str
     depth: int = 100
     max_length: int = 256
-    batch_size: int = 32
+    batch_size: int = 32  # torch backend: pairs per batch
+    token_budget: int = 8192  # exported backends: padded tokens per batch (length-sorted)
     device: str = "cpu"
+    backend: str = "openvino"  # openvino (bf16 where native), onnx, onnx-int8, torch
     # weight of the cross-encoder in the final score (1.0: cross-encoder alone); None: the value
     # chosen on dev by `retr train cross-encoder` (in the folder's retr_manifest.json), else 1.0
     interpolation: float | None = None
@@ -38,6 +40,16 @@ def interpolate(ce: np.ndarray, first: np.ndarray, alpha: float) -> np.ndarray:
     if alpha >= 1.0:
         return ce
     return alpha * norm(ce) + (1.0 - alpha) * norm(first)
+
+
+def ce_logits(model, pairs: list[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
+    """A sentence-transformers CrossEncoder's raw logits (its own default applies a sigmoid): the score every
+    retr backend returns, so exported graphs, training dev scores and interpolation agree."""
+    import torch
+
+    scores = model.predict(pairs, batch_size=batch_size, show_progress_bar=False, convert_to_numpy=True,
+                           activation_fn=torch.nn.Identity())
+    return np.asarray(scores, dtype=np.float32).reshape(-1)
 
 
 def check_cross_encoder_dir(path: Path) -> None:
@@ -61,35 +73,94 @@ def check_cross_encoder_dir(path: Path) -> None:
 
 
 class CrossEncoderReranker:
-    """Scores (query, document) pairs with a sentence-transformers ``CrossEncoder``."""
+    """Scores (query, document) pairs with a sentence-transformers ``CrossEncoder``: through an exported,
+    verified graph (OpenVINO / ONNX Runtime, cached like the bi-encoder's) or with torch."""
 
     def __init__(self, config: RerankConfig):
-        from sentence_transformers import CrossEncoder
+        from retr.retrieval.encoder import BACKENDS, hash_model_dir
 
+        if config.backend not in BACKENDS:
+            raise RetrError(f"unknown backend {config.backend!r}: choose one of {', '.join(BACKENDS)}")
         path = Path(config.model).expanduser()
         check_cross_encoder_dir(path)
         self.config = config
         self.path = path.resolve()
-        self.model = CrossEncoder(str(self.path), max_length=config.max_length, device=config.device)
+        self.model_hash = hash_model_dir(self.path)
+        self._model = None
+        self._graph = None
+        self._pair_ids = None
+        self.backend = "torch"
+        self.precision = "fp32"
+        if config.backend != "torch" and config.device == "cpu":
+            self._load_graph(config.backend)
         self.interpolation = config.interpolation
         if self.interpolation is None:
             manifest = self.path / "retr_manifest.json"
             chosen = json.loads(manifest.read_text()).get("interpolation") if manifest.is_file() else None
             self.interpolation = float(chosen) if chosen is not None else 1.0
 
+    @property
+    def model(self):
+        """The torch CrossEncoder, loaded on first use."""
+        if self._model is None:
+            from sentence_transformers import CrossEncoder
+
+            self._model = CrossEncoder(str(self.path), max_length=self.config.max_length, device=self.config.device)
+        return self._model
+
+    def _load_graph(self, variant: str) -> None:
+        from retr.indexes.cache import cache_home
+        from retr.retrieval import onnx_backend as ob
+
+        if variant == "openvino":
+            try:
+                import openvino  # noqa: F401
+            except ImportError:
+                logger.warning("openvino is not installed: reranking with ONNX Runtime")
+                variant = "onnx"
+        self._pair_ids = ob.fast_pair_tokenizer(self.path, self.config.max_length)
+        graph = ob.find_cached(self.model_hash, variant, cache_home(), kind="ce") if self._pair_ids else None
+        if graph is None:
+            try:
+                graph = ob.load_or_export(self.model, self.model_hash, variant, self.config.max_length, cache_home(),
+                                          kind="ce")
+            except RetrError:
+                raise
+            except Exception as e:  # noqa: BLE001 - an export failure must not stop the user
+                logger.warning("cross-encoder export failed (%s): reranking with torch", str(e).splitlines()[0][:200])
+                return
+        self._graph = graph
+        self.backend, self.precision = variant, graph.precision
+        if self._pair_ids is None:
+            self._pair_ids = self._hf_pair_ids
+
+    def _hf_pair_ids(self, query: str, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+        enc = self.model.tokenizer([(query, t) for t in texts], truncation=True, max_length=self.config.max_length,
+                                   padding=False, return_token_type_ids=True)
+        return enc["input_ids"], enc["token_type_ids"]
+
+    def _score_graph(self, query: str, texts: list[str]) -> np.ndarray:
+        from retr.retrieval.onnx_backend import length_batches, padded
+
+        ids, types = self._pair_ids(query, texts)
+        lengths = np.fromiter((len(t) for t in ids), dtype=np.int64, count=len(ids))
+        out = np.empty(len(texts), dtype=np.float32)
+        for idx, width, mask in length_batches(lengths, self.config.token_budget):
+            out[idx] = self._graph.session({"input_ids": padded(ids, idx, width, lengths), "attention_mask": mask,
+                                            "token_type_ids": padded(types, idx, width, lengths)}).reshape(-1)
+        return out
+
     def score(self, query: str, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros(0, dtype=np.float32)
-        pairs = [(query, t) for t in texts]
-        scores = self.model.predict(pairs, batch_size=self.config.batch_size, show_progress_bar=False,
-                                    convert_to_numpy=True, activation_fn=None)
-        return np.asarray(scores, dtype=np.float32).reshape(-1)
+        if self._graph is not None:
+            return self._score_graph(query, texts)
+        return ce_logits(self.model, [(query, t) for t in texts], self.config.batch_size)
 
     def describe(self) -> dict:
-        from retr.retrieval.encoder import hash_model_dir
-
-        return {"path": str(self.path), "hash": hash_model_dir(self.path), "depth": self.config.depth,
-                "max_length": self.config.max_length, "interpolation": self.interpolation}
+        return {"path": str(self.path), "hash": self.model_hash, "depth": self.config.depth,
+                "max_length": self.config.max_length, "interpolation": self.interpolation, "backend": self.backend,
+                "precision": self.precision}
 
 
 class RerankRetriever:

@@ -109,3 +109,34 @@ def test_verify_scores_a_good_export_near_one(tiny_bi_encoder, tmp_path):
 def test_unknown_backend_is_refused():
     with pytest.raises(RetrError, match="unknown backend"):
         EncoderConfig(backend="tensorrt")
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_cross_encoder_graph_scores_like_torch(tiny_cross_encoder, backend):
+    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
+
+    ref_r = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="torch", max_length=64))
+    r = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend=backend, max_length=64,
+                                          token_budget=40))  # several length-sorted batches
+    assert ref_r.backend == "torch" and r.backend == backend and r.describe()["backend"] == backend
+    ref = ref_r.score("wolves in forests", TEXTS)
+    got = r.score("wolves in forests", TEXTS)
+    tol = 1e-4 if backend == "onnx" else 0.02 * max(1.0, float(np.ptp(ref)))
+    np.testing.assert_allclose(got, ref, atol=tol)
+    np.testing.assert_allclose(r.score("wolves in forests", TEXTS[1:2]), ref[1:2], atol=tol)  # a single pair
+
+
+def test_fast_pair_tokenizer_equals_transformers_truncation():
+    from transformers import AutoTokenizer
+
+    from retr.retrieval.encoder import bundled_model_path
+    from retr.retrieval.onnx_backend import fast_pair_tokenizer
+
+    path = bundled_model_path()
+    pair_ids = fast_pair_tokenizer(path, 24)
+    hf = AutoTokenizer.from_pretrained(str(path))
+    query = "do wolves hunt in packs in the northern forests"
+    ids, types = pair_ids(query, TEXTS)
+    want = hf([(query, t) for t in TEXTS], truncation=True, max_length=24, return_token_type_ids=True)
+    assert ids == want["input_ids"] and types == want["token_type_ids"]
+    assert max(map(len, ids)) == 24  # the long pair was truncated

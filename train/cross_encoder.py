@@ -17,6 +17,7 @@ from pathlib import Path
 
 from retr.eval.data import Dataset
 from retr.retrieval.errors import RetrError
+from retr.retrieval.rerank import ce_logits
 from retr.retrieval.types import Qrels
 from retr.train.common import dev_evaluator, dev_ndcg, run_trainer, trainer_kwargs, write_output
 from retr.train.data import labeled_pairs, pairs_digest, split_dev
@@ -124,8 +125,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     def score_all(model):
         scores = {}
         for q, cands in candidates.items():
-            s = model.predict([(dev_queries[q], texts[d]) for d in cands], batch_size=32, show_progress_bar=False,
-                              convert_to_numpy=True)
+            s = ce_logits(model, [(dev_queries[q], texts[d]) for d in cands])
             scores[q] = {d: float(v) for d, v in zip(cands, s, strict=True)}
         return scores
 
