@@ -1,12 +1,19 @@
 """retr against its peers, side by side in one run, on this machine. A script, not a test.
 
-    python benchmarks/speed.py [--sections 1,2,4,6] [--dataset ../shared/datasets/scifact]
-                               [--encode-docs N] [--ann-n 1000000] [--out benchmarks/results/speed.json]
+    python benchmarks/speed.py [--sections 1,2,3,4,5,6] [--dataset ../shared/datasets/scifact]
+                               [--encode-docs N] [--quality] [--reranker DIR] [--rerank-queries 30]
+                               [--ann-n 1000000] [--out benchmarks/results/speed.json]
 
 Sections (as numbered in the speed issue):
   1  corpus encoding docs/s: sentence-transformers fp32 vs retr's backends (+ nDCG@10 with --quality)
   2  single-query first-stage latency (encode + exact search, k=10): sentence-transformers + FAISS vs retr
+  3  rerank latency p50 and nDCG@10 at depths 10/20/50/100 over BM25's ranking: sentence-transformers
+     CrossEncoder fp32 vs retr's reranker (backends, max lengths); the reference is the same model over
+     the top 100 in fp32 (``--reranker``: a cross-encoder folder; default: the bundled MiniLM with a
+     new one-logit head, seed 0 -- speed does not depend on the head, its nDCG means nothing)
   4  BM25 ms/query: rank_bm25 vs bm25s vs retr
+  5  end to end: `retr eval --pipelines dense` (cold cache) vs BEIR's EvaluateRetrieval +
+     DenseRetrievalExactSearch with the same model, each in its own process: wall time, peak RSS, nDCG@10
   6  ANN at scale: flat vs HNSW (several efSearch) vs IVF-PQ (several nprobe) on vectors made from
      real SciFact embeddings (see ``synthetic_vectors``): recall@10, single-query QPS, bytes/vector,
      build time, and the curve as a PNG
@@ -40,7 +47,7 @@ def _table(title: str, header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def section_encoding(ds, n_docs: int, quality: bool) -> dict:
+def section_encoding(ds, n_docs: int, quality: bool, backends: tuple[str, ...]) -> dict:
     from sentence_transformers import SentenceTransformer
 
     from retr.retrieval.encoder import BiEncoder, EncoderConfig, bundled_model_path
@@ -52,20 +59,24 @@ def section_encoding(ds, n_docs: int, quality: bool) -> dict:
     t0 = time.perf_counter()
     st_emb = st.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
     out["sentence-transformers fp32"] = {"docs_per_s": len(texts) / (time.perf_counter() - t0), "emb": st_emb}
-    for backend in ("onnx", "onnx-int8"):
+    encoders = {"sentence-transformers fp32": None}
+    for backend in backends:
         enc = BiEncoder(EncoderConfig(backend=backend))
+        encoders[f"retr {backend}"] = enc
         enc.encode(texts[:32])
         t0 = time.perf_counter()
         emb = enc.encode(texts)
         out[f"retr {backend}"] = {"docs_per_s": len(texts) / (time.perf_counter() - t0), "emb": emb,
-                                  "min_cos_to_st": float((emb * st_emb).sum(1).min())}
+                                  "min_cos_to_st": float((emb * st_emb).sum(1).min()),
+                                  "precision": enc.precision}
     if quality and n_docs >= len(ds.corpus):
         from retr.eval.metrics import evaluate
         from retr.retrieval.types import Run
 
-        enc = BiEncoder(EncoderConfig(backend="torch"))
-        q = enc.encode(list(ds.queries.values()))
-        for r in out.values():
+        for name, r in out.items():
+            enc = encoders[name]
+            q = enc.encode(list(ds.queries.values())) if enc is not None else \
+                st.encode(list(ds.queries.values()), normalize_embeddings=True, convert_to_numpy=True)
             scores = q @ r["emb"].T
             top = np.argsort(-scores, axis=1)[:, :10]
             run = Run({qid: [(ds.corpus.ids[j], float(scores[i, j])) for j in top[i]]
@@ -119,6 +130,142 @@ def section_query_latency(ds, n_queries: int) -> dict:
     print(_table(f"2. single-query first stage, {len(queries)} SciFact queries, k=10, warm",
                  ["path", "p50 ms", "p95 ms"], rows))
     print(f"   ratio retr/peer p50: {res[f'retr ({enc.backend}) + faiss flat']['p50'] / res['sentence-transformers + faiss flat']['p50']:.2f}\n")
+    return res
+
+
+def head_cross_encoder(folder: Path) -> Path:
+    """The bundled MiniLM with a new one-logit head (seed 0): a cross-encoder whose speed is a trained one's."""
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from retr.retrieval.encoder import bundled_model_path
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification.from_pretrained(str(bundled_model_path()), num_labels=1)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(str(bundled_model_path())).save_pretrained(folder)
+    return folder
+
+
+def section_rerank(ds, reranker_dir: str | None, n_queries: int, depths=(10, 20, 50, 100)) -> dict:
+    import tempfile
+
+    from sentence_transformers import CrossEncoder
+
+    from retr.eval.metrics import evaluate
+    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig, ce_logits
+    from retr.retrieval.types import Hit, Qrels, Run
+    from retr.train.negatives import temporary_bm25
+
+    folder = Path(reranker_dir) if reranker_dir else head_cross_encoder(Path(tempfile.mkdtemp()) / "ce")
+    qids = [q for q in ds.queries if q in ds.qrels][:n_queries]
+    queries = {q: ds.queries[q] for q in qids}
+    qrels = Qrels({q: ds.qrels[q] for q in qids})
+    with temporary_bm25(ds.corpus.ids, [d.full_text() for d in ds.corpus.docs]) as bm25:
+        first = bm25.search(queries, max(depths))
+    text = {d.doc_id: d.full_text() for d in ds.corpus.docs}
+
+    def run_path(name, score_fn, max_length):
+        rows = []
+        for q in qids[:3]:  # warm-up, untimed
+            score_fn(queries[q], [text[h.doc_id] for h in first[q][:10]])
+        for depth in depths:
+            times, ranked = [], {}
+            for q in qids:
+                head = first[q][:depth]
+                t0 = time.perf_counter()
+                scores = score_fn(queries[q], [text[h.doc_id] for h in head])
+                times.append(time.perf_counter() - t0)
+                ranked[q] = [Hit(h.doc_id, float(s)) for h, s in zip(head, scores, strict=True)]
+            rows.append({"path": name, "max_length": max_length, "depth": depth, **_pct(times),
+                         "ndcg@10": evaluate(Run(ranked), qrels, [10]).mean["NDCG@10"]})
+        return rows
+
+    rows = []
+    for max_length in (256, 128):
+        peer = CrossEncoder(str(folder), max_length=max_length, device="cpu")
+        rows += run_path("sentence-transformers fp32", lambda q, t, m=peer: ce_logits(m, [(q, x) for x in t]),
+                         max_length)
+        del peer
+        for backend in ("openvino", "onnx-int8"):
+            r = CrossEncoderReranker(RerankConfig(model=str(folder), max_length=max_length, backend=backend))
+            rows += run_path(f"retr {backend} ({r.precision})", r.score, max_length)
+    ref = next(r for r in rows if r["path"].startswith("sentence-transformers") and r["max_length"] == 256
+               and r["depth"] == max(depths))
+    base = {(r["max_length"], r["depth"]): r["p50"] for r in rows if r["path"].startswith("sentence")}
+    for r in rows:
+        r["ndcg_vs_ref"] = r["ndcg@10"] - ref["ndcg@10"]
+        r["p50_ratio_vs_st"] = r["p50"] / base[(r["max_length"], r["depth"])]
+    first_ndcg = evaluate(Run({q: first[q][:10] for q in qids}), qrels, [10]).mean["NDCG@10"]
+    print(_table(f"3. reranking BM25's top-k, {len(qids)} SciFact queries, warm (reference: ST fp32, depth "
+                 f"{max(depths)}, max length 256, nDCG@10 {ref['ndcg@10']:.4f}; BM25 alone {first_ndcg:.4f}; "
+                 f"model {'given' if reranker_dir else 'MiniLM + untrained head: nDCG meaningless'})",
+                 ["path", "max len", "depth", "p50 ms", "p95 ms", "p50 vs ST", "nDCG@10", "vs ref"],
+                 [[r["path"], r["max_length"], r["depth"], r["p50"], r["p95"], r["p50_ratio_vs_st"], r["ndcg@10"],
+                   r["ndcg_vs_ref"]] for r in rows]), "\n")
+    return {"model": str(folder), "trained": bool(reranker_dir), "queries": len(qids), "bm25_ndcg@10": first_ndcg,
+            "rows": rows}
+
+
+_BEIR_E2E = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+from beir.datasets.data_loader import GenericDataLoader
+from beir.retrieval import models
+from beir.retrieval.evaluation import EvaluateRetrieval
+from beir.retrieval.search.dense import DenseRetrievalExactSearch as DRES
+corpus, queries, qrels = GenericDataLoader(data_folder=sys.argv[1]).load(split="test")
+model = DRES(models.SentenceBERT(sys.argv[2]), batch_size=32)
+retriever = EvaluateRetrieval(model, score_function="cos_sim", k_values=[1, 3, 5, 10, 100, 1000])
+results = retriever.retrieve(corpus, queries)
+ndcg, _map, recall, p = retriever.evaluate(qrels, results, retriever.k_values)
+print(json.dumps({"wall_s": time.perf_counter() - t0, "ndcg@10": ndcg["NDCG@10"],
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+_RETR_E2E = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+from retr.cli.main import main
+rc = main(["-q", "eval", "--dataset", sys.argv[1], "--pipelines", "dense", "--out", sys.argv[2]])
+report = json.load(open(sys.argv[2]))
+print(json.dumps({"wall_s": time.perf_counter() - t0, "rc": rc, "ndcg@10": report["pipelines"]["dense"]["metrics"]["NDCG@10"],
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def section_end_to_end(dataset: str) -> dict:
+    """Each pipeline in a fresh process (peak RSS is the process's own); retr with an empty embedding cache
+    (the verified OpenVINO export of the model is reused: exported once per model, like a model download)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from retr.indexes.cache import cache_home
+    from retr.retrieval.encoder import bundled_model_path
+
+    res = {}
+    tmp = Path(tempfile.mkdtemp())
+    cache = tmp / "cache"
+    (cache / "onnx").mkdir(parents=True)
+    for graph in (cache_home() / "onnx").glob("*"):
+        shutil.copytree(graph, cache / "onnx" / graph.name)
+    env = {**os.environ, "RETR_CACHE": str(cache), "TOKENIZERS_PARALLELISM": "false"}
+    for name, script, args in (("BEIR EvaluateRetrieval + DRES (sentence-transformers)", _BEIR_E2E,
+                                [dataset, str(bundled_model_path())]),
+                               ("retr eval --pipelines dense (cold embedding cache)", _RETR_E2E,
+                                [dataset, str(tmp / "report.json")])):
+        proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name} failed:\n{proc.stderr[-2000:]}")
+        res[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    shutil.rmtree(tmp, ignore_errors=True)
+    peer, ours = res.values()
+    print(_table("5. end to end on SciFact test (dense, exact search, k up to 1000), one process each",
+                 ["pipeline", "wall s", "peak RSS MB", "nDCG@10"],
+                 [[k, v["wall_s"], v["peak_rss_mb"], v["ndcg@10"]] for k, v in res.items()]))
+    print(f"   ratio retr/BEIR: wall {ours['wall_s'] / peer['wall_s']:.2f}, "
+          f"peak RSS {ours['peak_rss_mb'] / peer['peak_rss_mb']:.2f}\n")
     return res
 
 
@@ -210,7 +357,7 @@ def section_ann(ds, n: int, png: Path | None) -> dict:
 
     rows = [measure(flat, "flat", 0.0, {})]
     faiss.omp_set_num_threads(os.cpu_count() or 1)
-    for kind, sweep_key, sweep in (("hnsw", "efSearch", (16, 32, 64, 128, 256)), ("ivfpq", "nprobe", (4, 8, 16, 32, 64))):
+    for kind, sweep_key, sweep in (("hnsw", "efSearch", (16, 32, 64, 96, 128, 160, 192, 256)), ("ivfpq", "nprobe", (4, 8, 16, 32, 64))):
         t0 = time.perf_counter()
         index, params = build_faiss(xb, DenseIndexConfig(kind=kind))
         build_s = time.perf_counter() - t0
@@ -249,10 +396,13 @@ def section_ann(ds, n: int, png: Path | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sections", default="1,2,4,6")
+    p.add_argument("--sections", default="1,2,3,4,5,6")
     p.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1].parent / "shared/datasets/scifact"))
     p.add_argument("--encode-docs", type=int, default=5183)
     p.add_argument("--quality", action="store_true", help="section 1: also nDCG@10 (needs the full corpus)")
+    p.add_argument("--backends", default="openvino,onnx-int8", help="section 1: retr backends to time")
+    p.add_argument("--reranker", default=None, help="section 3: cross-encoder folder (default: MiniLM + new head)")
+    p.add_argument("--rerank-queries", type=int, default=30)
     p.add_argument("--queries", type=int, default=300)
     p.add_argument("--ann-n", type=int, default=1_000_000)
     p.add_argument("--out", default="benchmarks/results/speed.json")
@@ -275,11 +425,15 @@ def main(argv: list[str] | None = None) -> int:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     results: dict = {"header": header}
     if 1 in sections:
-        results["encoding"] = section_encoding(ds, args.encode_docs, args.quality)
+        results["encoding"] = section_encoding(ds, args.encode_docs, args.quality, tuple(args.backends.split(",")))
     if 2 in sections:
         results["query_latency"] = section_query_latency(ds, args.queries)
+    if 3 in sections:
+        results["rerank"] = section_rerank(ds, args.reranker, args.rerank_queries)
     if 4 in sections:
         results["bm25"] = section_bm25(ds, args.queries)
+    if 5 in sections:
+        results["end_to_end"] = section_end_to_end(args.dataset)
     if 6 in sections:
         results["ann"] = section_ann(ds, args.ann_n, out_path.with_suffix(".ann.png"))
     out_path.write_text(json.dumps(results, indent=2, default=float) + "\n")
