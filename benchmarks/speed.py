@@ -218,7 +218,7 @@ corpus, queries, qrels = GenericDataLoader(data_folder=sys.argv[1]).load(split="
 model = DRES(models.SentenceBERT(sys.argv[2]), batch_size=32)
 retriever = EvaluateRetrieval(model, score_function="cos_sim", k_values=[1, 3, 5, 10, 100, 1000])
 results = retriever.retrieve(corpus, queries)
-ndcg, _map, recall, p = retriever.evaluate(qrels, results, retriever.k_values)
+ndcg, _map, recall, p = retriever.evaluate(qrels, results, retriever.k_values, ignore_identical_ids=False)
 print(json.dumps({"wall_s": time.perf_counter() - t0, "ndcg@10": ndcg["NDCG@10"],
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
