@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fusion", choices=("rrf", "minmax"), default="rrf")
     p.add_argument("--rerank", default=None, metavar="MODEL_DIR", help="cross-encoder folder")
     p.add_argument("--rerank-depth", type=_positive_int, default=100)
+    p.add_argument("--rerank-max-length", type=_positive_int, default=256)
+    p.add_argument("--rerank-backend", choices=BACKENDS, default=BACKENDS[0], help="cross-encoder inference")
     p.add_argument("--rerank-alpha", type=float, default=None,
                    help="cross-encoder weight vs the first stage (default: chosen on dev at training, else 1)")
     p.add_argument("--model", default=None, help="query encoder (default: the one that built the index)")
@@ -96,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reranker", default=None, help="cross-encoder folder for +rerank pipelines")
     p.add_argument("--rerank-depth", type=_positive_int, default=100)
     p.add_argument("--rerank-max-length", type=_positive_int, default=256)
+    p.add_argument("--rerank-backend", choices=BACKENDS, default=BACKENDS[0], help="cross-encoder inference")
     p.add_argument("--rerank-alpha", type=float, default=None,
                    help="cross-encoder weight vs the first stage (default: chosen on dev at training, else 1)")
     p.add_argument("--fusion", choices=("rrf", "minmax"), default="rrf")
@@ -235,6 +238,7 @@ def cmd_search(args) -> int:
     index = IndexFolder(args.index)
     encoder = encoder_for_index(index, args.model, backend=args.backend) if args.mode in ("dense", "hybrid") else None
     reranker = (CrossEncoderReranker(RerankConfig(model=args.rerank, depth=args.rerank_depth,
+                                                  max_length=args.rerank_max_length, backend=args.rerank_backend,
                                                   interpolation=args.rerank_alpha))
                 if args.rerank else None)
     factory = PipelineFactory(index, encoder, reranker,
@@ -281,6 +285,7 @@ def cmd_eval(args) -> int:
         dense=_dense_config(args), bm25=BM25Config(),
         pipeline=PipelineConfig(fusion=args.fusion, fusion_depth=args.fusion_depth, rerank_depth=args.rerank_depth),
         reranker=args.reranker, rerank_max_length=args.rerank_max_length, rerank_alpha=args.rerank_alpha,
+        rerank_backend=args.rerank_backend,
         ignore_identical_ids=args.ignore_identical_ids, warmup=max(0, args.warmup), use_cache=not args.no_cache,
     )
     run_dir = Path(args.run_dir) if args.run_dir else None

@@ -43,6 +43,7 @@ class EvalConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     reranker: str | None = None
     rerank_max_length: int = 256
+    rerank_backend: str = "openvino"
     rerank_alpha: float | None = None
     ignore_identical_ids: bool = False
     warmup: int = 5
@@ -123,7 +124,8 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
         if not cfg.reranker:
             raise RetrError("rerank pipelines need a cross-encoder: pass --reranker DIR")
         reranker = CrossEncoderReranker(RerankConfig(model=cfg.reranker, depth=cfg.pipeline.rerank_depth,
-                                                     max_length=cfg.rerank_max_length, interpolation=cfg.rerank_alpha))
+                                                     max_length=cfg.rerank_max_length, interpolation=cfg.rerank_alpha,
+                                                     backend=cfg.rerank_backend))
     factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
     k = max(cfg.k_values)
     report: dict = {

@@ -86,6 +86,8 @@ class CrossEncoderReranker:
         self.config = config
         self.path = path.resolve()
         self.model_hash = hash_model_dir(self.path)
+        positions = json.loads((self.path / "config.json").read_text()).get("max_position_embeddings")
+        self.max_length = min(config.max_length, int(positions)) if positions else config.max_length
         self._model = None
         self._graph = None
         self._pair_ids = None
@@ -105,7 +107,7 @@ class CrossEncoderReranker:
         if self._model is None:
             from sentence_transformers import CrossEncoder
 
-            self._model = CrossEncoder(str(self.path), max_length=self.config.max_length, device=self.config.device)
+            self._model = CrossEncoder(str(self.path), max_length=self.max_length, device=self.config.device)
         return self._model
 
     def _load_graph(self, variant: str) -> None:
@@ -118,11 +120,11 @@ class CrossEncoderReranker:
             except ImportError:
                 logger.warning("openvino is not installed: reranking with ONNX Runtime")
                 variant = "onnx"
-        self._pair_ids = ob.fast_pair_tokenizer(self.path, self.config.max_length)
+        self._pair_ids = ob.fast_pair_tokenizer(self.path, self.max_length)
         graph = ob.find_cached(self.model_hash, variant, cache_home(), kind="ce") if self._pair_ids else None
         if graph is None:
             try:
-                graph = ob.load_or_export(self.model, self.model_hash, variant, self.config.max_length, cache_home(),
+                graph = ob.load_or_export(self.model, self.model_hash, variant, self.max_length, cache_home(),
                                           kind="ce")
             except RetrError:
                 raise
@@ -135,7 +137,7 @@ class CrossEncoderReranker:
             self._pair_ids = self._hf_pair_ids
 
     def _hf_pair_ids(self, query: str, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
-        enc = self.model.tokenizer([(query, t) for t in texts], truncation=True, max_length=self.config.max_length,
+        enc = self.model.tokenizer([(query, t) for t in texts], truncation=True, max_length=self.max_length,
                                    padding=False, return_token_type_ids=True)
         return enc["input_ids"], enc["token_type_ids"]
 
@@ -159,7 +161,7 @@ class CrossEncoderReranker:
 
     def describe(self) -> dict:
         return {"path": str(self.path), "hash": self.model_hash, "depth": self.config.depth,
-                "max_length": self.config.max_length, "interpolation": self.interpolation, "backend": self.backend,
+                "max_length": self.max_length, "interpolation": self.interpolation, "backend": self.backend,
                 "precision": self.precision}
 
 

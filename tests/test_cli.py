@@ -111,10 +111,11 @@ def test_eval_with_rerank_pipeline_on_tiny_dataset(tiny_dataset, tiny_bi_encoder
     report = tmp_path / "r.json"
     assert main(["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--pipelines",
                  "hybrid,hybrid+rerank", "--reranker", str(tiny_cross_encoder), "--rerank-depth", "4",
-                 "--k-values", "1,5,10", "--warmup", "1", "--out", str(report)]) == 0
+                 "--rerank-backend", "onnx", "--k-values", "1,5,10", "--warmup", "1", "--out", str(report)]) == 0
     rep = json.loads(report.read_text())
     assert rep["pipelines"]["hybrid+rerank"]["latency_ms"]["rerank"]["n"] == 6
     assert rep["reranker"]["depth"] == 4
+    assert rep["reranker"]["backend"] == "onnx" and rep["reranker"]["precision"] == "fp32"
     assert "NDCG@10" in capsys.readouterr().out
 
 
