@@ -190,9 +190,9 @@ class BiEncoder:
         from retr.retrieval.onnx_backend import length_batches, padded, run_session
 
         tok = self._token_ids(texts)
-        if len(texts) == 1:  # the query path: no sorting, no progress bar; the int8-weight graph where there is one
+        if len(texts) == 1:  # the query path: no sorting, no progress bar
             ids = np.asarray(tok, dtype=np.int64)
-            return run_session(self._onnx.query_session or self._onnx.session, ids, np.ones_like(ids))
+            return run_session(self._onnx.session, ids, np.ones_like(ids))
         lengths = np.fromiter((len(t) for t in tok), dtype=np.int64, count=len(tok))
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         bar = _progress(len(texts), show_progress)
@@ -209,8 +209,7 @@ class BiEncoder:
     def describe(self) -> dict:
         return {"id": self.model_id, "hash": self.model_hash, "dim": self.dim, "max_length": self.max_length,
                 "path": str(self.model_path) if self.model_path else None, "backend": self.backend,
-                "precision": self.precision,
-                "query_graph": "int8 weights" if self._onnx is not None and self._onnx.query_session else None}
+                "precision": self.precision}
 
 
 def _progress(total: int, show: bool):

@@ -8,10 +8,7 @@ not match (cosine below the variant's floor) is refused, never cached.
 
 Variants: ``onnx`` (ONNX Runtime fp32), ``onnx-int8`` (ONNX Runtime, dynamic int8 MatMuls) and
 ``openvino`` (the same fp32 graph converted to OpenVINO IR, run in bf16 where the CPU has native
-bf16 instructions, fp32 elsewhere; the precision used is recorded in the cache manifest). A
-bi-encoder's ``openvino`` export also gets a query graph whose weights are int8 (NNCF weight
-compression, activations untouched): a single short query is bound by reading the weights, not by
-arithmetic, so it runs about twice as fast; it is verified like the others (floor 0.995).
+bf16 instructions, fp32 elsewhere; the precision used is recorded in the cache manifest).
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ VARIANTS = {"onnx": 0.9999, "onnx-int8": 0.985, "openvino": 0.999}  # variant ->
 MODEL_FILE = {"onnx": "model.onnx", "onnx-int8": "model.onnx", "openvino": "model.xml"}
 # cross-encoders: minimum agreement with torch, 1 - max |score difference| / max(1, score range)
 CE_VARIANTS = {"onnx": 0.999, "onnx-int8": 0.95, "openvino": 0.98}
-QUERY_GRAPH_FLOOR = 0.995  # the openvino bi-encoder's int8-weight query graph
 CHECK_TEXTS = [
     "a",
     "What causes the northern lights?",
@@ -146,7 +142,6 @@ class OnnxSession:
     check_cosine: float
     dim: int
     precision: str = "fp32"
-    query_session: object | None = None  # a faster runner for single texts (openvino: int8 weights)
 
 
 def openvino_precision() -> str:
@@ -212,39 +207,12 @@ def find_cached(model_hash: str, variant: str, cache_root: Path, threads: int | 
     if meta.get("model_hash") != model_hash or meta.get("check_cosine", 0) < _floor(variant, kind) \
             or "dim" not in meta:
         return None
-    if _wants_query_graph(variant, kind) and "query_check_cosine" not in meta:  # exported before it existed
-        return None
     threads = threads or default_threads()
     path = folder / MODEL_FILE[variant]
     runner = _session(path, threads, variant)
     if meta.get("precision", runner.precision) != runner.precision:  # verified in another precision: re-verify
         return None
-    query = None
-    if (meta.get("query_check_cosine") or 0) >= QUERY_GRAPH_FLOOR and (folder / "query.xml").is_file():
-        query = _session(folder / "query.xml", threads, variant)
-    return OnnxSession(runner, path, variant, meta["check_cosine"], int(meta["dim"]), runner.precision, query)
-
-
-def _wants_query_graph(variant: str, kind: str) -> bool:
-    if variant != "openvino" or kind != "bi":
-        return False
-    try:
-        import nncf  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def compress_weights_int8(src: Path, dst: Path) -> None:
-    """OpenVINO IR with int8 (asymmetric, per-channel) weights for every MatMul; activations unchanged."""
-    import logging as _logging
-
-    import nncf
-    import openvino as ov
-
-    _logging.getLogger("nncf").setLevel(_logging.WARNING)
-    model = nncf.compress_weights(ov.Core().read_model(str(src)), mode=nncf.CompressWeightsMode.INT8_ASYM)
-    ov.save_model(model, str(dst), compress_to_fp16=False)
+    return OnnxSession(runner, path, variant, meta["check_cosine"], int(meta["dim"]), runner.precision)
 
 
 def _fast_tokenizer_file(model_path: Path | None, max_length: int):
@@ -398,23 +366,12 @@ def load_or_export(st_model, model_hash: str, variant: str, max_length: int, cac
             what = "agreement" if kind == "ce" else "cosine"
             raise RetrError(f"the {variant} export of model {model_hash[:12]} disagrees with torch ({what} {cos:.4f} "
                             f"< {_floor(variant, kind)}): use --backend torch")
-        query_cos, query = None, None
-        if _wants_query_graph(variant, kind):
-            compress_weights_int8(final, tmp / "query.xml")
-            query = _session(tmp / "query.xml", threads, variant)
-            query_cos = verify(query, st_model, max_length)
-            if query_cos < QUERY_GRAPH_FLOOR:
-                logger.warning("int8-weight query graph refused (cosine %.4f < %s)", query_cos, QUERY_GRAPH_FLOOR)
-                query = None
-                for extra in tmp.glob("query.*"):
-                    extra.unlink()
-        manifest = new_manifest("retr-onnx", variant=variant, graph=kind, model_hash=model_hash, check_cosine=cos,
-                                dim=dim, precision=session.precision, max_length=max_length,
-                                query_check_cosine=query_cos, export_seconds=time.perf_counter() - t0)
+        manifest = new_manifest("retr-onnx", variant=variant, graph=kind, model_hash=model_hash, check_cosine=cos, dim=dim,
+                                precision=session.precision, max_length=max_length,
+                                export_seconds=time.perf_counter() - t0)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     logger.info("%s (%s) verified against torch: min cosine %.6f", variant, session.precision, cos)
-    query = _session(folder / "query.xml", threads, variant) if query is not None else None
-    return OnnxSession(_session(path, threads, variant), path, variant, cos, dim, session.precision, query)
+    return OnnxSession(_session(path, threads, variant), path, variant, cos, dim, session.precision)
 
 
 def default_threads() -> int:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -89,13 +87,10 @@ def test_openvino_backend_is_close_to_torch_and_cached_as_ir(tiny_bi_encoder, tm
     got = ov_enc.encode(TEXTS)
     floor = 0.999 if ov_enc.precision == "bf16" else 0.9999
     assert (got * ref).sum(1).min() >= floor
-    assert ov_enc._onnx.query_session is not None  # single texts go through the int8-weight graph
-    assert ov_enc.describe()["query_graph"] == "int8 weights"
     for i, t in enumerate(TEXTS):
-        assert float(ov_enc.encode_query(t)[0] @ ref[i]) >= 0.995
+        assert float(ov_enc.encode_query(t)[0] @ got[i]) >= floor
     (folder,) = (tmp_path / "retr-cache" / "onnx").iterdir()
-    assert (folder / "model.xml").is_file() and (folder / "model.bin").is_file() and (folder / "query.xml").is_file()
-    assert json.loads((folder / "manifest.json").read_text())["query_check_cosine"] >= 0.995
+    assert (folder / "model.xml").is_file() and (folder / "model.bin").is_file()
     assert not list(folder.glob("*.onnx*"))  # the intermediate ONNX graph is not kept
     manifest = (folder / "manifest.json").read_text()
     again = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
