@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class BiEncoderTrainConfig:
     base: str | None = None  # BERT or sentence-transformers folder (default: the bundled MiniLM)
-    epochs: int = 1
+    epochs: int = 3
     batch_size: int = 16
     mini_batch_size: int = 16  # GradCache chunk: memory is set by this, not by batch_size
     learning_rate: float = 2e-5
@@ -36,7 +36,7 @@ class BiEncoderTrainConfig:
     num_negatives: int = 1
     negative_depth: int = 30
     scale: float = 20.0  # 1 / temperature
-    dev_fraction: float = 0.2
+    dev_fraction: float = 0.1
     dev_candidates: int = 10  # BM25 candidates per dev query (plus its positives) for dev nDCG@10
     seed: int = 42
     self_supervised: bool = False
