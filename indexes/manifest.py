@@ -17,7 +17,8 @@ FORMAT_VERSION = 1
 
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for pkg in ("retr", "faiss-cpu", "torch", "sentence-transformers", "transformers", "bm25s", "numpy"):
+    for pkg in ("retr", "faiss-cpu", "torch", "sentence-transformers", "transformers", "bm25s", "numpy", "onnxruntime",
+                "openvino"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
