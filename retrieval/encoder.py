@@ -144,23 +144,12 @@ class BiEncoder:
         except ImportError:
             logger.warning("onnxruntime is not installed: using the torch backend")
             return None
-        if variant == "openvino":
-            try:
-                import openvino  # noqa: F401
-            except ImportError:
-                logger.warning("openvino is not installed: using the onnx backend")
-                variant = "onnx"
         tokenizer = onnx_backend.fast_tokenizer(self.model_path, self.max_length) if self.max_length else None
-        sess = onnx_backend.find_cached(self.model_hash, variant, cache_home()) if tokenizer else None
+        sess = onnx_backend.open_graph(lambda: self.model, self.model_hash, variant, self.max_length, cache_home(),
+                                       use_cache_alone=tokenizer is not None)
         if sess is None:
-            try:
-                sess = onnx_backend.load_or_export(self.model, self.model_hash, variant, self.max_length, cache_home())
-            except RetrError:
-                raise
-            except Exception as e:  # noqa: BLE001 - an export failure must not stop the user
-                logger.warning("ONNX export failed (%s): using the torch backend", str(e).splitlines()[0][:200])
-                return None
-        self.backend = variant
+            return None
+        self.backend = sess.variant
         self.dim = sess.dim
         self.check_cosine = sess.check_cosine
         self.precision = sess.precision

@@ -374,6 +374,31 @@ def load_or_export(st_model, model_hash: str, variant: str, max_length: int, cac
     return OnnxSession(_session(path, threads, variant), path, variant, cos, dim, session.precision)
 
 
+def open_graph(get_model, model_hash: str, variant: str, max_length: int, cache_root: Path, kind: str = "bi",
+               use_cache_alone: bool = True) -> OnnxSession | None:
+    """The verified graph of a model (bi-encoder or cross-encoder) for ``variant``: from the cache, or exported
+    from ``get_model()`` now; openvino falls back to onnx where it is not installed. None (with a warning) when
+    the export itself fails: the caller then runs torch. ``use_cache_alone=False`` when the caller needs the
+    torch model anyway (no fast tokenizer), so the cache lookup is left to ``load_or_export``."""
+    if variant == "openvino":
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            logger.warning("openvino is not installed: using the onnx backend")
+            variant = "onnx"
+    sess = find_cached(model_hash, variant, cache_root, kind=kind) if use_cache_alone else None
+    if sess is None:
+        try:
+            sess = load_or_export(get_model(), model_hash, variant, max_length, cache_root, kind=kind)
+        except RetrError:
+            raise
+        except Exception as e:  # noqa: BLE001 - an export failure must not stop the user
+            what = "cross-encoder" if kind == "ce" else "bi-encoder"
+            logger.warning("%s export failed (%s): using the torch backend", what, str(e).splitlines()[0][:200])
+            return None
+    return sess
+
+
 def default_threads() -> int:
     """ONNX Runtime intra-op threads: the machine's cores, at most 4 (one policy for export and load)."""
     return max(1, min(os.cpu_count() or 1, 4))

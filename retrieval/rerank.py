@@ -114,25 +114,13 @@ class CrossEncoderReranker:
         from retr.indexes.cache import cache_home
         from retr.retrieval import onnx_backend as ob
 
-        if variant == "openvino":
-            try:
-                import openvino  # noqa: F401
-            except ImportError:
-                logger.warning("openvino is not installed: reranking with ONNX Runtime")
-                variant = "onnx"
         self._pair_ids = ob.fast_pair_tokenizer(self.path, self.max_length)
-        graph = ob.find_cached(self.model_hash, variant, cache_home(), kind="ce") if self._pair_ids else None
+        graph = ob.open_graph(lambda: self.model, self.model_hash, variant, self.max_length, cache_home(), kind="ce",
+                              use_cache_alone=self._pair_ids is not None)
         if graph is None:
-            try:
-                graph = ob.load_or_export(self.model, self.model_hash, variant, self.max_length, cache_home(),
-                                          kind="ce")
-            except RetrError:
-                raise
-            except Exception as e:  # noqa: BLE001 - an export failure must not stop the user
-                logger.warning("cross-encoder export failed (%s): reranking with torch", str(e).splitlines()[0][:200])
-                return
+            return
         self._graph = graph
-        self.backend, self.precision = variant, graph.precision
+        self.backend, self.precision = graph.variant, graph.precision
         if self._pair_ids is None:
             self._pair_ids = self._hf_pair_ids
 
