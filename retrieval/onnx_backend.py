@@ -155,7 +155,7 @@ def openvino_precision() -> str:
 class OrtRunner:
     """An ONNX Runtime session with retr's thread policy."""
 
-    def __init__(self, path: Path, threads: int):
+    def __init__(self, path: Path, threads: int, precision: str = "fp32"):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -164,7 +164,7 @@ class OrtRunner:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
         self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        self.precision = "int8" if "int8" in path.parent.name else "fp32"
+        self.precision = precision
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         return self.session.run(None, feeds)[0]
@@ -207,12 +207,12 @@ def find_cached(model_hash: str, variant: str, cache_root: Path, threads: int | 
     if meta.get("model_hash") != model_hash or meta.get("check_cosine", 0) < _floor(variant, kind) \
             or "dim" not in meta:
         return None
-    threads = threads or default_threads()
-    path = folder / MODEL_FILE[variant]
-    runner = _session(path, threads, variant)
-    if meta.get("precision", runner.precision) != runner.precision:  # verified in another precision: re-verify
+    precision = _precision(variant)
+    if meta.get("precision", precision) != precision:  # verified in another precision: re-verify
         return None
-    return OnnxSession(runner, path, variant, meta["check_cosine"], int(meta["dim"]), runner.precision)
+    path = folder / MODEL_FILE[variant]
+    runner = _session(path, threads or default_threads(), variant)
+    return OnnxSession(runner, path, variant, meta["check_cosine"], int(meta["dim"]), precision)
 
 
 def _fast_tokenizer_file(model_path: Path | None, max_length: int):
@@ -277,8 +277,15 @@ def padded(rows: list[list[int]], idx: np.ndarray, width: int, lengths: np.ndarr
     return out
 
 
+def _precision(variant: str) -> str:
+    """The arithmetic a variant runs in on this machine."""
+    return openvino_precision() if variant == "openvino" else "int8" if variant == "onnx-int8" else "fp32"
+
+
 def _session(path: Path, threads: int, variant: str = "onnx"):
-    return OpenVinoRunner(path, threads) if variant == "openvino" else OrtRunner(path, threads)
+    if variant == "openvino":
+        return OpenVinoRunner(path, threads, _precision(variant))
+    return OrtRunner(path, threads, _precision(variant))
 
 
 def run_session(session, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
@@ -371,7 +378,8 @@ def load_or_export(st_model, model_hash: str, variant: str, max_length: int, cac
                                 export_seconds=time.perf_counter() - t0)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     logger.info("%s (%s) verified against torch: min cosine %.6f", variant, session.precision, cos)
-    return OnnxSession(_session(path, threads, variant), path, variant, cos, dim, session.precision)
+    # the verified session is the one returned (its weights are in memory / mapped from files renamed, not removed)
+    return OnnxSession(session, path, variant, cos, dim, session.precision)
 
 
 def open_graph(get_model, model_hash: str, variant: str, max_length: int, cache_root: Path, kind: str = "bi",
