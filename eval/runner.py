@@ -23,7 +23,7 @@ from retr.indexes.dense import DenseIndexConfig
 from retr.indexes.index import IndexFolder
 from retr.indexes.manifest import versions
 from retr.retrieval.bm25 import BM25Config
-from retr.retrieval.encoder import BiEncoder, EncoderConfig
+from retr.retrieval.encoder import DEFAULT_BACKEND, BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
 from retr.retrieval.protocol import StageTimer
@@ -43,7 +43,7 @@ class EvalConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     reranker: str | None = None
     rerank_max_length: int = 256
-    rerank_backend: str = "openvino"
+    rerank_backend: str = DEFAULT_BACKEND
     rerank_alpha: float | None = None
     ignore_identical_ids: bool = False
     warmup: int = 5

@@ -76,6 +76,11 @@ BACKENDS = ("openvino", "onnx", "onnx-int8", "torch")
 DEFAULT_BACKEND = "openvino"
 
 
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise RetrError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
     model: str | None = None
@@ -86,8 +91,7 @@ class EncoderConfig:
     backend: str = DEFAULT_BACKEND  # openvino (bf16 where native), onnx (ORT fp32), onnx-int8, torch
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise RetrError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        check_backend(self.backend)
 
 
 class BiEncoder:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retr.retrieval.encoder import DEFAULT_BACKEND
 from retr.retrieval.errors import RetrError
 from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.types import Hit, Run
@@ -25,7 +26,7 @@ class RerankConfig:
     batch_size: int = 32  # torch backend: pairs per batch
     token_budget: int = 8192  # exported backends: padded tokens per batch (length-sorted)
     device: str = "cpu"
-    backend: str = "openvino"  # openvino (bf16 where native), onnx, onnx-int8, torch
+    backend: str = DEFAULT_BACKEND  # openvino (bf16 where native), onnx, onnx-int8, torch
     # weight of the cross-encoder in the final score (1.0: cross-encoder alone); None: the value
     # chosen on dev by `retr train cross-encoder` (in the folder's retr_manifest.json), else 1.0
     interpolation: float | None = None
@@ -52,8 +53,8 @@ def ce_logits(model, pairs: list[tuple[str, str]], batch_size: int = 32) -> np.n
     return np.asarray(scores, dtype=np.float32).reshape(-1)
 
 
-def check_cross_encoder_dir(path: Path) -> None:
-    """Refuse a folder that is not a one-logit sequence-classification model."""
+def check_cross_encoder_dir(path: Path) -> dict:
+    """Refuse a folder that is not a one-logit sequence-classification model; return its config.json."""
     cfg_path = path / "config.json"
     if not path.is_dir():
         raise RetrError(f"{path}: no such cross-encoder folder")
@@ -70,6 +71,7 @@ def check_cross_encoder_dir(path: Path) -> None:
     num_labels = len(cfg.get("id2label") or {0: "LABEL_0"})
     if num_labels != 1:
         raise RetrError(f"{path}: a classifier with {num_labels} labels, not a one-score cross-encoder")
+    return cfg
 
 
 class CrossEncoderReranker:
@@ -77,16 +79,14 @@ class CrossEncoderReranker:
     verified graph (OpenVINO / ONNX Runtime, cached like the bi-encoder's) or with torch."""
 
     def __init__(self, config: RerankConfig):
-        from retr.retrieval.encoder import BACKENDS, hash_model_dir
+        from retr.retrieval.encoder import check_backend, hash_model_dir
 
-        if config.backend not in BACKENDS:
-            raise RetrError(f"unknown backend {config.backend!r}: choose one of {', '.join(BACKENDS)}")
+        check_backend(config.backend)
         path = Path(config.model).expanduser()
-        check_cross_encoder_dir(path)
+        positions = check_cross_encoder_dir(path).get("max_position_embeddings")
         self.config = config
         self.path = path.resolve()
         self.model_hash = hash_model_dir(self.path)
-        positions = json.loads((self.path / "config.json").read_text()).get("max_position_embeddings")
         self.max_length = min(config.max_length, int(positions)) if positions else config.max_length
         self._model = None
         self._graph = None
