@@ -68,14 +68,14 @@ def section_encoding(ds, n_docs: int, quality: bool, backends: tuple[str, ...]) 
         emb = enc.encode(texts)
         out[f"retr {backend}"] = {"docs_per_s": len(texts) / (time.perf_counter() - t0), "emb": emb,
                                   "min_cos_to_st": float((emb * st_emb).sum(1).min()),
-                                  "precision": enc.precision}
+                                  "precision": enc.precision, "queries": enc.describe_queries()["backend"]}
     if quality and n_docs >= len(ds.corpus):
         from retr.eval.metrics import evaluate
         from retr.retrieval.types import Run
 
         for name, r in out.items():
             enc = encoders[name]
-            q = enc.encode(list(ds.queries.values())) if enc is not None else \
+            q = enc.encode_queries(list(ds.queries.values())) if enc is not None else \
                 st.encode(list(ds.queries.values()), normalize_embeddings=True, convert_to_numpy=True)
             scores = q @ r["emb"].T
             top = np.argsort(-scores, axis=1)[:, :10]
@@ -83,10 +83,10 @@ def section_encoding(ds, n_docs: int, quality: bool, backends: tuple[str, ...]) 
                        for i, qid in enumerate(ds.queries)})
             r["ndcg@10"] = evaluate(run, ds.qrels, [10]).mean["NDCG@10"]
     base = out["sentence-transformers fp32"]["docs_per_s"]
-    rows = [[k, v["docs_per_s"], v["docs_per_s"] / base, v.get("min_cos_to_st", 1.0), v.get("ndcg@10", "-")]
-            for k, v in out.items()]
+    rows = [[k, v["docs_per_s"], v["docs_per_s"] / base, v.get("min_cos_to_st", 1.0), v.get("queries", "torch"),
+             v.get("ndcg@10", "-")] for k, v in out.items()]
     print(_table(f"1. corpus encoding, {len(texts)} SciFact docs (max length 256)",
-                 ["encoder", "docs/s", "ratio vs ST", "min cos vs ST", "nDCG@10"], rows), "\n")
+                 ["encoder", "docs/s", "ratio vs ST", "min cos vs ST", "queries by", "nDCG@10"], rows), "\n")
     return {k: {kk: vv for kk, vv in v.items() if kk != "emb"} for k, v in out.items()}
 
 
@@ -124,12 +124,13 @@ def section_query_latency(ds, n_queries: int) -> dict:
         retriever.search({"q": text}, 10, timer)
         ours.append(time.perf_counter() - t0)
         stages.append(timer.seconds)
-    res = {"sentence-transformers + faiss flat": _pct(peer), f"retr ({enc.backend}) + faiss flat": _pct(ours),
+    ours_name = f"retr (queries: {enc.describe_queries()['backend']}) + faiss flat"
+    res = {"sentence-transformers + faiss flat": _pct(peer), ours_name: _pct(ours),
            "retr encode": _pct([s["encode"] for s in stages]), "retr ann": _pct([s["ann"] for s in stages])}
     rows = [[k, v["p50"], v["p95"]] for k, v in res.items()]
     print(_table(f"2. single-query first stage, {len(queries)} SciFact queries, k=10, warm",
                  ["path", "p50 ms", "p95 ms"], rows))
-    print(f"   ratio retr/peer p50: {res[f'retr ({enc.backend}) + faiss flat']['p50'] / res['sentence-transformers + faiss flat']['p50']:.2f}\n")
+    print(f"   ratio retr/peer p50: {res[ours_name]['p50'] / res['sentence-transformers + faiss flat']['p50']:.2f}\n")
     return res
 
 

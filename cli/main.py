@@ -46,6 +46,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "ONNX Runtime fp32 or int8, or torch")
 
 
+def _add_query_backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--query-backend", choices=BACKENDS, default=None,
+                   help="query encoding (default: onnx-int8 beside the openvino backend, else --backend): "
+                        "a short query is bound by reading the weights, which int8 makes 4x smaller")
+
+
 def _add_index_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", choices=("flat", "hnsw", "ivfpq"), default="flat", help="FAISS index kind")
     p.add_argument("--hnsw-m", type=_positive_int, default=32)
@@ -88,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cross-encoder weight vs the first stage (default: chosen on dev at training, else 1)")
     p.add_argument("--model", default=None, help="query encoder (default: the one that built the index)")
     p.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0])
+    _add_query_backend_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("eval", help="BEIR metrics and latency for pipelines on a dataset")
@@ -112,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for one TREC run file per pipeline (default with --out: REPORT-runs/ beside it)")
     p.add_argument("--no-download", action="store_true", help="never download a dataset")
     _add_model_args(p)
+    _add_query_backend_arg(p)
     _add_index_args(p)
 
     p = sub.add_parser("train", help="train retr models from a BERT backbone")
@@ -237,7 +245,8 @@ def cmd_search(args) -> int:
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
     index = IndexFolder(args.index)
-    encoder = encoder_for_index(index, args.model, backend=args.backend) if args.mode in ("dense", "hybrid") else None
+    encoder = encoder_for_index(index, args.model, backend=args.backend, query_backend=args.query_backend) \
+        if args.mode in ("dense", "hybrid") else None
     reranker = (CrossEncoderReranker(RerankConfig(model=args.rerank, depth=args.rerank_depth,
                                                   max_length=args.rerank_max_length, backend=args.rerank_backend,
                                                   interpolation=args.rerank_alpha))
@@ -282,7 +291,7 @@ def cmd_eval(args) -> int:
     cfg = EvalConfig(
         pipelines=pipelines, k_values=args.k_values,
         encoder=EncoderConfig(model=args.model, max_length=args.max_length, batch_size=args.batch_size,
-                                            backend=args.backend),
+                              backend=args.backend, query_backend=args.query_backend),
         dense=_dense_config(args), bm25=BM25Config(),
         pipeline=PipelineConfig(fusion=args.fusion, fusion_depth=args.fusion_depth, rerank_depth=args.rerank_depth),
         reranker=args.reranker, rerank_max_length=args.rerank_max_length, rerank_alpha=args.rerank_alpha,

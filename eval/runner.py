@@ -106,7 +106,8 @@ def _cost(index: IndexFolder, pipeline: str) -> dict[str, float]:
 
 def environment(encoder: BiEncoder | None = None) -> dict:
     env = {"versions": versions(), "platform": platform.platform(), "cpu_count": os.cpu_count(), "argv": sys.argv,
-           "encoder_backend": encoder.backend if encoder else None}
+           "encoder_backend": encoder.backend if encoder else None,
+           "query_encoder": encoder.describe_queries() if encoder else None}
     if "torch" in sys.modules:  # report torch's threads only where torch was used
         env["torch_threads"] = sys.modules["torch"].get_num_threads()
     if "faiss" in sys.modules:
@@ -138,7 +139,7 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
         "index": {"folder": str(index.folder), "manifest": index.manifest},
         "reranker": reranker.describe() if reranker else None,
         "config": asdict(cfg),
-        "environment": environment(encoder),
+        "environment": environment(encoder if needs_dense else None),
     }
     for name in cfg.pipelines:
         retriever = factory.make(name)

@@ -40,7 +40,7 @@ class DenseRetriever:
         if not qids:
             return Run({})
         with timer.stage("encode"):
-            q = self.encoder.encode([queries[x] for x in qids], show_progress=len(qids) > 1000)
+            q = self.encoder.encode_queries([queries[x] for x in qids], show_progress=len(qids) > 1000)
         with timer.stage("ann"):
             k_eff = min(k, len(self.ids))
             scores, positions = self.index.search(np.ascontiguousarray(q, dtype=np.float32), k_eff)

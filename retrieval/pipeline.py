@@ -32,7 +32,7 @@ def parse_pipelines(spec: str) -> list[str]:
 
 
 def encoder_for_index(index, model: str | None = None, max_length: int | None = None,
-                      backend: str = "onnx") -> BiEncoder:
+                      backend: str = "onnx", query_backend: str | None = None) -> BiEncoder:
     """The query encoder for ``index``: ``model`` if given, else the model recorded in its manifest."""
     built = index.dense_info["model"]
     if model is None:
@@ -41,7 +41,8 @@ def encoder_for_index(index, model: str | None = None, max_length: int | None = 
 
         if built.get("path") and not Path(built["path"]).is_dir():
             model = built["id"]
-    encoder = BiEncoder(EncoderConfig(model=model, max_length=max_length or built.get("max_length"), backend=backend))
+    encoder = BiEncoder(EncoderConfig(model=model, max_length=max_length or built.get("max_length"), backend=backend,
+                                      query_backend=query_backend))
     check_encoder(index.folder, index.dense_info, encoder)
     return encoder
 

@@ -80,7 +80,8 @@ def test_a_graph_that_ignores_padding_is_refused_and_not_cached(tiny_bi_encoder,
 
 def test_openvino_backend_is_close_to_torch_and_cached_as_ir(tiny_bi_encoder, tmp_path):
     torch_enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
-    ov_enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino", token_budget=40))
+    ov_enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino", query_backend="openvino",
+                                     token_budget=40))
     assert ov_enc.backend == "openvino" and ov_enc.precision in ("bf16", "fp32")
     assert ov_enc.describe()["precision"] == ov_enc.precision
     ref = torch_enc.encode(TEXTS)
@@ -140,3 +141,33 @@ def test_fast_pair_tokenizer_equals_transformers_truncation():
     want = hf([(query, t) for t in TEXTS], truncation=True, max_length=24, return_token_type_ids=True)
     assert ids == want["input_ids"] and types == want["token_type_ids"]
     assert max(map(len, ids)) == 24  # the long pair was truncated
+
+
+def test_queries_take_the_int8_graph_beside_openvino_and_agree_with_documents(tiny_bi_encoder, tmp_path):
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
+    docs = enc.encode(TEXTS)
+    q = enc.encode_queries(TEXTS)
+    info = enc.describe_queries()
+    assert info["backend"] == "onnx-int8" and info["precision"] == "int8"
+    assert info["check_cosine"] >= 0.985
+    assert (q * docs).sum(1).min() >= 0.98  # int8 queries against bf16/fp32 documents: the same space
+    assert not np.array_equal(q, docs)  # really another graph
+    for i, t in enumerate(TEXTS):  # the single-query path is the int8 graph too (dynamic int8 scales each
+        # activation tensor by its own range, so a text batched with others differs from it alone by ~1e-4)
+        np.testing.assert_allclose(enc.encode_query(t)[0], q[i], atol=2e-3)
+    names = sorted(f.name.split("-", 1)[1] for f in (tmp_path / "retr-cache" / "onnx").iterdir())
+    assert names == ["onnx-int8", "openvino"]
+    same = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino", query_backend="openvino"))
+    np.testing.assert_allclose(same.encode_queries(TEXTS), same.encode(TEXTS), atol=1e-6)
+    assert same.describe_queries()["backend"] == "openvino"
+
+
+def test_a_refused_query_graph_falls_back_to_the_document_graph(tiny_bi_encoder, monkeypatch):
+    import retr.retrieval.onnx_backend as ob
+
+    monkeypatch.setitem(ob.VARIANTS, "onnx-int8", 1.01)  # no int8 graph can pass this floor
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="onnx"))
+    assert EncoderConfig(backend="onnx").resolved_query_backend == "onnx"  # explicit fp32 stays fp32 for queries
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="onnx", query_backend="onnx-int8"))
+    np.testing.assert_allclose(enc.encode_queries(TEXTS), enc.encode(TEXTS), atol=1e-6)
+    assert enc.describe_queries()["backend"] == "onnx"
