@@ -164,12 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True)
     t.add_argument("--dataset", required=True)
     t.add_argument("--split", default="train")
-    t.add_argument("--epochs", type=_positive_int, default=1)
-    t.add_argument("--batch-size", type=_positive_int, default=16)
-    t.add_argument("--lr", type=float, default=2e-5)
+    t.add_argument("--epochs", type=_positive_int, default=2)
+    t.add_argument("--batch-size", type=_positive_int, default=8, help="lists per step")
+    t.add_argument("--lr", type=float, default=5e-5)
     t.add_argument("--max-length", type=_positive_int, default=256)
-    t.add_argument("--num-negatives", type=_positive_int, default=4)
-    t.add_argument("--dev-fraction", type=float, default=0.2)
+    t.add_argument("--num-negatives", type=_positive_int, default=7, help="first-stage hard negatives per list")
+    t.add_argument("--in-batch-negatives", type=_positive_int, default=1, help="other lists' documents per list")
+    t.add_argument("--dev-fraction", type=float, default=0.1,
+                   help="training queries held out (same split as the bi-encoder trainer with the same seed)")
+    t.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="training arithmetic (auto: bf16 autocast where the CPU has native bf16)")
     t.add_argument("--seed", type=int, default=42)
     t.add_argument("--max-steps", type=int, default=-1)
     t.add_argument("--resume", action="store_true")
@@ -332,7 +336,8 @@ def cmd_train(args) -> int:
 
         cfg = CrossEncoderTrainConfig(base=args.base, first_stage_model=args.first_stage_model, epochs=args.epochs,
                                       batch_size=args.batch_size, learning_rate=args.lr, max_length=args.max_length,
-                                      num_negatives=args.num_negatives, dev_fraction=args.dev_fraction,
+                                      num_negatives=args.num_negatives, in_batch_negatives=args.in_batch_negatives,
+                                      dev_fraction=args.dev_fraction, precision=args.precision,
                                       seed=args.seed, max_steps=args.max_steps)
         m = train_cross_encoder(Path(args.out), cfg, load_dataset(args.dataset, args.split), resume=args.resume)
         print(f"cross-encoder written to {args.out}: dev nDCG@10 first stage {m['dev_ndcg@10_first_stage']:.4f}, "

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from retr.eval.data import load_dataset
+from retr.retrieval.errors import RetrError
 from retr.train.bi_encoder import BiEncoderTrainConfig, load_st_model, train_bi_encoder
 from retr.train.data import self_supervised_pairs, split_dev
 
@@ -140,3 +141,14 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     reranker = CrossEncoderReranker(RerankConfig(model=str(out), max_length=32))  # passes the folder check
     assert reranker.interpolation == m["interpolation"]  # the dev choice travels with the model
     assert reranker.score("solar panels", ["Solar panels convert sunlight", "Tea leaves"]).shape == (2,)
+
+
+def test_training_precision_resolves_auto_from_the_cpu(monkeypatch):
+    import retr.train.common as common
+
+    monkeypatch.setattr(common, "cpu_has_bf16", lambda: True)
+    assert common.resolve_precision("auto") == "bf16" and common.resolve_precision("fp32") == "fp32"
+    monkeypatch.setattr(common, "cpu_has_bf16", lambda: False)
+    assert common.resolve_precision("auto") == "fp32" and common.resolve_precision("bf16") == "bf16"
+    with pytest.raises(RetrError, match="unknown precision 'fp8'"):
+        common.resolve_precision("fp8")

@@ -12,6 +12,7 @@ from pathlib import Path
 from retr.eval.metrics import evaluate
 from retr.indexes.atomic import atomic_dir
 from retr.indexes.manifest import new_manifest
+from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Hit, Qrels, Run
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,24 @@ def write_output(out: Path, save_model: Callable[[Path], None], kind: str, confi
     shutil.rmtree(checkpoint_dir(out), ignore_errors=True)
     logger.info("%s written to %s", kind, out)
     return manifest
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX), from /proc/cpuinfo; False elsewhere."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(precision: str) -> str:
+    """``auto`` -> bf16 where native, else fp32; ``bf16``/``fp32`` as asked."""
+    if precision not in ("auto", "bf16", "fp32"):
+        raise RetrError(f"unknown precision {precision!r}: choose auto, bf16 or fp32")
+    if precision == "auto":
+        return "bf16" if cpu_has_bf16() else "fp32"
+    return precision
 
 
 def trainer_kwargs(out: Path, cfg, n_examples: int) -> dict:

@@ -19,7 +19,14 @@ from retr.eval.data import Dataset
 from retr.retrieval.errors import RetrError
 from retr.retrieval.rerank import ce_logits
 from retr.retrieval.types import Qrels
-from retr.train.common import dev_evaluator, dev_ndcg, run_trainer, trainer_kwargs, write_output
+from retr.train.common import (
+    dev_evaluator,
+    dev_ndcg,
+    resolve_precision,
+    run_trainer,
+    trainer_kwargs,
+    write_output,
+)
 from retr.train.data import labeled_pairs, pairs_digest, split_dev
 
 logger = logging.getLogger(__name__)
@@ -29,17 +36,19 @@ logger = logging.getLogger(__name__)
 class CrossEncoderTrainConfig:
     base: str | None = None  # BERT folder (default: the bundled MiniLM's encoder + a new head)
     first_stage_model: str | None = None  # bi-encoder of the hybrid first stage (default: bundled)
-    epochs: int = 1
-    batch_size: int = 16
-    learning_rate: float = 2e-5
+    epochs: int = 2
+    batch_size: int = 8  # lists per step
+    learning_rate: float = 5e-5  # the one-logit head starts from nothing
     warmup_ratio: float = 0.1
     max_length: int = 256
-    num_negatives: int = 4
+    num_negatives: int = 7  # hard negatives per list, from the first stage's top ``negative_depth``
+    in_batch_negatives: int = 1  # other lists' documents added to each list (easy: one is enough)
     negative_depth: int = 30
-    dev_fraction: float = 0.2
+    dev_fraction: float = 0.1  # the bi-encoder trainer's split (same seed): the first stage never saw dev
     dev_depth: int = 20
     seed: int = 42
     max_steps: int = -1
+    precision: str = "auto"  # bf16 autocast where the CPU has native bf16 (~2x faster steps), else fp32
 
 
 def first_stage_runs(dataset: Dataset, model: str | None, queries: dict[str, str], depth: int):
@@ -131,8 +140,9 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
 
     evaluator = dev_evaluator(score_all, dev_qrels)
     first_stage_dev = dev_ndcg({q: {h.doc_id: h.score for h in first[q][: cfg.dev_depth]} for q in dev_q}, dev_qrels)
-    loss = MultipleNegativesRankingLoss(model, num_negatives=cfg.num_negatives)
-    args = CrossEncoderTrainingArguments(**trainer_kwargs(out, cfg, len(train_ds)))
+    loss = MultipleNegativesRankingLoss(model, num_negatives=cfg.in_batch_negatives)
+    precision = resolve_precision(cfg.precision)
+    args = CrossEncoderTrainingArguments(**trainer_kwargs(out, cfg, len(train_ds)), bf16=precision == "bf16")
     trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=train_ds, loss=loss, evaluator=evaluator,
                                   callbacks=callbacks)
     result = run_trainer(trainer, out, resume)
@@ -141,7 +151,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     extra = {
         "base": cfg.base or "all-MiniLM-L6-v2", "train_lists": len(train_ds), "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
-        "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
+        "precision": precision, "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
         "interpolation": alpha, "dev_ndcg@10_by_interpolation": alpha_curve,
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-cross-encoder", cfg, extra)
