@@ -148,7 +148,8 @@ def head_cross_encoder(folder: Path) -> Path:
     return folder
 
 
-def section_rerank(ds, reranker_dir: str | None, n_queries: int, depths=(10, 20, 50, 100)) -> dict:
+def section_rerank(ds, reranker_dir: str | None, n_queries: int, depths=(10, 20, 50, 100),
+                   lengths: tuple[int, ...] = (256, 128), backends: tuple[str, ...] = ("openvino", "onnx-int8")) -> dict:
     import tempfile
 
     from sentence_transformers import CrossEncoder
@@ -183,12 +184,12 @@ def section_rerank(ds, reranker_dir: str | None, n_queries: int, depths=(10, 20,
         return rows
 
     rows = []
-    for max_length in (256, 128):
+    for max_length in dict.fromkeys((256, *lengths)):  # 256: the reference's length
         peer = CrossEncoder(str(folder), max_length=max_length, device="cpu")
         rows += run_path("sentence-transformers fp32", lambda q, t, m=peer: ce_logits(m, [(q, x) for x in t]),
                          max_length)
         del peer
-        for backend in ("openvino", "onnx-int8"):
+        for backend in backends:
             r = CrossEncoderReranker(RerankConfig(model=str(folder), max_length=max_length, backend=backend))
             rows += run_path(f"retr {backend} ({r.precision})", r.score, max_length)
     ref = next(r for r in rows if r["path"].startswith("sentence-transformers") and r["max_length"] == 256
@@ -424,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", default="openvino,onnx-int8", help="section 1: retr backends to time")
     p.add_argument("--reranker", default=None, help="section 3: cross-encoder folder (default: MiniLM + new head)")
     p.add_argument("--rerank-queries", type=int, default=30)
+    p.add_argument("--rerank-lengths", default="256,128", help="section 3: cross-encoder max lengths")
+    p.add_argument("--rerank-backends", default="openvino,onnx-int8", help="section 3: retr backends to time")
     p.add_argument("--queries", type=int, default=300)
     p.add_argument("--ann-n", type=int, default=1_000_000)
     p.add_argument("--ann-kinds", default="hnsw,ivfpq", help="section 6: index kinds to build")
@@ -453,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     if 2 in sections:
         results["query_latency"] = section_query_latency(ds, args.queries)
     if 3 in sections:
-        results["rerank"] = section_rerank(ds, args.reranker, args.rerank_queries)
+        results["rerank"] = section_rerank(ds, args.reranker, args.rerank_queries,
+                                           lengths=tuple(int(x) for x in args.rerank_lengths.split(",")),
+                                           backends=tuple(b.strip() for b in args.rerank_backends.split(",")))
     if 4 in sections:
         results["bm25"] = section_bm25(ds, args.queries)
     if 5 in sections:
