@@ -213,9 +213,10 @@ class BiEncoder:
         lengths = np.fromiter((len(t) for t in tok), dtype=np.int64, count=len(tok))
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         bar = _progress(len(texts), show_progress)
-        for idx, width, mask in length_batches(lengths, self.config.token_budget):
-            out[idx] = run_session(session, padded(tok, idx, width, lengths), mask)
-            bar.update(len(idx))
+        feeds = ((idx, {"input_ids": padded(tok, idx, width, lengths), "attention_mask": mask})
+                 for idx, width, mask in length_batches(lengths, self.config.token_budget))
+        for idx, emb in session.run_batches(feeds, on_done=lambda idx: bar.update(len(idx))):
+            out[idx] = emb
         bar.close()
         return out
 
@@ -243,6 +244,16 @@ class BiEncoder:
         graph = self._query_graph()
         if graph is None or not texts:
             return self.encode(texts, show_progress=show_progress)
+        if graph.variant == "onnx-int8":
+            # dynamic int8 scales each activation tensor by its own range: batched with others, a query would get
+            # another vector than alone. One at a time, a query's vector never depends on its neighbours.
+            bar = _progress(len(texts), show_progress)
+            out = np.empty((len(texts), self.dim), dtype=np.float32)
+            for i, t in enumerate(texts):
+                out[i] = self._encode_onnx([t], False, graph)[0]
+                bar.update(1)
+            bar.close()
+            return out
         return self._encode_onnx(texts, show_progress, graph)
 
     def encode_query(self, text: str) -> np.ndarray:

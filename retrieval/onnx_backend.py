@@ -166,8 +166,19 @@ class OrtRunner:
         self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         self.precision = precision
 
+    parallel = 1  # batches in flight in run_batches
+
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         return self.session.run(None, feeds)[0]
+
+    def run_batches(self, items, on_done=None) -> list:
+        """``[(key, output)]`` for an iterable of ``(key, feeds)``, one batch after the other."""
+        done = []
+        for key, feeds in items:
+            done.append((key, self(feeds)))
+            if on_done is not None:
+                on_done(key)
+        return done
 
 
 class OpenVinoRunner:
@@ -178,14 +189,49 @@ class OpenVinoRunner:
 
         self.precision = precision or openvino_precision()
         core = ov.Core()
-        self.compiled = core.compile_model(core.read_model(str(path)), "CPU", {
+        self._model = core.read_model(str(path))  # kept: the folder may be renamed once verified
+        self.compiled = core.compile_model(self._model, "CPU", {
             "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
             "INFERENCE_PRECISION_HINT": "bf16" if self.precision == "bf16" else "f32"})
         self.request = self.compiled.create_infer_request()
+        self._threads = threads
+        self.parallel = max(1, threads)  # throughput streams, one thread each
+        self._queue = None
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         self.request.infer(feeds)
         return self.request.get_output_tensor(0).data.copy()  # the request's buffer is reused by the next call
+
+    def _throughput_queue(self):
+        """The same graph compiled for throughput (one stream per thread, each on its own core: no
+        synchronisation inside a batch; +20-27% docs/s on 2 cores) with an async request per stream."""
+        if self._queue is None:
+            import openvino as ov
+
+            core = ov.Core()
+            compiled = core.compile_model(self._model, "CPU", {
+                "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.parallel,
+                "INFERENCE_NUM_THREADS": self._threads,
+                "INFERENCE_PRECISION_HINT": "bf16" if self.precision == "bf16" else "f32"})
+            self._queue = ov.AsyncInferQueue(compiled, self.parallel)
+        return self._queue
+
+    def run_batches(self, items, on_done=None) -> list:
+        """``[(key, output)]`` for an iterable of ``(key, feeds)``, ``parallel`` batches in flight (in completion
+        order; ``on_done(key)`` is called from OpenVINO's threads)."""
+        queue = self._throughput_queue()
+        done = []
+
+        def finished(request, key):
+            done.append((key, request.get_output_tensor(0).data.copy()))
+            if on_done is not None:
+                on_done(key)
+
+        queue.set_callback(finished)
+        for key, feeds in items:
+            queue.start_async(feeds, key)  # waits for a free request when all are busy
+        queue.wait_all()
+        return done
 
 
 def _folder(cache_root: Path, model_hash: str, variant: str, kind: str = "bi") -> Path:

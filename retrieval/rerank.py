@@ -135,9 +135,14 @@ class CrossEncoderReranker:
         ids, types = self._pair_ids(query, texts)
         lengths = np.fromiter((len(t) for t in ids), dtype=np.int64, count=len(ids))
         out = np.empty(len(texts), dtype=np.float32)
-        for idx, width, mask in length_batches(lengths, self.config.token_budget):
-            out[idx] = self._graph.session({"input_ids": padded(ids, idx, width, lengths), "attention_mask": mask,
-                                            "token_type_ids": padded(types, idx, width, lengths)}).reshape(-1)
+        runner = self._graph.session
+        # one query's pairs split over the runner's parallel streams (OpenVINO: one per core)
+        budget = min(self.config.token_budget, -(-int(lengths.sum()) // runner.parallel))
+        feeds = ((idx, {"input_ids": padded(ids, idx, width, lengths), "attention_mask": mask,
+                        "token_type_ids": padded(types, idx, width, lengths)})
+                 for idx, width, mask in length_batches(lengths, budget))
+        for idx, scores in runner.run_batches(feeds):
+            out[idx] = scores.reshape(-1)
         return out
 
     def score(self, query: str, texts: list[str]) -> np.ndarray:

@@ -95,7 +95,7 @@ def test_flat_equals_numpy_brute_force(env):
     r = _make(env, "dense", "flat", "rrf")
     run = r.search(QUERIES, 5)
     for qid, text in QUERIES.items():
-        scores = emb @ encoder.encode([text])[0]
+        scores = emb @ encoder.encode_queries([text])[0]  # queries take the query graph
         order = np.argsort(-scores, kind="stable")[:5]
         # exact search: the top-5 scores are the brute-force top-5, and each hit carries its own score
         # (random tiny models give near-ties, so ids are compared through their scores)
