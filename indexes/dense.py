@@ -23,7 +23,7 @@ class DenseIndexConfig:
     # HNSW
     hnsw_m: int = 32
     ef_construction: int = 200
-    ef_search: int = 128
+    ef_search: int = 192  # the smallest measured to reach recall@10 0.95 at 1M vectors (M=32, efC=200)
     # IVF-PQ (0 = chosen from the corpus size)
     nlist: int = 0
     pq_m: int = 0
