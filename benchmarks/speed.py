@@ -91,30 +91,21 @@ def section_encoding(ds, n_docs: int, quality: bool, backends: tuple[str, ...]) 
 
 
 _RETR_QUERIES = """
-import json, sys, time
+import json, sys
 import faiss, numpy as np
 from retr.eval.data import load_dataset
+from retr.eval.runner import run_pipeline
 from retr.indexes.build import corpus_embeddings
 from retr.retrieval.dense import DenseRetriever
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
-from retr.retrieval.protocol import StageTimer
 ds = load_dataset(sys.argv[1], "test", download=False)
 enc = BiEncoder(EncoderConfig())
 emb, _ = corpus_embeddings(enc, ds.corpus)
 index = faiss.IndexFlatIP(emb.shape[1])
 index.add(np.ascontiguousarray(emb))
-retriever = DenseRetriever(index, ds.corpus.ids, enc)
-queries = list(ds.queries.values())[:int(sys.argv[2])]
-for text in queries[:5]:
-    retriever.search({"q": text}, 10)
-out = []
-for text in queries:
-    timer = StageTimer()
-    t0 = time.perf_counter()
-    retriever.search({"q": text}, 10, timer)
-    out.append({"total": time.perf_counter() - t0, **timer.seconds})
-print(json.dumps({"queries_by": enc.describe_queries()["backend"], "torch_imported": "torch" in sys.modules,
-                  "samples": out}))
+queries = dict(list(ds.queries.items())[:int(sys.argv[2])])
+_, samples = run_pipeline(DenseRetriever(index, ds.corpus.ids, enc), queries, 10, warmup=5)
+print(json.dumps({"queries_by": enc.describe_queries()["backend"], "samples": samples}))
 """
 
 

@@ -127,6 +127,7 @@ class BiEncoder:
         self._st = None
         self.backend = "torch"
         self.precision = "fp32"
+        self.check_cosine = None  # the exported graph's agreement with torch (None: torch itself)
         self._onnx = None
         self._query_onnx = None  # a separate query graph, loaded on first use when query_backend differs
         self.query_backend = self.query_precision = self.query_check_cosine = None
@@ -225,7 +226,7 @@ class BiEncoder:
         wanted = self.config.resolved_query_backend
         if self.query_backend is None:
             self.query_backend, self.query_precision = self.backend, self.precision
-            self.query_check_cosine = getattr(self, "check_cosine", None)
+            self.query_check_cosine = self.check_cosine
             if self._onnx is not None and wanted not in (self.backend, "torch"):
                 try:
                     sess = self._open_graph(wanted)

@@ -190,9 +190,10 @@ class OpenVinoRunner:
         self.precision = precision or openvino_precision()
         core = ov.Core()
         self._model = core.read_model(str(path))  # kept: the folder may be renamed once verified
+        self._precision_hint = "bf16" if self.precision == "bf16" else "f32"
         self.compiled = core.compile_model(self._model, "CPU", {
             "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
-            "INFERENCE_PRECISION_HINT": "bf16" if self.precision == "bf16" else "f32"})
+            "INFERENCE_PRECISION_HINT": self._precision_hint})
         self.request = self.compiled.create_infer_request()
         self._threads = threads
         self.parallel = max(1, threads)  # throughput streams, one thread each
@@ -211,8 +212,7 @@ class OpenVinoRunner:
             core = ov.Core()
             compiled = core.compile_model(self._model, "CPU", {
                 "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.parallel,
-                "INFERENCE_NUM_THREADS": self._threads,
-                "INFERENCE_PRECISION_HINT": "bf16" if self.precision == "bf16" else "f32"})
+                "INFERENCE_NUM_THREADS": self._threads, "INFERENCE_PRECISION_HINT": self._precision_hint})
             self._queue = ov.AsyncInferQueue(compiled, self.parallel)
         return self._queue
 

@@ -166,7 +166,6 @@ def test_a_refused_query_graph_falls_back_to_the_document_graph(tiny_bi_encoder,
     import retr.retrieval.onnx_backend as ob
 
     monkeypatch.setitem(ob.VARIANTS, "onnx-int8", 1.01)  # no int8 graph can pass this floor
-    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="onnx"))
     assert EncoderConfig(backend="onnx").resolved_query_backend == "onnx"  # explicit fp32 stays fp32 for queries
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="onnx", query_backend="onnx-int8"))
     np.testing.assert_allclose(enc.encode_queries(TEXTS), enc.encode(TEXTS), atol=1e-6)
