@@ -104,9 +104,12 @@ def _cost(index: IndexFolder, pipeline: str) -> dict[str, float]:
             "docs_per_second": m["num_docs"] / seconds if seconds > 0 else float("inf")}
 
 
-def environment(encoder: BiEncoder | None = None) -> dict:
+def environment(encoder: BiEncoder | None = None, index_manifest: dict | None = None) -> dict:
+    """Versions, threads and how texts were encoded (the corpus graph as recorded in the index)."""
+    dense = (index_manifest or {}).get("dense") or {}
     env = {"versions": versions(), "platform": platform.platform(), "cpu_count": os.cpu_count(), "argv": sys.argv,
            "encoder_backend": encoder.backend if encoder else None,
+           "corpus_encoder": (dense.get("encode") or {}).get("graph") if encoder else None,
            "query_encoder": encoder.describe_queries() if encoder else None}
     if "torch" in sys.modules:  # report torch's threads only where torch was used
         env["torch_threads"] = sys.modules["torch"].get_num_threads()
@@ -139,7 +142,7 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
         "index": {"folder": str(index.folder), "manifest": index.manifest},
         "reranker": reranker.describe() if reranker else None,
         "config": asdict(cfg),
-        "environment": environment(encoder if needs_dense else None),
+        "environment": environment(encoder if needs_dense else None, index.manifest),
     }
     for name in cfg.pipelines:
         retriever = factory.make(name)

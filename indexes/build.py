@@ -36,19 +36,21 @@ def corpus_embeddings(encoder: BiEncoder, corpus, use_cache: bool = True,
     cache = cache or EmbeddingCache()
     key = embedding_key(encoder.model_hash, corpus.sha256, encoder.max_length, encoder.backend)
     if use_cache:
-        emb = cache.load(key, len(corpus), encoder.dim)
-        if emb is not None:
-            return emb, {"cached": True, "cache_key": key, "encode_seconds": 0.0}
+        hit = cache.load(key, len(corpus), encoder.dim)
+        if hit is not None:
+            return hit[0], {"cached": True, "cache_key": key, "encode_seconds": 0.0,
+                            "graph": hit[1].get("graph")}
     logger.info("encoding %d documents with %s (max length %d, %s backend)", len(corpus), encoder.model_id,
                 encoder.max_length, encoder.backend)
     t0 = time.perf_counter()
-    emb = encoder.encode([d.full_text() for d in corpus.docs], show_progress=True)
+    emb = encoder.encode_corpus([d.full_text() for d in corpus.docs], show_progress=True)
     seconds = time.perf_counter() - t0
     if use_cache:
         cache.save(key, emb, {"model": encoder.model_id, "model_hash": encoder.model_hash, "backend": encoder.backend,
                               "corpus_sha256": corpus.sha256, "max_length": encoder.max_length,
-                              "encode_seconds": seconds})
-    return emb, {"cached": False, "cache_key": key, "encode_seconds": seconds,
+                              "encode_seconds": seconds, "graph": encoder.corpus_graph})
+    # seconds include a first calibration of the corpus graph (openvino-int8), once per model and corpus
+    return emb, {"cached": False, "cache_key": key, "encode_seconds": seconds, "graph": encoder.corpus_graph,
                  "docs_per_second": len(corpus) / seconds if seconds > 0 else None}
 
 

@@ -35,7 +35,8 @@ class EmbeddingCache:
     def path(self, key: str) -> Path:
         return self.root / key
 
-    def load(self, key: str, num_docs: int, dim: int) -> np.ndarray | None:
+    def load(self, key: str, num_docs: int, dim: int) -> tuple[np.ndarray, dict] | None:
+        """(embeddings memory-mapped, the info saved with them), or None."""
         folder = self.path(key)
         try:
             meta = json.loads((folder / "meta.json").read_text())
@@ -46,7 +47,7 @@ class EmbeddingCache:
             logger.warning("embedding cache %s has shape %s, expected %s: ignored", folder, emb.shape, (num_docs, dim))
             return None
         logger.info("embedding cache used: %s (%d x %d), nothing re-encoded", folder, num_docs, dim)
-        return emb
+        return emb, meta
 
     def save(self, key: str, emb: np.ndarray, info: dict) -> None:
         with atomic_dir(self.path(key)) as tmp:

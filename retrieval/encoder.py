@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retr.retrieval import onnx_backend
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -72,13 +73,15 @@ def _hash_files(root: str, stats: tuple) -> str:
     return h.hexdigest()
 
 
-BACKENDS = ("openvino", "onnx", "onnx-int8", "torch")
-DEFAULT_BACKEND = "openvino"
+BACKENDS = ("openvino-int8", "openvino", "onnx", "onnx-int8", "torch")
+DEFAULT_BACKEND = "openvino-int8"
+CROSS_ENCODER_BACKENDS = ("openvino", "onnx", "onnx-int8", "torch")  # static int8 is for corpus encoding
+DEFAULT_CROSS_ENCODER_BACKEND = "openvino"
 
 
-def check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise RetrError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+def check_backend(backend: str, choices: tuple[str, ...] = BACKENDS) -> None:
+    if backend not in choices:
+        raise RetrError(f"unknown backend {backend!r}: choose one of {', '.join(choices)}")
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,10 @@ class EncoderConfig:
     batch_size: int = 32  # torch backend: texts per batch
     token_budget: int = 8192  # onnx backends: padded tokens per batch (length-sorted, no waste beyond it)
     device: str = "cpu"
-    backend: str = DEFAULT_BACKEND  # openvino (bf16 where native), onnx (ORT fp32), onnx-int8, torch
+    # openvino-int8 (a corpus through static int8 calibrated on it, other texts as openvino), openvino (bf16 where
+    # native), onnx (ORT fp32), onnx-int8 (ORT dynamic int8), torch
+    backend: str = DEFAULT_BACKEND
+    calibration_min_docs: int = 1000  # openvino-int8: smaller corpora are encoded by the openvino graph
     # queries: None = the default rule (``query_backend_for``); a short query is bound by streaming the weights
     # from memory, so int8 weights (4x fewer bytes) encode it ~2x faster than bf16/fp32 graphs
     query_backend: str | None = None
@@ -104,9 +110,9 @@ class EncoderConfig:
 
 
 def query_backend_for(backend: str) -> str:
-    """The default query backend for a document backend: int8 ONNX Runtime beside the default OpenVINO graph,
+    """The default query backend for a document backend: int8 ONNX Runtime beside the OpenVINO graphs,
     otherwise the document backend itself (an explicit onnx fp32 or torch choice is kept for queries too)."""
-    return "onnx-int8" if backend == "openvino" else backend
+    return "onnx-int8" if backend in ("openvino", "openvino-int8") else backend
 
 
 class BiEncoder:
@@ -131,9 +137,14 @@ class BiEncoder:
         self._onnx = None
         self._query_onnx = None  # a separate query graph, loaded on first use when query_backend differs
         self.query_backend = self.query_precision = self.query_check_cosine = None
+        self.corpus_graph = None  # how the last corpus was encoded (encode_corpus)
+        self._calibrated = {}  # calibration digest -> its graph
         self.max_length = int(config.max_length) if config.max_length else _configured_max_length(self.model_path)
         if config.backend != "torch" and config.device == "cpu":
-            self._onnx = self._load_onnx(config.backend)
+            self._onnx = self._load_onnx(onnx_backend.CALIBRATED.get(config.backend, config.backend))
+            if self._onnx is not None and config.backend in onnx_backend.CALIBRATED \
+                    and self._onnx.variant == onnx_backend.CALIBRATED[config.backend]:
+                self.backend = config.backend  # a corpus goes through the calibrated graph (encode_corpus)
         if self._onnx is None:
             model = self.model
             get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
@@ -157,9 +168,8 @@ class BiEncoder:
                 self.max_length = int(self._st.max_seq_length)
         return self._st
 
-    def _open_graph(self, variant: str):
+    def _open_graph(self, variant: str, calibration=None):
         from retr.indexes.cache import cache_home
-        from retr.retrieval import onnx_backend
 
         try:
             import onnxruntime  # noqa: F401
@@ -168,7 +178,7 @@ class BiEncoder:
             return None
         tokenizer = onnx_backend.fast_tokenizer(self.model_path, self.max_length) if self.max_length else None
         sess = onnx_backend.open_graph(lambda: self.model, self.model_hash, variant, self.max_length, cache_home(),
-                                       use_cache_alone=tokenizer is not None)
+                                       use_cache_alone=tokenizer is not None, calibration=calibration)
         if sess is None:
             return None
         self._token_ids = tokenizer or self._hf_token_ids
@@ -202,12 +212,38 @@ class BiEncoder:
         )
         return np.ascontiguousarray(emb, dtype=np.float32)
 
-    def _encode_onnx(self, texts: list[str], show_progress: bool, graph=None) -> np.ndarray:
+    def encode_corpus(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
+        """The documents of a corpus to index. With the openvino-int8 backend and at least
+        ``calibration_min_docs`` texts they go through a static int8 graph calibrated on a fixed-seed sample
+        of them (cached per model and sample; refused, with a warning, when it strays from torch); otherwise,
+        and for any other text, through the same path as ``encode``. ``corpus_graph`` says which was used."""
+        graph, tok = None, None
+        if self.backend in onnx_backend.CALIBRATED and len(texts) >= self.config.calibration_min_docs:
+            tok = self._token_ids(texts)
+            calibration = onnx_backend.Calibration.sample(tok)
+            graph = self._calibrated.get(calibration.digest)
+            if graph is None:
+                try:
+                    graph = self._open_graph(self.backend, calibration)
+                except RetrError as e:
+                    logger.warning("%s refused (%s): the corpus is encoded by the %s graph", self.backend, e,
+                                   self._onnx.variant)
+                if graph is not None:
+                    self._calibrated = {calibration.digest: graph}  # the last corpus's graph stays loaded
+        used = graph or self._onnx
+        self.corpus_graph = {"backend": used.variant, "precision": used.precision,
+                             "check_cosine": used.check_cosine} if used is not None else \
+            {"backend": "torch", "precision": "fp32", "check_cosine": None}
+        if graph is None:
+            return self.encode(texts, show_progress=show_progress)
+        return self._encode_onnx(texts, show_progress, graph, tok)
+
+    def _encode_onnx(self, texts: list[str], show_progress: bool, graph=None, tok=None) -> np.ndarray:
         """Length-sorted batches under a token budget, each padded only to its own longest text."""
         from retr.retrieval.onnx_backend import length_batches, padded, run_session
 
         session = (graph or self._onnx).session
-        tok = self._token_ids(texts)
+        tok = tok if tok is not None else self._token_ids(texts)
         if len(texts) == 1:  # the query path: no sorting, no progress bar
             ids = np.asarray(tok, dtype=np.int64)
             return run_session(session, ids, np.ones_like(ids))
@@ -224,10 +260,12 @@ class BiEncoder:
     def _query_graph(self):
         """The query graph, or None when queries go through the document path (same backend, or torch)."""
         wanted = self.config.resolved_query_backend
+        wanted = onnx_backend.CALIBRATED.get(wanted, wanted)  # no corpus to calibrate on: its plain graph
         if self.query_backend is None:
-            self.query_backend, self.query_precision = self.backend, self.precision
+            doc_graph = self._onnx.variant if self._onnx is not None else "torch"
+            self.query_backend, self.query_precision = doc_graph, self.precision
             self.query_check_cosine = self.check_cosine
-            if self._onnx is not None and wanted not in (self.backend, "torch"):
+            if self._onnx is not None and wanted not in (doc_graph, "torch"):
                 try:
                     sess = self._open_graph(wanted)
                 except RetrError as e:  # e.g. int8 too far from torch for this model: queries take the doc path

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retr.retrieval.encoder import DEFAULT_BACKEND
+from retr.retrieval.encoder import DEFAULT_CROSS_ENCODER_BACKEND
 from retr.retrieval.errors import RetrError
 from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.types import Hit, Run
@@ -26,7 +26,7 @@ class RerankConfig:
     batch_size: int = 32  # torch backend: pairs per batch
     token_budget: int = 8192  # exported backends: padded tokens per batch (length-sorted)
     device: str = "cpu"
-    backend: str = DEFAULT_BACKEND  # openvino (bf16 where native), onnx, onnx-int8, torch
+    backend: str = DEFAULT_CROSS_ENCODER_BACKEND  # openvino (bf16 where native), onnx, onnx-int8, torch
     # weight of the cross-encoder in the final score (1.0: cross-encoder alone); None: the value
     # chosen on dev by `retr train cross-encoder` (in the folder's retr_manifest.json), else 1.0
     interpolation: float | None = None
@@ -79,9 +79,9 @@ class CrossEncoderReranker:
     verified graph (OpenVINO / ONNX Runtime, cached like the bi-encoder's) or with torch."""
 
     def __init__(self, config: RerankConfig):
-        from retr.retrieval.encoder import check_backend, hash_model_dir
+        from retr.retrieval.encoder import CROSS_ENCODER_BACKENDS, check_backend, hash_model_dir
 
-        check_backend(config.backend)
+        check_backend(config.backend, CROSS_ENCODER_BACKENDS)
         path = Path(config.model).expanduser()
         positions = check_cross_encoder_dir(path).get("max_position_embeddings")
         self.config = config

@@ -150,7 +150,7 @@ def test_unknown_pipeline_and_bad_k(capsys):
 
 
 def test_cli_backend_choices_match_the_encoder():
-    from retr.cli.main import BACKENDS
+    from retr.cli.main import BACKENDS, CROSS_ENCODER_BACKENDS
     from retr.retrieval import encoder
 
-    assert BACKENDS == encoder.BACKENDS
+    assert BACKENDS == encoder.BACKENDS and CROSS_ENCODER_BACKENDS == encoder.CROSS_ENCODER_BACKENDS

@@ -170,3 +170,45 @@ def test_a_refused_query_graph_falls_back_to_the_document_graph(tiny_bi_encoder,
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="onnx", query_backend="onnx-int8"))
     np.testing.assert_allclose(enc.encode_queries(TEXTS), enc.encode(TEXTS), atol=1e-6)
     assert enc.describe_queries()["backend"] == "onnx"
+
+
+def test_a_corpus_goes_through_static_int8_calibrated_on_it(tiny_bi_encoder, tmp_path):
+    import json
+
+    from retr.retrieval.onnx_backend import Calibration
+
+    words = " ".join(TEXTS).split()
+    corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 11)) for i in range(40)]
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))  # default backend
+    assert enc.backend == "openvino-int8" and enc.describe()["backend"] == "openvino-int8"
+    small = enc.encode_corpus(corpus[:10])  # under calibration_min_docs: the openvino graph, as encode()
+    assert enc.corpus_graph["backend"] == "openvino"
+    np.testing.assert_array_equal(small, enc.encode(corpus[:10]))
+    emb = enc.encode_corpus(corpus)
+    info = enc.corpus_graph
+    assert info["backend"] == "openvino-int8" and info["precision"].startswith("int8+")
+    assert info["check_cosine"] >= 0.98
+    plain = enc.encode(corpus)  # any other text: the openvino graph
+    cos = (emb * plain).sum(1)
+    assert cos.min() >= 0.97 and not np.array_equal(emb, plain)  # close, and really another graph
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-3)
+    int8 = [f for f in (tmp_path / "retr-cache" / "onnx").iterdir() if "openvino-int8" in f.name]
+    assert len(int8) == 1
+    digest = Calibration.sample(enc._token_ids(corpus)).digest
+    assert json.loads((int8[0] / "manifest.json").read_text())["calibration"] == digest
+    assert int8[0].name.endswith(digest[:16])
+    again = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    np.testing.assert_array_equal(again.encode_corpus(corpus), emb)  # the cached graph, the same vectors
+    assert len([f for f in (tmp_path / "retr-cache" / "onnx").iterdir() if "openvino-int8" in f.name]) == 1
+    q = again.encode_queries(corpus[:3])  # queries never take the calibrated graph
+    assert again.describe_queries()["backend"] == "onnx-int8" and (q * emb[:3]).sum(1).min() >= 0.95
+
+
+def test_calibration_sample_is_fixed_by_the_corpus():
+    from retr.retrieval.onnx_backend import Calibration
+
+    rows = [[101, i, i + 1, 102] for i in range(500)]
+    a, b = Calibration.sample(rows), Calibration.sample([list(r) for r in rows])
+    assert a == b and len(a.rows) == 128 and len(set(a.rows)) == 128
+    assert Calibration.sample(rows[1:]).digest != a.digest  # another corpus, another graph
+    assert len(Calibration.sample(rows[:5]).rows) == 5
