@@ -236,17 +236,26 @@ class OpenVinoRunner:
         core = ov.Core()
         self._model = core.read_model(str(path))  # kept: the folder may be renamed once verified
         self._precision_hint = "bf16" if self.precision == "bf16" else "f32"
-        self.compiled = core.compile_model(self._model, "CPU", {
-            "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
-            "INFERENCE_PRECISION_HINT": self._precision_hint})
-        self.request = self.compiled.create_infer_request()
+        self._request = None  # compiled on first use: a search whose queries take another graph never pays it
         self._threads = threads
         self.parallel = max(1, threads)  # throughput streams, one thread each
         self._queue = None
 
+    @property
+    def request(self):
+        if self._request is None:
+            import openvino as ov
+
+            compiled = ov.Core().compile_model(self._model, "CPU", {
+                "INFERENCE_NUM_THREADS": self._threads, "PERFORMANCE_HINT": "LATENCY",
+                "INFERENCE_PRECISION_HINT": self._precision_hint})
+            self._request = compiled.create_infer_request()
+        return self._request
+
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        self.request.infer(feeds)
-        return self.request.get_output_tensor(0).data.copy()  # the request's buffer is reused by the next call
+        request = self.request
+        request.infer(feeds)
+        return request.get_output_tensor(0).data.copy()  # the request's buffer is reused by the next call
 
     def _throughput_queue(self):
         """The same graph compiled for throughput (one stream per thread, each on its own core: no
