@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 VARIANTS = {"onnx": 0.9999, "onnx-int8": 0.985, "openvino": 0.999, "openvino-int8": 0.98}
 MODEL_FILE = {"onnx": "model.onnx", "onnx-int8": "model.onnx", "openvino": "model.xml", "openvino-int8": "model.xml"}
 CALIBRATED = {"openvino-int8": "openvino"}  # variant calibrated on a corpus -> the graph for any other text
+TOKENIZE_CHUNK = 512  # texts per tokenizer call
 CALIBRATION_TEXTS = 128  # texts sampled from the corpus (measured on SciFact: 128 vs 300 texts, same nDCG@10)
 # cross-encoders: minimum agreement with torch, 1 - max |score difference| / max(1, score range)
 CE_VARIANTS = {"onnx": 0.999, "onnx-int8": 0.95, "openvino": 0.98}
@@ -338,8 +339,13 @@ def fast_tokenizer(model_path: Path | None, max_length: int):
     if tok is None:
         return None
 
-    def token_ids(texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in tok.encode_batch(texts)]
+    def token_ids(texts: list[str]) -> list[np.ndarray]:
+        # in chunks, kept as arrays: a batch's Encoding objects (offsets, masks, truncated overflow) cost ~60x
+        # the ids' memory (measured: +330 MB for SciFact's 5,183 documents encoded in one call)
+        out = []
+        for i in range(0, len(texts), TOKENIZE_CHUNK):
+            out.extend(np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(texts[i: i + TOKENIZE_CHUNK]))
+        return out
 
     return token_ids
 
