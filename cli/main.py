@@ -55,6 +55,15 @@ def _add_query_backend_arg(p: argparse.ArgumentParser) -> None:
                         "a short query is bound by reading the weights, which int8 makes 4x smaller")
 
 
+def _add_rerank_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rerank-depth", type=_positive_int, default=100)
+    p.add_argument("--rerank-max-length", type=_positive_int, default=256)
+    p.add_argument("--rerank-backend", choices=CROSS_ENCODER_BACKENDS, default=CROSS_ENCODER_BACKENDS[0],
+                   help="cross-encoder inference")
+    p.add_argument("--rerank-alpha", type=float, default=None,
+                   help="cross-encoder weight vs the first stage (default: chosen on dev at training, else 1)")
+
+
 def _add_index_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", choices=("flat", "hnsw", "ivfpq"), default="flat", help="FAISS index kind")
     p.add_argument("--hnsw-m", type=_positive_int, default=32)
@@ -91,11 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("dense", "bm25", "hybrid"), default="dense")
     p.add_argument("--fusion", choices=("rrf", "minmax"), default="rrf")
     p.add_argument("--rerank", default=None, metavar="MODEL_DIR", help="cross-encoder folder")
-    p.add_argument("--rerank-depth", type=_positive_int, default=100)
-    p.add_argument("--rerank-max-length", type=_positive_int, default=256)
-    p.add_argument("--rerank-backend", choices=CROSS_ENCODER_BACKENDS, default=CROSS_ENCODER_BACKENDS[0], help="cross-encoder inference")
-    p.add_argument("--rerank-alpha", type=float, default=None,
-                   help="cross-encoder weight vs the first stage (default: chosen on dev at training, else 1)")
+    _add_rerank_args(p)
     p.add_argument("--model", default=None, help="query encoder (default: the one that built the index)")
     p.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0])
     _add_query_backend_arg(p)
@@ -107,11 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipelines", default="bm25,dense,hybrid",
                    help="comma-separated: bm25, dense, hybrid, dense+rerank, hybrid+rerank, bm25+rerank")
     p.add_argument("--reranker", default=None, help="cross-encoder folder for +rerank pipelines")
-    p.add_argument("--rerank-depth", type=_positive_int, default=100)
-    p.add_argument("--rerank-max-length", type=_positive_int, default=256)
-    p.add_argument("--rerank-backend", choices=CROSS_ENCODER_BACKENDS, default=CROSS_ENCODER_BACKENDS[0], help="cross-encoder inference")
-    p.add_argument("--rerank-alpha", type=float, default=None,
-                   help="cross-encoder weight vs the first stage (default: chosen on dev at training, else 1)")
+    _add_rerank_args(p)
     p.add_argument("--fusion", choices=("rrf", "minmax"), default="rrf")
     p.add_argument("--fusion-depth", type=_positive_int, default=100)
     p.add_argument("--k-values", type=_k_values, default=(1, 3, 5, 10, 100, 1000))
