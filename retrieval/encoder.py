@@ -114,7 +114,7 @@ class EncoderConfig:
 def query_backend_for(backend: str) -> str:
     """The default query backend for a document backend: int8 ONNX Runtime beside the OpenVINO graphs,
     otherwise the document backend itself (an explicit onnx fp32 or torch choice is kept for queries too)."""
-    return "onnx-int8" if backend in ("openvino", "openvino-int8") else backend
+    return "onnx-int8" if onnx_backend.base_variant(backend) == "openvino" else backend
 
 
 class BiEncoder:
@@ -140,12 +140,12 @@ class BiEncoder:
         self._query_onnx = None  # a separate query graph, loaded on first use when query_backend differs
         self.query_backend = self.query_precision = self.query_check_cosine = None
         self.corpus_graph = None  # how the last corpus was encoded (encode_corpus)
-        self._calibrated = {}  # calibration digest -> its graph
+        self._calibrated = {}  # calibration digest -> its graph (None: refused)
         self.max_length = int(config.max_length) if config.max_length else _configured_max_length(self.model_path)
         if config.backend != "torch" and config.device == "cpu":
-            self._onnx = self._load_onnx(onnx_backend.CALIBRATED.get(config.backend, config.backend))
-            if self._onnx is not None and config.backend in onnx_backend.CALIBRATED \
-                    and self._onnx.variant == onnx_backend.CALIBRATED[config.backend]:
+            base = onnx_backend.base_variant(config.backend)
+            self._onnx = self._load_onnx(base)
+            if self._onnx is not None and self._onnx.variant == base != config.backend:
                 self.backend = config.backend  # a corpus goes through the calibrated graph (encode_corpus)
         if self._onnx is None:
             model = self.model
@@ -219,26 +219,22 @@ class BiEncoder:
         ``calibration_min_docs`` texts they go through a static int8 graph calibrated on a fixed-seed sample
         of them (cached per model and sample; refused, with a warning, when it strays from torch); otherwise,
         and for any other text, through the same path as ``encode``. ``corpus_graph`` says which was used."""
-        graph, tok = None, None
-        if self.backend in onnx_backend.CALIBRATED and len(texts) >= self.config.calibration_min_docs:
-            tok = self._token_ids(texts)
-            calibration = onnx_backend.Calibration.sample(tok)
-            graph = self._calibrated.get(calibration.digest)
-            if graph is None:
-                try:
-                    graph = self._open_graph(self.backend, calibration)
-                except RetrError as e:
-                    logger.warning("%s refused (%s): the corpus is encoded by the %s graph", self.backend, e,
-                                   self._onnx.variant)
-                if graph is not None:
-                    self._calibrated = {calibration.digest: graph}  # the last corpus's graph stays loaded
-        used = graph or self._onnx
-        self.corpus_graph = {"backend": used.variant, "precision": used.precision,
-                             "check_cosine": used.check_cosine} if used is not None else \
-            {"backend": "torch", "precision": "fp32", "check_cosine": None}
-        if graph is None:
+        if self.backend not in onnx_backend.CALIBRATED or len(texts) < self.config.calibration_min_docs:
+            self.corpus_graph = _graph_info(self._onnx)
             return self.encode(texts, show_progress=show_progress)
-        return self._encode_onnx(texts, show_progress, graph, tok)
+        tok = self._token_ids(texts)
+        calibration = onnx_backend.Calibration.sample(tok)
+        if calibration.digest not in self._calibrated:  # the last corpus's graph, or its refusal, stays in memory
+            try:
+                graph = self._open_graph(self.backend, calibration)
+            except RetrError as e:
+                logger.warning("%s refused (%s): the corpus is encoded by the %s graph", self.backend, e,
+                               self._onnx.variant)
+                graph = None
+            self._calibrated = {calibration.digest: graph}
+        used = self._calibrated[calibration.digest] or self._onnx  # the calibrated backend implies a base graph
+        self.corpus_graph = _graph_info(used)
+        return self._encode_onnx(texts, show_progress, used, tok)
 
     def _encode_onnx(self, texts: list[str], show_progress: bool, graph=None, tok=None) -> np.ndarray:
         """Length-sorted batches under a token budget, each padded only to its own longest text."""
@@ -261,8 +257,8 @@ class BiEncoder:
 
     def _query_graph(self):
         """The query graph, or None when queries go through the document path (same backend, or torch)."""
-        wanted = self.config.resolved_query_backend
-        wanted = onnx_backend.CALIBRATED.get(wanted, wanted)  # no corpus to calibrate on: its plain graph
+        # queries have no corpus to calibrate on: a calibrated backend means its base graph
+        wanted = onnx_backend.base_variant(self.config.resolved_query_backend)
         if self.query_backend is None:
             doc_graph = self._onnx.variant if self._onnx is not None else "torch"
             self.query_backend, self.query_precision = doc_graph, self.precision
@@ -311,6 +307,13 @@ class BiEncoder:
         self._query_graph()
         return {"backend": self.query_backend, "precision": self.query_precision,
                 "check_cosine": self.query_check_cosine}
+
+
+def _graph_info(graph) -> dict:
+    """How texts were encoded: an exported graph's variant, precision and agreement with torch, or torch."""
+    if graph is None:
+        return {"backend": "torch", "precision": "fp32", "check_cosine": None}
+    return {"backend": graph.variant, "precision": graph.precision, "check_cosine": graph.check_cosine}
 
 
 def _progress(total: int, show: bool):

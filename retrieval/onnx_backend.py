@@ -165,6 +165,11 @@ class Calibration:
             yield {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
 
+def base_variant(variant: str) -> str:
+    """The graph a variant runs on when there is no corpus to calibrate on (itself, unless calibrated)."""
+    return CALIBRATED.get(variant, variant)
+
+
 def quantize_static_int8(src: Path, dst: Path, calibration: Calibration) -> None:
     """Static int8 MatMuls (NNCF, transformer preset with SmoothQuant) of an ONNX graph, saved as OpenVINO IR."""
     try:
@@ -393,7 +398,7 @@ def _precision(variant: str) -> str:
 
 
 def _session(path: Path, threads: int, variant: str = "onnx"):
-    if variant in ("openvino", "openvino-int8"):
+    if base_variant(variant) == "openvino":
         return OpenVinoRunner(path, threads, _precision("openvino"))
     return OrtRunner(path, threads, _precision(variant))
 
@@ -506,7 +511,7 @@ def open_graph(get_model, model_hash: str, variant: str, max_length: int, cache_
     from ``get_model()`` now; openvino falls back to onnx where it is not installed. None (with a warning) when
     the export itself fails: the caller then runs torch. ``use_cache_alone=False`` when the caller needs the
     torch model anyway (no fast tokenizer), so the cache lookup is left to ``load_or_export``."""
-    if variant in ("openvino", "openvino-int8"):
+    if base_variant(variant) == "openvino":
         try:
             import openvino  # noqa: F401
         except ImportError:

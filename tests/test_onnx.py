@@ -212,3 +212,19 @@ def test_calibration_sample_is_fixed_by_the_corpus():
     assert a == b and len(a.rows) == 128 and len(set(a.rows)) == 128
     assert Calibration.sample(rows[1:]).digest != a.digest  # another corpus, another graph
     assert len(Calibration.sample(rows[:5]).rows) == 5
+
+
+def test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once(tiny_bi_encoder, monkeypatch):
+    import retr.retrieval.onnx_backend as ob
+
+    monkeypatch.setitem(ob.VARIANTS, "openvino-int8", 1.01)  # no int8 graph can pass this floor
+    calls = []
+    real = ob.quantize_static_int8
+    monkeypatch.setattr(ob, "quantize_static_int8", lambda *a: calls.append(1) or real(*a))
+    corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    emb = enc.encode_corpus(corpus)
+    assert enc.corpus_graph["backend"] == "openvino"
+    np.testing.assert_array_equal(emb, enc.encode(corpus))
+    enc.encode_corpus(corpus)  # the refusal is remembered: no second calibration in this process
+    assert len(calls) == 1
