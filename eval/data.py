@@ -7,23 +7,23 @@ mirror (md5 verified) when the machine is online.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
-import json
 import logging
+import math
 import os
+import re
 import shutil
 import tempfile
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+from retr.indexes.corpus import Corpus, lines, load_corpus, records
 from retr.retrieval.errors import RetrError
-from retr.retrieval.types import Document, Qrels
+from retr.retrieval.types import Qrels
 
 logger = logging.getLogger(__name__)
 
@@ -50,130 +50,10 @@ def data_home() -> Path:
     return Path(os.environ.get("RETR_DATA") or Path.home() / ".cache" / "retr" / "datasets").expanduser()
 
 
-@dataclass(frozen=True)
-class CorpusFormat:
-    """Which fields of a JSONL/CSV record hold the id, title and text."""
-
-    id_field: str = "_id"
-    text_field: str = "text"
-    title_field: str | None = "title"
-
-
-@dataclass
-class Corpus:
-    """Documents in file order, with their content checksum and load statistics."""
-
-    docs: list[Document]
-    source: Path
-    sha256: str
-    empty_docs: int = 0
-    _positions: dict[str, int] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        self._positions = {d.doc_id: i for i, d in enumerate(self.docs)}
-
-    def __len__(self) -> int:
-        return len(self.docs)
-
-    @property
-    def ids(self) -> list[str]:
-        return [d.doc_id for d in self.docs]
-
-    def __contains__(self, doc_id: object) -> bool:
-        return doc_id in self._positions
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield (line number, decoded line); non-UTF-8 bytes are an error naming file:line."""
-    if not path.is_file():
-        raise RetrError(f"{path}: no such file")
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise RetrError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-            if lineno == 1:
-                text = text.lstrip("\ufeff")
-            yield lineno, text
-
-
-def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
-    for lineno, line in _lines(path):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RetrError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(rec, dict):
-            raise RetrError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-        yield lineno, rec
-
-
-def _csv_records(path: Path) -> Iterator[tuple[int, dict]]:
-    delimiter = "\t" if path.suffix.lower() in (".tsv", ".tab") else ","
-    text = "".join(line for _, line in _lines(path))
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
-    for rec in reader:
-        if None in rec:
-            raise RetrError(f"{path}:{reader.line_num}: more fields than the header names")
-        yield reader.line_num, rec
-
-
-def _records(path: Path) -> Iterator[tuple[int, dict]]:
-    suffix = path.suffix.lower()
-    if suffix in (".csv", ".tsv", ".tab"):
-        return _csv_records(path)
-    return _jsonl_records(path)
-
-
-def load_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Corpus:
-    """Load a corpus file (BEIR ``corpus.jsonl``, any JSONL, CSV or TSV).
-
-    Duplicate ids and records without an id are errors; empty documents are kept (indexed as
-    empty) and counted.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / "corpus.jsonl"
-    docs: list[Document] = []
-    first_line: dict[str, int] = {}
-    empty = 0
-    h = hashlib.sha256()
-    for lineno, rec in _records(path):
-        raw_id = rec.get(fmt.id_field)
-        if raw_id is None or str(raw_id).strip() == "":
-            raise RetrError(f"{path}:{lineno}: record has no {fmt.id_field!r} field "
-                            f"(choose the id field with --id-field)")
-        doc_id = str(raw_id).strip()
-        if doc_id in first_line:
-            raise RetrError(f"{path}:{lineno}: duplicate document id {doc_id!r} "
-                            f"(first seen at line {first_line[doc_id]})")
-        first_line[doc_id] = lineno
-        text = rec.get(fmt.text_field)
-        title = rec.get(fmt.title_field) if fmt.title_field else None
-        text = "" if text is None else str(text)
-        title = "" if title is None else str(title)
-        if not text.strip() and not title.strip():
-            empty += 1
-        doc = Document(doc_id, title, text)
-        docs.append(doc)
-        for part in (doc_id, title, text):
-            h.update(part.encode("utf-8"))
-            h.update(b"\x1f")
-        h.update(b"\x1e")
-    if not docs:
-        raise RetrError(f"{path}: the corpus holds no documents")
-    if empty:
-        logger.warning("%s: %d empty document(s) indexed as empty", path, empty)
-    return Corpus(docs=docs, source=path, sha256=h.hexdigest(), empty_docs=empty)
-
-
 def load_queries(path: str | Path, id_field: str = "_id", text_field: str = "text") -> dict[str, str]:
     path = Path(path)
     queries: dict[str, str] = {}
-    for lineno, rec in _records(path):
+    for lineno, rec in records(path):
         qid = rec.get(id_field)
         if qid is None or str(qid).strip() == "":
             raise RetrError(f"{path}:{lineno}: query has no {id_field!r} field")
@@ -184,26 +64,38 @@ def load_queries(path: str | Path, id_field: str = "_id", text_field: str = "tex
     return queries
 
 
+def _grade(path: Path, lineno: int, text: str) -> int:
+    """An integer relevance grade (pytrec_eval's); ``1.0`` is taken as 1, ``0.4``, ``inf`` or ``nan`` refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise RetrError(f"{path}:{lineno}: relevance {text!r} is not a number") from None
+    if not math.isfinite(value) or value != int(value):
+        raise RetrError(f"{path}:{lineno}: relevance {text!r} is not an integer grade (pytrec_eval judges with "
+                        f"integer grades)")
+    return int(value)
+
+
 def load_qrels(path: str | Path) -> Qrels:
-    """Read BEIR qrels (``query-id corpus-id score`` TSV, header optional) or TREC qrels."""
+    """Read BEIR qrels (``query-id<TAB>corpus-id<TAB>score``, header optional: ids may hold spaces) or TREC qrels
+    (``qid iter docid rel``, whitespace-separated)."""
     path = Path(path)
     judgements: dict[str, dict[str, int]] = {}
-    for lineno, line in _lines(path):
-        parts = line.split()
-        if not parts:
+    tabbed = None
+    for lineno, line in lines(path):
+        if not line.strip():
             continue
+        if tabbed is None:
+            tabbed = "\t" in line
+        parts = [p.strip() for p in line.rstrip("\r\n").split("\t")] if tabbed else line.split()
         if lineno == 1 and parts[0].lower() in ("query-id", "query_id", "qid"):
             continue
-        if len(parts) == 4:  # TREC: qid iter docid rel
+        if len(parts) == 4 and not tabbed:  # TREC: qid iter docid rel
             parts = [parts[0], parts[2], parts[3]]
-        if len(parts) != 3:
+        if len(parts) != 3 or not parts[0] or not parts[1]:
             raise RetrError(f"{path}:{lineno}: expected 'query-id corpus-id score', got {len(parts)} fields")
         qid, did, grade = parts
-        try:
-            g = int(float(grade))
-        except ValueError:
-            raise RetrError(f"{path}:{lineno}: relevance {grade!r} is not a number") from None
-        judgements.setdefault(qid, {})[did] = g
+        judgements.setdefault(qid, {})[did] = _grade(path, lineno, grade)
     return Qrels(judgements)
 
 
@@ -268,7 +160,7 @@ def resolve_dataset(spec: str, download: bool = True) -> Path:
 
 def download_beir(name: str, home: Path, url: str | None = None, md5: str | None = None) -> Path:
     """Download and unpack BEIR's zip for ``name`` into ``home/name`` (md5-checked, atomic)."""
-    from retr.indexes.atomic import atomic_dir
+    from retr.retrieval.artifacts import atomic_dir
 
     url = url or BEIR_URL.format(name=name)
     md5 = md5 or BEIR_MD5.get(name)
@@ -308,7 +200,18 @@ def download_beir(name: str, home: Path, url: str | None = None, md5: str | None
     return target
 
 
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_name(name: str, what: str) -> str:
+    """A name that becomes part of a file name (a split, a dataset): letters, digits, ``.``, ``_``, ``-``."""
+    if not _SAFE_NAME.match(name or "") or ".." in name:
+        raise RetrError(f"{what} {name!r}: use letters, digits, '.', '_' and '-' only (it names files)")
+    return name
+
+
 def load_dataset(spec: str, split: str = "test", download: bool = True) -> Dataset:
+    check_name(split, "split")
     path = resolve_dataset(spec, download=download)
     qrels_path = path / "qrels" / f"{split}.tsv"
     if not qrels_path.is_file():
@@ -317,8 +220,12 @@ def load_dataset(spec: str, split: str = "test", download: bool = True) -> Datas
     corpus = load_corpus(path / "corpus.jsonl")
     all_queries = load_queries(path / "queries.jsonl")
     qrels, check = clean_qrels(load_qrels(qrels_path), all_queries, corpus, str(qrels_path))
+    if not any(qrels.num_relevant(q) for q in qrels):
+        raise RetrError(f"{qrels_path}: nothing to score: no judged query with a relevant document is left "
+                        f"({check.unknown_queries} judged queries are not in queries.jsonl, {check.unknown_docs} "
+                        f"judgements name documents not in corpus.jsonl)")
     queries = {q: all_queries[q] for q in qrels}
-    name = path.name if p_is_path(spec) else spec
+    name = check_name(path.name if p_is_path(spec) else spec, "dataset name")
     return Dataset(name=name, path=path, split=split, corpus=corpus, queries=queries, qrels=qrels, check=check)
 
 

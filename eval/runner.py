@@ -1,10 +1,8 @@
-"""`retr eval`: run pipelines over a dataset's queries, one warm query at a time, and report
-BEIR metrics next to per-stage latency, build cost and index size."""
+"""`retr eval`: run pipelines over a dataset's queries, one warm query at a time, and report BEIR metrics next to
+per-stage latency, build cost and index size, per pipeline and per query."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import platform
@@ -14,91 +12,73 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from retr.eval.data import Dataset
-from retr.eval.latency import summarize
 from retr.eval.metrics import DEFAULT_K_VALUES, evaluate
-from retr.indexes.atomic import atomic_write_text
-from retr.indexes.build import IndexConfig, build_index
-from retr.indexes.cache import cache_home
+from retr.eval.report import DatasetInfo, EvalReport, Percentiles, PipelineResult
+from retr.eval.trec import write_trec
+from retr.indexes.build import IndexConfig, cached_index
 from retr.indexes.dense import DenseIndexConfig
-from retr.indexes.index import IndexFolder
-from retr.indexes.manifest import versions
+from retr.indexes.folder import IndexFolder
+from retr.retrieval.artifacts import versions
 from retr.retrieval.bm25 import BM25Config
-from retr.retrieval.encoder import DEFAULT_BACKEND, BiEncoder, EncoderConfig
+from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
-from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 from retr.retrieval.types import Hit, Run
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_PIPELINES = ("bm25", "dense", "hybrid")
+
 
 @dataclass(frozen=True)
 class EvalConfig:
-    pipelines: tuple[str, ...] = ("bm25", "dense", "hybrid")
+    pipelines: tuple[PipelineSpec, ...] = tuple(PipelineSpec.parse(p) for p in DEFAULT_PIPELINES)
     k_values: tuple[int, ...] = DEFAULT_K_VALUES
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     dense: DenseIndexConfig = field(default_factory=DenseIndexConfig)
     bm25: BM25Config = field(default_factory=BM25Config)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    reranker: str | None = None
-    rerank_max_length: int = 256
-    rerank_backend: str = DEFAULT_BACKEND
-    rerank_alpha: float | None = None
+    reranker: RerankConfig | None = None  # needed by +rerank pipelines
     ignore_identical_ids: bool = False
     warmup: int = 5
     use_cache: bool = True
 
-
-def _index_key(dataset: Dataset, encoder: BiEncoder, cfg: EvalConfig) -> str:
-    raw = json.dumps([dataset.corpus.sha256, encoder.model_hash, encoder.max_length, encoder.backend, asdict(cfg.dense),
-                      asdict(cfg.bm25)], sort_keys=True)
-    return hashlib.sha256(raw.encode()).hexdigest()[:24]
-
-
-def cached_index(dataset: Dataset, encoder: BiEncoder, cfg: EvalConfig) -> IndexFolder:
-    """The dataset's index from the cache, or built into it."""
-    folder = cache_home() / "indexes" / f"{dataset.name}-{_index_key(dataset, encoder, cfg)}"
-    if cfg.use_cache and folder.is_dir():
-        try:
-            index = IndexFolder(folder)
-            if index.manifest["corpus"]["sha256"] == dataset.corpus.sha256 and index.has_bm25:
-                logger.info("index cache used: %s", folder)
-                return index
-        except RetrError as e:
-            logger.warning("cached index %s unusable (%s): rebuilding", folder, e)
-    index_cfg = IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache)
-    build_index(dataset.corpus, folder, index_cfg, encoder=encoder)
-    return IndexFolder(folder)
+    def __post_init__(self) -> None:
+        if not self.pipelines:
+            raise RetrError("no pipeline to evaluate")
+        if any(p.rerank for p in self.pipelines) and self.reranker is None:
+            raise RetrError("rerank pipelines need a cross-encoder: pass --reranker DIR")
+        if not self.k_values or min(self.k_values) < 1:
+            raise RetrError(f"k values must be positive integers, got {self.k_values}")
+        if self.warmup < 0:
+            raise RetrError(f"warmup must be >= 0, got {self.warmup}")
 
 
-def run_pipeline(retriever, queries: dict[str, str], k: int, warmup: int) -> tuple[Run, list[dict[str, float]]]:
-    """One query at a time (the latency a user sees); the first ``warmup`` calls are not timed."""
+def run_pipeline(retriever, queries: dict[str, str], k: int, warmup: int) -> tuple[Run, dict[str, dict[str, float]]]:
+    """One query at a time (the latency a user sees); the first ``warmup`` calls are not timed. Returns the run
+    and, per query, the seconds of each stage and in total."""
     from tqdm.auto import tqdm
 
     qids = list(queries)
     for qid in qids[:warmup]:
         retriever.search({qid: queries[qid]}, k)
     rankings: dict[str, tuple[Hit, ...]] = {}
-    timings: list[dict[str, float]] = []
+    timings: dict[str, dict[str, float]] = {}
     for qid in tqdm(qids, desc=f"{retriever.name}", unit="q", leave=False, disable=None):
         timer = StageTimer()
         t0 = time.perf_counter()
         run = retriever.search({qid: queries[qid]}, k, timer)
         total = time.perf_counter() - t0
         rankings[qid] = run[qid]
-        timings.append({**timer.seconds, "total": total})
+        timings[qid] = {**timer.seconds, "total": total}
     return Run(rankings), timings
 
 
-def _cost(index: IndexFolder, pipeline: str) -> dict[str, float]:
+def _cost(index: IndexFolder, spec: PipelineSpec) -> dict[str, float]:
     m = index.manifest
-    parts = []
-    base = pipeline.split("+")[0]
-    if base in ("dense", "hybrid"):
-        parts.append(m["dense"])
-    if base in ("bm25", "hybrid"):
-        parts.append(m["bm25"])
+    parts = [m["dense"]] * spec.uses_dense + [m["bm25"]] * spec.uses_bm25
     seconds = sum(p["build_seconds"] for p in parts)
     return {"build_seconds": seconds, "index_bytes": sum(p["bytes"] for p in parts),
             "docs_per_second": m["num_docs"] / seconds if seconds > 0 else float("inf")}
@@ -118,55 +98,44 @@ def environment(encoder: BiEncoder | None = None, index_manifest: dict | None = 
     return env
 
 
-def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> dict:
+def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> EvalReport:
     t_start = time.perf_counter()
-    needs_dense = any(p.split("+")[0] in ("dense", "hybrid") for p in cfg.pipelines)
+    needs_dense = any(p.uses_dense for p in cfg.pipelines)
     encoder = BiEncoder(cfg.encoder)
-    index = cached_index(dataset, encoder, cfg)
-    reranker = None
-    if any(p.endswith("+rerank") for p in cfg.pipelines):
-        if not cfg.reranker:
-            raise RetrError("rerank pipelines need a cross-encoder: pass --reranker DIR")
-        reranker = CrossEncoderReranker(RerankConfig(model=cfg.reranker, depth=cfg.pipeline.rerank_depth,
-                                                     max_length=cfg.rerank_max_length, interpolation=cfg.rerank_alpha,
-                                                     backend=cfg.rerank_backend))
+    index = cached_index(dataset.name, dataset.corpus, encoder,
+                         IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache))
+    reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
     factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
     k = max(cfg.k_values)
-    report: dict = {
-        "dataset": {"name": dataset.name, "path": str(dataset.path), "split": dataset.split,
-                    "num_docs": len(dataset.corpus), "num_queries": len(dataset.queries),
-                    "empty_docs": dataset.corpus.empty_docs, "qrels_check": asdict(dataset.check)},
-        "k_values": list(cfg.k_values),
-        "ignore_identical_ids": cfg.ignore_identical_ids,
-        "pipelines": {},
-        "index": {"folder": str(index.folder), "manifest": index.manifest},
-        "reranker": reranker.describe() if reranker else None,
-        "config": asdict(cfg),
-        "environment": environment(encoder if needs_dense else None, index.manifest),
-    }
-    for name in cfg.pipelines:
-        retriever = factory.make(name)
+    results: dict[str, PipelineResult] = {}
+    for spec in cfg.pipelines:
+        retriever = factory.make(spec)
         t0 = time.perf_counter()
         run, timings = run_pipeline(retriever, dataset.queries, k, cfg.warmup)
         wall = time.perf_counter() - t0
         result = evaluate(run, dataset.qrels, cfg.k_values, cfg.ignore_identical_ids)
-        entry = {
-            "metrics": result.mean,
-            "num_queries_scored": result.num_queries,
-            "latency_ms": summarize(timings, retriever.stages),
-            "qps": len(timings) / sum(t["total"] for t in timings) if timings else 0.0,
-            "wall_seconds": wall,
-            **_cost(index, name),
-        }
+        if result.num_queries == 0:
+            raise RetrError(f"{dataset.path}: no query of split {dataset.split!r} could be scored: the run and the "
+                            f"qrels share no query id")
+        per_query_ms = {q: {s: v * 1000.0 for s, v in t.items()} for q, t in timings.items()}
+        stages = (*retriever.stages, "total")
+        run_file = None
         if run_dir is not None:
-            path = Path(run_dir) / f"{dataset.name}.{dataset.split}.{name.replace('+', '_')}.trec"
-            run.write_trec(path, tag=f"retr-{name}")
-            entry["run_file"] = str(path)
-        report["pipelines"][name] = entry
-        logger.info("%s: nDCG@10 %.4f", name, result.mean.get("NDCG@10", float("nan")))
-    report["total_seconds"] = time.perf_counter() - t_start
-    return report
-
-
-def write_report(report: dict, path: Path) -> None:
-    atomic_write_text(Path(path), json.dumps(report, indent=2, default=str) + "\n")
+            run_file = str(Path(run_dir) / f"{dataset.name}.{dataset.split}.{spec.name.replace('+', '_')}.trec")
+            write_trec(run, run_file, tag=f"retr-{spec.name}")
+        results[spec.name] = PipelineResult(
+            name=spec.name, metrics=result.mean, per_query=result.per_query,
+            latency_ms={s: Percentiles.of([t.get(s, 0.0) for t in per_query_ms.values()]) for s in stages},
+            per_query_latency_ms=per_query_ms, num_queries_scored=result.num_queries,
+            qps=len(timings) / sum(t["total"] for t in timings.values()) if timings else 0.0,
+            wall_seconds=wall, run_file=run_file, **_cost(index, spec))
+        logger.info("%s: nDCG@10 %.4f", spec.name, result.mean.get("NDCG@10", float("nan")))
+    return EvalReport(
+        dataset=DatasetInfo(name=dataset.name, path=str(dataset.path), split=dataset.split,
+                            num_docs=len(dataset.corpus), num_queries=len(dataset.queries),
+                            empty_docs=dataset.corpus.empty_docs, qrels_check=asdict(dataset.check)),
+        k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
+        index={"folder": str(index.folder), "manifest": index.manifest},
+        reranker=reranker.describe() if reranker else None, config=asdict(cfg),
+        environment=environment(encoder if needs_dense else None, index.manifest),
+        total_seconds=time.perf_counter() - t_start)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from retr.eval.report import EvalReport
+
 STAGE_ORDER = ("encode", "ann", "bm25", "fusion", "rerank")
 
 
@@ -15,7 +17,7 @@ def _fmt(x, digits: int = 4) -> str:
     return str(x)
 
 
-def _grid(header: list[str], rows: list[list[str]]) -> str:
+def grid(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
 
     def line(cells: list[str]) -> str:
@@ -30,32 +32,31 @@ def headline_metrics(k_values: list[int]) -> list[str]:
     return [f"NDCG@{cut}", f"MAP@{cut}", *(f"Recall@{k}" for k in deep), f"P@{cut}", "MRR@10"]
 
 
-def main_table(report: dict) -> str:
-    metrics = headline_metrics(report["k_values"])
-    stages = [s for s in STAGE_ORDER if any(s in p["latency_ms"] for p in report["pipelines"].values())]
+def main_table(report: EvalReport) -> str:
+    metrics = headline_metrics(report.k_values)
+    stages = [s for s in STAGE_ORDER if any(s in p.latency_ms for p in report.pipelines.values())]
     header = ["pipeline", *metrics, "p50 ms", "p95 ms", "p99 ms", "QPS",
               *(f"{s} p50" for s in stages), "build s", "docs/s", "index MB"]
     rows = []
-    for name, p in report["pipelines"].items():
-        lat = p["latency_ms"]
+    for name, p in report.pipelines.items():
+        total = p.latency_ms["total"]
         rows.append([
-            name, *(_fmt(p["metrics"][m]) for m in metrics),
-            _fmt(lat["total"]["p50"], 2), _fmt(lat["total"]["p95"], 2), _fmt(lat["total"]["p99"], 2),
-            _fmt(p["qps"], 1), *(_fmt(lat[s]["p50"], 2) if s in lat else "-" for s in stages),
-            _fmt(p["build_seconds"], 1), _fmt(p["docs_per_second"], 1), _fmt(p["index_bytes"] / 1e6, 2),
+            name, *(_fmt(p.metrics[m]) for m in metrics),
+            _fmt(total.p50, 2), _fmt(total.p95, 2), _fmt(total.p99, 2),
+            _fmt(p.qps, 1), *(_fmt(p.latency_ms[s].p50, 2) if s in p.latency_ms else "-" for s in stages),
+            _fmt(p.build_seconds, 1), _fmt(p.docs_per_second, 1), _fmt(p.index_bytes / 1e6, 2),
         ])
-    d = report["dataset"]
-    title = (f"{d['name']} ({d['split']}): {d['num_docs']} docs, "
-             f"{next(iter(report['pipelines'].values()))['num_queries_scored'] if report['pipelines'] else 0} "
-             f"queries scored; latency per single warm query")
-    return title + "\n" + _grid(header, rows)
+    d = report.dataset
+    scored = next(iter(report.pipelines.values())).num_queries_scored if report.pipelines else 0
+    title = f"{d.name} ({d.split}): {d.num_docs} docs, {scored} queries scored; latency per single warm query"
+    return title + "\n" + grid(header, rows)
 
 
-def detail_table(report: dict) -> str:
-    ks = report["k_values"]
+def detail_table(report: EvalReport) -> str:
+    ks = report.k_values
     header = ["pipeline", "metric", *(f"@{k}" for k in ks)]
     rows = []
-    for name, p in report["pipelines"].items():
+    for name, p in report.pipelines.items():
         for m in ("NDCG", "MAP", "Recall", "P"):
-            rows.append([name, m, *(_fmt(p["metrics"][f"{m}@{k}"]) for k in ks)])
-    return _grid(header, rows)
+            rows.append([name, m, *(_fmt(p.metrics[f"{m}@{k}"]) for k in ks)])
+    return grid(header, rows)

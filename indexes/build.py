@@ -1,25 +1,35 @@
-"""Build an index folder atomically: manifest + FAISS file + id list + doc store (+ BM25)."""
+"""Build an index folder atomically: manifest + FAISS file + id list + doc store (+ BM25).
+
+An existing ``out`` is replaced only when it is a retr index folder (or empty); anything else, the corpus
+itself, a folder holding it or a BEIR folder's inside are refused. One writer at a time (a lock beside ``out``);
+what a killed build left is removed by the next build of the same ``out``.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from retr.indexes.atomic import atomic_dir
+from retr.indexes.bm25 import build_bm25
 from retr.indexes.cache import EmbeddingCache, embedding_key
+from retr.indexes.corpus import Corpus
 from retr.indexes.dense import FAISS_FILE, DenseIndexConfig, build_faiss, save_faiss
 from retr.indexes.docstore import write_docstore
-from retr.indexes.manifest import new_manifest, write_manifest
-from retr.retrieval.bm25 import BM25_DIR, BM25Config, build_bm25
+from retr.indexes.folder import INDEX_KIND, IndexFolder
+from retr.indexes.manifest import is_index_folder, write_manifest
+from retr.retrieval.artifacts import atomic_dir, cache_home, checksums, new_manifest, writer_lock
+from retr.retrieval.bm25 import BM25_DIR, BM25Config
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
+from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
-
-INDEX_KIND = "retr-index"
 
 
 @dataclass(frozen=True)
@@ -30,7 +40,7 @@ class IndexConfig:
     use_cache: bool = True
 
 
-def corpus_embeddings(encoder: BiEncoder, corpus, use_cache: bool = True,
+def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True,
                       cache: EmbeddingCache | None = None) -> tuple[np.ndarray, dict]:
     """Embeddings of ``corpus`` from the cache, or encoded (and then cached)."""
     cache = cache or EmbeddingCache()
@@ -38,28 +48,48 @@ def corpus_embeddings(encoder: BiEncoder, corpus, use_cache: bool = True,
     if use_cache:
         hit = cache.load(key, len(corpus), encoder.dim)
         if hit is not None:
-            return hit[0], {"cached": True, "cache_key": key, "encode_seconds": 0.0,
-                            "graph": hit[1].get("graph")}
+            return hit[0], {"cached": True, "cache_key": key, "encode_seconds": 0.0, "graph": hit[1].get("graph")}
     logger.info("encoding %d documents with %s (max length %d, %s backend)", len(corpus), encoder.model_id,
                 encoder.max_length, encoder.backend)
     t0 = time.perf_counter()
-    emb = encoder.encode_corpus([d.full_text() for d in corpus.docs], show_progress=True)
+    encoded = encoder.encode_corpus([d.full_text() for d in corpus.docs], show_progress=True)
     seconds = time.perf_counter() - t0
     if use_cache:
-        cache.save(key, emb, {"model": encoder.model_id, "model_hash": encoder.model_hash, "backend": encoder.backend,
-                              "corpus_sha256": corpus.sha256, "max_length": encoder.max_length,
-                              "encode_seconds": seconds, "graph": encoder.corpus_graph})
+        cache.save(key, encoded.embeddings, {
+            "model": encoder.model_id, "model_hash": encoder.model_hash, "backend": encoder.backend,
+            "corpus_sha256": corpus.sha256, "max_length": encoder.max_length, "encode_seconds": seconds,
+            "graph": encoded.graph})
     # seconds include a first calibration of the corpus graph (openvino-int8), once per model and corpus
-    return emb, {"cached": False, "cache_key": key, "encode_seconds": seconds, "graph": encoder.corpus_graph,
-                 "docs_per_second": len(corpus) / seconds if seconds > 0 else None}
+    return encoded.embeddings, {"cached": False, "cache_key": key, "encode_seconds": seconds, "graph": encoded.graph,
+                                "docs_per_second": len(corpus) / seconds if seconds > 0 else None}
 
 
-def build_index(corpus, out: Path, cfg: IndexConfig = IndexConfig(), encoder: BiEncoder | None = None,
+def check_out(out: Path, corpus: Corpus) -> None:
+    """Refuse an ``out`` whose replacement would destroy anything but an older retr index."""
+    out = Path(out).absolute().resolve()
+    source = Path(corpus.source).absolute().resolve()
+    if out == source or source.is_relative_to(out):
+        raise RetrError(f"{out}: holds the corpus being indexed ({source}): choose another --out")
+    beir_folder = source.parent
+    if ((beir_folder / "queries.jsonl").is_file() or (beir_folder / "qrels").is_dir()) \
+            and out.is_relative_to(beir_folder):
+        raise RetrError(f"{out}: inside the dataset folder {beir_folder}: write the index elsewhere")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise RetrError(f"{out}: exists and is not a folder: refusing to replace it; choose another --out")
+    if any(out.iterdir()) and not is_index_folder(out, INDEX_KIND):
+        raise RetrError(f"{out}: exists and is not a retr index folder (no retr manifest): refusing to replace it; "
+                        f"choose another --out, or remove it yourself")
+
+
+def build_index(corpus: Corpus, out: Path, cfg: IndexConfig = IndexConfig(), encoder: BiEncoder | None = None,
                 cache: EmbeddingCache | None = None) -> dict:
     """Write the index for ``corpus`` to ``out``. A failure leaves no ``out`` (or the old one)."""
     out = Path(out)
+    check_out(out, corpus)
     encoder = encoder or BiEncoder(cfg.encoder)
-    with atomic_dir(out) as tmp:
+    with writer_lock(out), atomic_dir(out) as tmp:
         t_all = time.perf_counter()
         write_docstore(tmp, corpus.docs)
         emb, enc_info = corpus_embeddings(encoder, corpus, cfg.use_cache, cache)
@@ -83,12 +113,33 @@ def build_index(corpus, out: Path, cfg: IndexConfig = IndexConfig(), encoder: Bi
             INDEX_KIND,
             num_docs=len(corpus),
             corpus={"source": str(corpus.source), "sha256": corpus.sha256, "num_docs": len(corpus),
-                    "empty_docs": corpus.empty_docs},
+                    "empty_docs": corpus.empty_docs, "fields": corpus.fields},
             dense=dense,
             bm25=bm25,
             build_seconds=time.perf_counter() - t_all,
             config=asdict(cfg),
+            files=checksums(tmp),
         )
         write_manifest(tmp, manifest)
     logger.info("index written to %s (%d docs, %s%s)", out, len(corpus), cfg.dense.kind, " + bm25" if bm25 else "")
     return manifest
+
+
+def cached_index(name: str, corpus: Corpus, encoder: BiEncoder, cfg: IndexConfig) -> IndexFolder:
+    """The index (dense + BM25) of ``corpus`` from retr's cache, or built into it."""
+    bm25 = cfg.bm25 or BM25Config()
+    raw = json.dumps([corpus.sha256, encoder.model_hash, encoder.max_length, encoder.backend, asdict(cfg.dense),
+                      asdict(bm25)], sort_keys=True)
+    folder = cache_home() / "indexes" / f"{name}-{hashlib.sha256(raw.encode()).hexdigest()[:24]}"
+    if cfg.use_cache and folder.is_dir():
+        try:
+            index = IndexFolder(folder)
+            if index.manifest["corpus"]["sha256"] == corpus.sha256 and index.has_bm25:
+                logger.info("index cache used: %s", folder)
+                return index
+        except RetrError as e:
+            logger.warning("cached index %s unusable (%s): rebuilding", folder, e)
+            shutil.rmtree(folder, ignore_errors=True)  # retr's own cache entry: a damaged manifest is no reason to keep it
+    build_index(corpus, folder, IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=bm25, use_cache=cfg.use_cache),
+                encoder=encoder)
+    return IndexFolder(folder)

@@ -1,7 +1,8 @@
 """Embedding cache keyed by (model hash, corpus checksum, max length, backend): never encode twice.
 
-Lives under ``$RETR_CACHE`` (default ``~/.cache/retr``)/embeddings/<key>/ as a plain ``.npy`` that
-is memory-mapped on load, plus a small JSON describing it.
+Lives under ``$RETR_CACHE/embeddings/<key>/``: a plain ``embeddings.npy`` memory-mapped on load and a
+``meta.json`` written last with the array's sha256. An entry whose checksum, shape, values (NaN/inf) or norms
+are wrong is discarded with a warning, and the corpus is encoded again.
 """
 
 from __future__ import annotations
@@ -9,23 +10,34 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 
-from retr.indexes.atomic import atomic_dir
+from retr.retrieval.artifacts import atomic_dir, cache_home, file_sha256, write_json
 
 logger = logging.getLogger(__name__)
 
-
-def cache_home() -> Path:
-    return Path(os.environ.get("RETR_CACHE") or Path.home() / ".cache" / "retr").expanduser()
+NORM_TOLERANCE = 1e-2  # stored vectors are L2-normalised (bf16/int8 graphs included: measured within 1e-3)
 
 
 def embedding_key(model_hash: str, corpus_sha256: str, max_length: int, backend: str) -> str:
     raw = f"{model_hash}|{corpus_sha256}|{max_length}|{backend}|normalized"
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def check_vectors(emb: np.ndarray, block: int = 65536) -> str | None:
+    """Why ``emb`` is not a matrix of finite unit vectors, or None (read in blocks: bounded memory)."""
+    for start in range(0, len(emb), block):
+        part = np.asarray(emb[start:start + block], dtype=np.float32)
+        if not np.isfinite(part).all():
+            return f"row {start + int(np.argwhere(~np.isfinite(part))[0][0])} holds NaN or inf"
+        norms = np.linalg.norm(part, axis=1)
+        bad = np.flatnonzero(np.abs(norms - 1.0) > NORM_TOLERANCE)
+        if len(bad):
+            return f"row {start + int(bad[0])} has norm {norms[bad[0]]:.4f}, not 1"
+    return None
 
 
 class EmbeddingCache:
@@ -35,16 +47,33 @@ class EmbeddingCache:
     def path(self, key: str) -> Path:
         return self.root / key
 
+    def _discard(self, folder: Path, why: str) -> None:
+        logger.warning("embedding cache %s is damaged (%s): discarded, the corpus is encoded again", folder, why)
+        shutil.rmtree(folder, ignore_errors=True)
+
     def load(self, key: str, num_docs: int, dim: int) -> tuple[np.ndarray, dict] | None:
-        """(embeddings memory-mapped, the info saved with them), or None."""
+        """(embeddings memory-mapped, the info saved with them), or None (absent, or damaged and discarded)."""
         folder = self.path(key)
+        if not folder.is_dir():
+            return None
+        npy = folder / "embeddings.npy"
         try:
             meta = json.loads((folder / "meta.json").read_text())
-            emb = np.load(folder / "embeddings.npy", mmap_mode="r")
-        except (OSError, ValueError):
+            if not isinstance(meta, dict):
+                raise ValueError("meta.json is not a JSON object")
+            if meta.get("shape") != [num_docs, dim]:
+                raise ValueError(f"shape {meta.get('shape')}, expected {[num_docs, dim]}")
+            if file_sha256(npy) != meta.get("sha256"):
+                raise ValueError("embeddings.npy differs from its checksum")
+            emb = np.load(npy, mmap_mode="r")
+            if emb.shape != (num_docs, dim) or emb.dtype != np.float32:
+                raise ValueError(f"array of shape {emb.shape} ({emb.dtype})")
+        except (OSError, ValueError) as e:
+            self._discard(folder, str(e))
             return None
-        if emb.shape != (num_docs, dim) or meta.get("shape") != [num_docs, dim]:
-            logger.warning("embedding cache %s has shape %s, expected %s: ignored", folder, emb.shape, (num_docs, dim))
+        bad = check_vectors(emb)
+        if bad:
+            self._discard(folder, bad)
             return None
         logger.info("embedding cache used: %s (%d x %d), nothing re-encoded", folder, num_docs, dim)
         return emb, meta
@@ -52,4 +81,5 @@ class EmbeddingCache:
     def save(self, key: str, emb: np.ndarray, info: dict) -> None:
         with atomic_dir(self.path(key)) as tmp:
             np.save(tmp / "embeddings.npy", np.asarray(emb, dtype=np.float32))
-            (tmp / "meta.json").write_text(json.dumps({**info, "shape": list(emb.shape)}, indent=2))
+            write_json(tmp / "meta.json", {**info, "shape": list(emb.shape),
+                                           "sha256": file_sha256(tmp / "embeddings.npy")})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -107,7 +107,3 @@ def load_faiss(path: Path, mmap: bool = True):
         return faiss.read_index(str(path), flags)
     except RuntimeError as e:
         raise RetrError(f"{path}: not a readable FAISS index ({str(e).splitlines()[0][:120]})") from None
-
-
-def config_dict(cfg: DenseIndexConfig) -> dict:
-    return asdict(cfg)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import mmap
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +22,10 @@ def write_docstore(folder: Path, docs: Iterable[Document]) -> int:
     ids = []
     with (folder / DOCS).open("wb") as fh:
         for d in docs:
-            line = json.dumps({"_id": d.doc_id, "title": d.title, "text": d.text}, ensure_ascii=False) + "\n"
-            fh.write(line.encode("utf-8"))
-            offsets.append(offsets[-1] + len(line.encode("utf-8")))
+            line = (json.dumps({"_id": d.doc_id, "title": d.title, "text": d.text}, ensure_ascii=False) + "\n")
+            data = line.encode("utf-8")
+            fh.write(data)
+            offsets.append(offsets[-1] + len(data))
             ids.append(d.doc_id)
     np.save(folder / OFFSETS, np.asarray(offsets, dtype=np.int64))
     (folder / IDS).write_text(json.dumps(ids, ensure_ascii=False), encoding="utf-8")
@@ -35,26 +36,30 @@ def read_ids(folder: Path) -> list[str]:
     path = folder / IDS
     try:
         ids = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RetrError(f"{path}: unreadable id list ({e})") from None
-    if not isinstance(ids, list):
-        raise RetrError(f"{path}: expected a JSON list of ids")
-    return [str(i) for i in ids]
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise RetrError(f"{path}: expected a JSON list of string ids")
+    return ids
 
 
 class DocStore:
-    """Random access to stored documents by position, without loading the corpus."""
+    """Random access to stored documents by position, without loading the corpus. Each read checks that the
+    record is the document the id list names at that position."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, ids: Sequence[str]):
         self.path = folder / DOCS
+        self.ids = ids
         try:
             self.offsets = np.load(folder / OFFSETS, mmap_mode="r")
         except (OSError, ValueError) as e:
             raise RetrError(f"{folder / OFFSETS}: unreadable ({e})") from None
+        if self.offsets.ndim != 1 or len(self.offsets) < 1 or self.offsets.dtype.kind not in "iu":
+            raise RetrError(f"{folder / OFFSETS}: not a list of offsets: rebuild the index")
         if not self.path.is_file():
             raise RetrError(f"{self.path}: missing from the index folder")
         size = self.path.stat().st_size
-        if size != int(self.offsets[-1]):
+        if size != int(self.offsets[-1]) or int(self.offsets[0]) != 0:
             raise RetrError(f"{self.path}: {size} bytes, its offsets say {int(self.offsets[-1])}: rebuild the index")
         self._fh = self.path.open("rb")
         self._map = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
@@ -64,5 +69,24 @@ class DocStore:
 
     def get(self, position: int) -> Document:
         start, end = int(self.offsets[position]), int(self.offsets[position + 1])
-        rec = json.loads(self._map[start:end])
-        return Document(rec["_id"], rec.get("title", ""), rec.get("text", ""))
+        try:
+            rec = json.loads(self._map[start:end])
+            doc = Document(str(rec["_id"]), str(rec.get("title", "")), str(rec.get("text", "")))
+        except (ValueError, KeyError, TypeError):
+            raise RetrError(f"{self.path}: the record at position {position} is damaged (bytes {start}-{end}): "
+                            f"rebuild the index") from None
+        if doc.doc_id != self.ids[position]:
+            raise RetrError(f"{self.path}: position {position} holds document {doc.doc_id!r} but the id list says "
+                            f"{self.ids[position]!r}: the index is damaged; rebuild it")
+        return doc
+
+    def close(self) -> None:
+        if isinstance(self._map, mmap.mmap):
+            self._map.close()
+        self._fh.close()
+
+    def __enter__(self) -> DocStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

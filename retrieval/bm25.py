@@ -6,9 +6,8 @@ import functools
 import json
 import logging
 import re
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,22 +53,6 @@ def tokenize(texts: Sequence[str], cfg: BM25Config, show_progress: bool = False)
 
     return bm25s.tokenize(list(texts), stopwords=cfg.stopwords or [], stemmer=_stemmer(cfg.stemmer),
                           return_ids=False, show_progress=show_progress)
-
-
-def build_bm25(texts: Sequence[str], folder: Path, cfg: BM25Config = BM25Config()) -> dict:
-    """Index ``texts`` (positions are doc positions) into ``folder``; return build stats."""
-    import bm25s
-
-    t0 = time.perf_counter()
-    tokens = tokenize(texts, cfg, show_progress=len(texts) > 10_000)
-    model = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
-    model.index(tokens, show_progress=len(texts) > 10_000)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save(str(folder), show_progress=False)
-    (folder / CONFIG).write_text(json.dumps(asdict(cfg), indent=2))
-    seconds = time.perf_counter() - t0
-    size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-    return {"params": asdict(cfg), "build_seconds": seconds, "bytes": size, "vocab_size": len(model.vocab_dict)}
 
 
 class BM25Retriever:

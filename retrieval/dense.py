@@ -8,21 +8,27 @@ import numpy as np
 
 from retr.retrieval.encoder import BiEncoder
 from retr.retrieval.errors import RetrError
+from retr.retrieval.models import ModelRef
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.types import Hit, Run
 
 
-def check_encoder(index_folder, dense_info: Mapping, encoder: BiEncoder) -> None:
-    """Refuse an index whose vectors came from another model than the query encoder."""
+def check_model(index_folder, dense_info: Mapping, model: ModelRef, chosen: bool) -> None:
+    """Refuse an index whose vectors came from another model than ``model`` (before any graph is loaded).
+    ``chosen``: the user named the model (else it was read from the index's manifest)."""
     built = dense_info["model"]
-    if encoder.dim != dense_info["dim"]:
-        raise RetrError(f"{index_folder}: built with {built['id']} ({dense_info['dim']} dims) but the query encoder "
-                        f"{encoder.model_id} gives {encoder.dim} dims: search with --model {built['id']} or "
-                        f"rebuild with `retr index --model {encoder.model_id}`")
-    if encoder.model_hash != built["hash"]:
+    if model.hash != built["hash"]:
+        fix = (f"search without --model (the index records {built['id']}) or rebuild it with "
+               f"`retr index --model {model.id}`" if chosen else
+               f"the model recorded in it ({built['id']}) has changed since it was built: rebuild the index")
         raise RetrError(f"{index_folder}: built with model {built['id']} (hash {built['hash'][:12]}) but the query "
-                        f"encoder {encoder.model_id} has hash {encoder.model_hash[:12]}: search with the model that "
-                        f"built the index or rebuild with `retr index --model {encoder.model_id}`")
+                        f"encoder {model.id} has hash {model.hash[:12]}: {fix}")
+
+
+def check_dimension(index_folder, dense_info: Mapping, encoder: BiEncoder) -> None:
+    if encoder.dim != dense_info["dim"]:
+        raise RetrError(f"{index_folder}: holds {dense_info['dim']}-d vectors but the query encoder "
+                        f"{encoder.model_id} gives {encoder.dim} dims: rebuild the index")
 
 
 class DenseRetriever:

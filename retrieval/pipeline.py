@@ -1,18 +1,59 @@
-"""Compose named pipelines (bm25, dense, hybrid, +rerank) over one index folder."""
+"""Named pipelines (bm25, dense, hybrid, each optionally +rerank) composed over one index folder.
+
+A pipeline name is parsed once into a ``PipelineSpec``; everything else (which parts of an index it needs, which
+stages it times, which build costs it carries) asks the spec.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from retr.retrieval.bm25 import BM25Retriever
-from retr.retrieval.dense import DenseRetriever, check_encoder
+from retr.retrieval.dense import DenseRetriever, check_dimension, check_model
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
-from retr.retrieval.fusion import HybridRetriever
+from retr.retrieval.fusion import FUSIONS, HybridRetriever
+from retr.retrieval.models import ModelRef
 from retr.retrieval.protocol import Retriever
 from retr.retrieval.rerank import CrossEncoderReranker, RerankRetriever
 
-PIPELINES = ("bm25", "dense", "hybrid", "dense+rerank", "hybrid+rerank", "bm25+rerank")
+FIRST_STAGES = ("bm25", "dense", "hybrid")
+RERANK_SUFFIX = "+rerank"
+PIPELINES = (*FIRST_STAGES, *(f"{b}{RERANK_SUFFIX}" for b in ("dense", "hybrid", "bm25")))
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    first: str  # bm25 | dense | hybrid
+    rerank: bool = False
+
+    @classmethod
+    def parse(cls, name: str) -> PipelineSpec:
+        base, plus, rest = name.strip().partition("+")
+        if base not in FIRST_STAGES or (plus and rest != RERANK_SUFFIX[1:]):
+            raise RetrError(f"unknown pipeline {name!r}: choose from {', '.join(PIPELINES)}")
+        return cls(base, bool(plus))
+
+    @property
+    def name(self) -> str:
+        return self.first + (RERANK_SUFFIX if self.rerank else "")
+
+    @property
+    def uses_dense(self) -> bool:
+        return self.first in ("dense", "hybrid")
+
+    @property
+    def uses_bm25(self) -> bool:
+        return self.first in ("bm25", "hybrid")
+
+
+def parse_pipelines(spec: str) -> tuple[PipelineSpec, ...]:
+    """``"bm25,dense,hybrid+rerank"`` -> specs, duplicates dropped, order kept."""
+    names = [p.strip() for p in spec.split(",") if p.strip()]
+    if not names:
+        raise RetrError(f"no pipeline given: choose from {', '.join(PIPELINES)}")
+    return tuple(dict.fromkeys(PipelineSpec.parse(n) for n in names))
 
 
 @dataclass(frozen=True)
@@ -20,35 +61,32 @@ class PipelineConfig:
     fusion: str = "rrf"
     fusion_depth: int = 100
     rrf_k: int = 60
-    rerank_depth: int = 100
+
+    def __post_init__(self) -> None:
+        if self.fusion not in FUSIONS:
+            raise RetrError(f"unknown fusion {self.fusion!r}: choose one of {', '.join(FUSIONS)}")
 
 
-def parse_pipelines(spec: str) -> list[str]:
-    names = [p.strip() for p in spec.split(",") if p.strip()]
-    bad = [p for p in names if p not in PIPELINES]
-    if bad or not names:
-        raise RetrError(f"unknown pipeline(s) {', '.join(bad) or '(none)'}: choose from {', '.join(PIPELINES)}")
-    return list(dict.fromkeys(names))
+_DEFAULT_ENCODER = EncoderConfig()
 
 
-def encoder_for_index(index, model: str | None = None, max_length: int | None = None,
-                      backend: str = "onnx", query_backend: str | None = None) -> BiEncoder:
-    """The query encoder for ``index``: ``model`` if given, else the model recorded in its manifest."""
+def encoder_for_index(index, config: EncoderConfig = _DEFAULT_ENCODER) -> BiEncoder:
+    """The query encoder for ``index``: ``config.model`` if given, else the model recorded in its manifest.
+    The model's identity is checked against the index before any graph is loaded or exported."""
     built = index.dense_info["model"]
-    if model is None:
-        model = built["path"] if built.get("path") else built["id"]
-        from pathlib import Path
-
-        if built.get("path") and not Path(built["path"]).is_dir():
-            model = built["id"]
-    encoder = BiEncoder(EncoderConfig(model=model, max_length=max_length or built.get("max_length"), backend=backend,
-                                      query_backend=query_backend))
-    check_encoder(index.folder, index.dense_info, encoder)
+    chosen = config.model is not None
+    model = config.model
+    if not chosen:
+        model = built["path"] if built.get("path") and Path(built["path"]).is_dir() else built["id"]
+    ref = ModelRef.resolve(model)
+    check_model(index.folder, index.dense_info, ref, chosen)
+    encoder = BiEncoder(replace(config, model=model, max_length=config.max_length or built.get("max_length")), ref)
+    check_dimension(index.folder, index.dense_info, encoder)
     return encoder
 
 
 class PipelineFactory:
-    """Builds retrievers by name, sharing one encoder, one BM25 and one reranker between them."""
+    """Builds retrievers by spec, sharing one encoder, one BM25 and one reranker between them."""
 
     def __init__(self, index, encoder: BiEncoder | None = None, reranker: CrossEncoderReranker | None = None,
                  config: PipelineConfig = PipelineConfig()):
@@ -73,23 +111,19 @@ class PipelineFactory:
             self._bm25 = BM25Retriever(self.index.bm25_folder, self.index.ids)
         return self._bm25
 
-    def make(self, name: str) -> Retriever:
-        base, _, rerank = name.partition("+")
-        if base == "dense":
+    def make(self, spec: PipelineSpec | str) -> Retriever:
+        spec = PipelineSpec.parse(spec) if isinstance(spec, str) else spec
+        if spec.first == "dense":
             first: Retriever = self.dense()
-        elif base == "bm25":
+        elif spec.first == "bm25":
             first = self.bm25()
-        elif base == "hybrid":
+        else:
             first = HybridRetriever(self.dense(), self.bm25(), self.config.fusion, self.config.fusion_depth,
                                     self.config.rrf_k)
-        else:
-            raise RetrError(f"unknown pipeline {name!r}: choose from {', '.join(PIPELINES)}")
-        if not rerank:
+        if not spec.rerank:
             return first
-        if rerank != "rerank":
-            raise RetrError(f"unknown pipeline {name!r}: choose from {', '.join(PIPELINES)}")
         if self.reranker is None:
-            raise RetrError(f"pipeline {name!r} needs a cross-encoder: pass --reranker DIR")
+            raise RetrError(f"pipeline {spec.name!r} needs a cross-encoder: pass --reranker DIR")
         if self._positions is None:
             self._positions = {d: i for i, d in enumerate(self.index.ids)}
-        return RerankRetriever(first, self.reranker, self.index.docstore, self._positions, self.config.rerank_depth)
+        return RerankRetriever(first, self.reranker, self.index.docstore, self._positions)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -89,34 +88,6 @@ class Run(Mapping[str, tuple[Hit, ...]]):
     def from_dict(cls, results: Mapping[str, Mapping[str, float]]) -> Run:
         return cls({q: docs.items() for q, docs in results.items()})
 
-    def write_trec(self, path: str | Path, tag: str = "retr") -> None:
-        """Write a TREC run file (``qid Q0 docid rank score tag``), atomically."""
-        from retr.indexes.atomic import atomic_write_text
-
-        lines = []
-        for qid, hits in self._data.items():
-            for rank, h in enumerate(hits, start=1):
-                lines.append(f"{qid} Q0 {h.doc_id} {rank} {h.score!r} {tag}\n")
-        atomic_write_text(Path(path), "".join(lines))
-
-    @classmethod
-    def read_trec(cls, path: str | Path) -> Run:
-        path = Path(path)
-        rankings: dict[str, list[Hit]] = {}
-        with _open_text(path) as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                parts = line.split()
-                if len(parts) < 6:
-                    raise RetrError(f"{path}:{lineno}: a TREC run line needs 6 fields, got {len(parts)}")
-                try:
-                    score = float(parts[4])
-                except ValueError:
-                    raise RetrError(f"{path}:{lineno}: score {parts[4]!r} is not a number") from None
-                rankings.setdefault(parts[0], []).append(Hit(parts[2], score))
-        return cls(rankings)
-
 
 class Qrels(Mapping[str, Mapping[str, int]]):
     """Graded relevance judgements: query id -> {doc id -> grade}. Grades > 0 are relevant."""
@@ -148,7 +119,8 @@ class Qrels(Mapping[str, Mapping[str, int]]):
         return sum(1 for g in self._data.get(qid, {}).values() if g > 0)
 
 
-def _open_text(path: Path):
-    if not path.exists():
-        raise RetrError(f"{path}: no such file")
-    return path.open(encoding="utf-8", errors="strict", newline="")
+def check_query(text: str) -> str:
+    """A query to search with: empty or whitespace-only text is an input error, not a search for anything."""
+    if not isinstance(text, str) or not text.strip():
+        raise RetrError("the query is empty: give some words to search for")
+    return text

@@ -14,10 +14,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from retr.eval.data import Corpus, Dataset
+from retr.eval.data import Dataset
+from retr.indexes.corpus import Corpus
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Qrels
-from retr.train.common import dev_evaluator, run_trainer, trainer_kwargs, write_output
+from retr.train.common import TrainConfig, dev_evaluator, run_trainer, trainer_kwargs, write_output
 from retr.train.data import labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
 from retr.train.negatives import mine_bm25_negatives, temporary_bm25
 
@@ -25,33 +26,27 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class BiEncoderTrainConfig:
-    base: str | None = None  # BERT or sentence-transformers folder (default: the bundled MiniLM)
+class BiEncoderTrainConfig(TrainConfig):
     epochs: int = 3
-    batch_size: int = 16
-    mini_batch_size: int = 16  # GradCache chunk: memory is set by this, not by batch_size
     learning_rate: float = 2e-5
-    warmup_ratio: float = 0.1
-    max_length: int = 256
+    mini_batch_size: int = 16  # GradCache chunk: memory is set by this, not by batch_size
     num_negatives: int = 1
     negative_depth: int = 30
     scale: float = 20.0  # 1 / temperature
     dev_fraction: float = 0.1
     dev_candidates: int = 10  # BM25 candidates per dev query (plus its positives) for dev nDCG@10
-    seed: int = 42
     self_supervised: bool = False
-    max_steps: int = -1
 
 
 def load_st_model(base: str | None, max_length: int):
     """A SentenceTransformer from ``base``; a raw BERT gets mean pooling and normalisation."""
     from sentence_transformers import SentenceTransformer
 
-    from retr.retrieval.encoder import resolve_model
+    from retr.retrieval.models import ModelRef
 
-    _, path = resolve_model(base)
-    source = str(path) if path is not None else base
-    if path is None or (path / "modules.json").is_file():
+    path = ModelRef.resolve(base).path
+    source = str(path)
+    if (path / "modules.json").is_file():
         model = SentenceTransformer(source, device="cpu")
     else:
         try:
@@ -149,7 +144,7 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     result = run_trainer(trainer, out, resume)
     seconds = time.perf_counter() - t0
     extra = {
-        "base": cfg.base or "all-MiniLM-L6-v2", "train_pairs": len(train_pairs), "dev_queries": len(dev_queries),
+        "base": cfg.base_name, "train_pairs": len(train_pairs), "dev_queries": len(dev_queries),
         "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
         "dev_ndcg@10_before": base_dev, **result, "train_seconds": seconds,
         "wall_seconds_per_epoch": seconds / max(1, cfg.epochs),

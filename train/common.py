@@ -6,16 +6,45 @@ import json
 import logging
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from retr.eval.metrics import evaluate
-from retr.indexes.atomic import atomic_dir
-from retr.indexes.manifest import new_manifest
+from retr.retrieval.artifacts import atomic_dir, new_manifest
+from retr.retrieval.backends.runners import cpu_has_bf16
 from retr.retrieval.errors import RetrError
+from retr.retrieval.models import DEFAULT_MODEL
 from retr.retrieval.types import Hit, Qrels, Run
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What every trainer takes; each trainer's config adds its own fields and may change these defaults."""
+    base: str | None = None  # BERT or sentence-transformers folder (default: the bundled MiniLM)
+    epochs: int = 1
+    batch_size: int = 16
+    learning_rate: float = 5e-5
+    warmup_ratio: float = 0.1  # of the total steps, linear warm-up
+    max_length: int = 256
+    seed: int = 42
+    max_steps: int = -1
+
+    @property
+    def base_name(self) -> str:
+        return self.base or DEFAULT_MODEL
+
+
+def common_training_args(out: Path, cfg: TrainConfig, n_examples: int, log_every: int = 10) -> dict:
+    """The TrainingArguments every trainer shares (transformers' or sentence-transformers'): one checkpoint per
+    epoch, warm-up as a ratio of the steps (``warmup_steps`` takes a float below 1 as a ratio)."""
+    return dict(
+        output_dir=str(checkpoint_dir(out)), num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_ratio,
+        seed=cfg.seed, eval_strategy="epoch", save_strategy="epoch", save_total_limit=2, load_best_model_at_end=True,
+        logging_steps=max(1, min(log_every, n_examples // cfg.batch_size // 2)), report_to="none", use_cpu=True,
+    )
 
 
 def checkpoint_dir(out: Path) -> Path:
@@ -44,15 +73,6 @@ def write_output(out: Path, save_model: Callable[[Path], None], kind: str, confi
     return manifest
 
 
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX), from /proc/cpuinfo; False elsewhere."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def resolve_precision(precision: str) -> str:
     """``auto`` -> bf16 where native, else fp32; ``bf16``/``fp32`` as asked."""
     if precision not in ("auto", "bf16", "fp32"):
@@ -67,13 +87,8 @@ def trainer_kwargs(out: Path, cfg, n_examples: int) -> dict:
     from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 
     return dict(
-        output_dir=str(checkpoint_dir(out)), num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, warmup_ratio=cfg.warmup_ratio,
-        seed=cfg.seed, data_seed=cfg.seed, batch_sampler=BatchSamplers.NO_DUPLICATES,
-        eval_strategy="epoch", save_strategy="epoch", save_total_limit=2, load_best_model_at_end=True,
-        metric_for_best_model="eval_dev_ndcg@10", greater_is_better=True,
-        logging_steps=max(1, min(10, n_examples // cfg.batch_size // 2)),
-        report_to="none", use_cpu=True, dataloader_num_workers=0,
+        **common_training_args(out, cfg, n_examples), data_seed=cfg.seed, batch_sampler=BatchSamplers.NO_DUPLICATES,
+        metric_for_best_model="eval_dev_ndcg@10", greater_is_better=True, dataloader_num_workers=0,
     )
 
 

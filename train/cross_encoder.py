@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retr.eval.data import Dataset
+from retr.retrieval.backends.export import ce_logits
 from retr.retrieval.errors import RetrError
-from retr.retrieval.rerank import ce_logits
 from retr.retrieval.types import Qrels
 from retr.train.common import (
+    TrainConfig,
     dev_evaluator,
     dev_ndcg,
     resolve_precision,
@@ -34,33 +35,28 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class CrossEncoderTrainConfig:
-    base: str | None = None  # BERT folder (default: the bundled MiniLM's encoder + a new head)
+class CrossEncoderTrainConfig(TrainConfig):
     first_stage_model: str | None = None  # bi-encoder of the hybrid first stage (default: bundled)
     epochs: int = 2
     batch_size: int = 8  # lists per step
     learning_rate: float = 5e-5  # the one-logit head starts from nothing
-    warmup_ratio: float = 0.1
-    max_length: int = 256
     num_negatives: int = 7  # hard negatives per list, from the first stage's top ``negative_depth``
     in_batch_negatives: int = 1  # other lists' documents added to each list (easy: one is enough)
     negative_depth: int = 30
     dev_fraction: float = 0.1  # the bi-encoder trainer's split (same seed): the first stage never saw dev
     dev_depth: int = 20
-    seed: int = 42
-    max_steps: int = -1
     precision: str = "auto"  # bf16 autocast where the CPU has native bf16 (~2x faster steps), else fp32
 
 
 def first_stage_runs(dataset: Dataset, model: str | None, queries: dict[str, str], depth: int):
     """The hybrid (BM25 + bi-encoder, RRF) ranking of ``queries``, from retr's cached index."""
-    from retr.eval.runner import EvalConfig, cached_index
+    from retr.indexes.build import IndexConfig, cached_index
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
     from retr.retrieval.pipeline import PipelineFactory
 
-    cfg = EvalConfig(encoder=EncoderConfig(model=model))
+    cfg = IndexConfig(encoder=EncoderConfig(model=model))
     encoder = BiEncoder(cfg.encoder)
-    index = cached_index(dataset, encoder, cfg)
+    index = cached_index(dataset.name, dataset.corpus, encoder, cfg)
     return PipelineFactory(index, encoder).make("hybrid").search(queries, depth)
 
 
@@ -95,7 +91,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     )
     from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
 
-    from retr.retrieval.encoder import resolve_model
+    from retr.retrieval.models import ModelRef
 
     t0 = time.perf_counter()
     random.seed(cfg.seed)
@@ -130,9 +126,9 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
                 len(dev_q))
 
     precision = resolve_precision(cfg.precision)
-    _, base_path = resolve_model(cfg.base)
+    base_path = ModelRef.resolve(cfg.base).path
     # eager attention: with padding masks under bf16 autocast, torch's CPU SDPA takes a slower path (~20% a step)
-    model = CrossEncoder(str(base_path) if base_path else cfg.base, num_labels=1, max_length=cfg.max_length,
+    model = CrossEncoder(str(base_path), num_labels=1, max_length=cfg.max_length,
                          device="cpu", model_kwargs={"attn_implementation": "eager"} if precision == "bf16" else None)
 
     def score_all(model):
@@ -152,7 +148,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     alpha, alpha_curve = choose_interpolation(evaluator.best_scores(), first, dev_q, cfg.dev_depth, dev_qrels)
     seconds = time.perf_counter() - t0
     extra = {
-        "base": cfg.base or "all-MiniLM-L6-v2", "train_lists": len(train_ds), "dev_queries": len(dev_q),
+        "base": cfg.base_name, "train_lists": len(train_ds), "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
         "precision": precision, "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
         "interpolation": alpha, "dev_ndcg@10_by_interpolation": alpha_curve,

@@ -14,26 +14,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from retr.eval.data import Corpus
+from retr.indexes.corpus import Corpus
 from retr.retrieval.errors import RetrError
-from retr.train.common import checkpoint_dir, run_trainer, write_output
+from retr.retrieval.models import ModelRef
+from retr.train.common import TrainConfig, common_training_args, run_trainer, write_output
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class MLMTrainConfig:
-    base: str | None = None
-    epochs: int = 1
-    batch_size: int = 16
-    learning_rate: float = 5e-5
+class MLMTrainConfig(TrainConfig):
     warmup_ratio: float = 0.06
-    max_length: int = 256
     mask_prob: float = 0.15
     whole_word: bool = False
     dev_fraction: float = 0.05
-    seed: int = 42
-    max_steps: int = -1
 
 
 def mask_tokens(input_ids, special, mask_id: int, allowed_random, prob: float, generator, word_ids=None):
@@ -101,12 +95,9 @@ def train_mlm(out: Path, cfg: MLMTrainConfig, corpus: Corpus, resume: bool = Fal
     from datasets import Dataset as HFDataset
     from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingArguments
 
-    from retr.retrieval.encoder import resolve_model
-
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    _, path = resolve_model(cfg.base)
-    source = str(path) if path is not None else cfg.base
+    source = str(ModelRef.resolve(cfg.base).path)
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.mask_token_id is None:
         raise RetrError(f"{source}: its tokenizer has no [MASK] token")
@@ -122,21 +113,16 @@ def train_mlm(out: Path, cfg: MLMTrainConfig, corpus: Corpus, resume: bool = Fal
     dev = HFDataset.from_dict({k: [r[k][0].tolist() for r in dev_rows] for k in ("input_ids", "labels",
                                                                                 "attention_mask")})
     train = HFDataset.from_dict({"text": [texts[i] for i in order[n_dev:]]})
-    args = TrainingArguments(
-        output_dir=str(checkpoint_dir(out)), num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.batch_size, per_device_eval_batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_ratio, seed=cfg.seed,  # a float: a ratio
-        eval_strategy="epoch", save_strategy="epoch", save_total_limit=2, load_best_model_at_end=True,
-        metric_for_best_model="eval_loss", greater_is_better=False, remove_unused_columns=False,
-        logging_steps=max(1, min(20, len(train) // cfg.batch_size // 2)), report_to="none", use_cpu=True,
-    )
+    args = TrainingArguments(**common_training_args(out, cfg, len(train), log_every=20),
+                             per_device_eval_batch_size=cfg.batch_size, metric_for_best_model="eval_loss",
+                             greater_is_better=False, remove_unused_columns=False)
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev,
                       data_collator=collator)
     before = trainer.evaluate()["eval_loss"]
     result = run_trainer(trainer, out, resume, eval_key="eval_loss", name="dev_mlm_loss", best=min)
     if result["dev_mlm_loss"] is None:
         result["dev_mlm_loss"] = before
-    extra = {"base": cfg.base or "all-MiniLM-L6-v2", "corpus_sha256": corpus.sha256, "train_docs": len(train),
+    extra = {"base": cfg.base_name, "corpus_sha256": corpus.sha256, "train_docs": len(train),
              "dev_docs": len(dev), "dev_mlm_loss_before": before, **result,
              "train_seconds": time.perf_counter() - t0}
 

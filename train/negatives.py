@@ -9,7 +9,8 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from retr.retrieval.bm25 import BM25Config, BM25Retriever, build_bm25
+from retr.indexes.bm25 import build_bm25
+from retr.retrieval.bm25 import BM25Config, BM25Retriever
 from retr.retrieval.types import Qrels
 from retr.train.data import Pair
 

@@ -1,21 +1,38 @@
-"""Open an index folder, checked against its manifest, with memory-mapped parts."""
+"""Open an index folder, checked against its manifest, with memory-mapped parts.
+
+On open: the manifest's schema, the size of every part, and the checksum of every part small enough to hash
+cheaply (the id list, the doc store's offsets, the BM25 vocabulary and parameters); a part that fails is named
+and the folder refused.
+"""
 
 from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
 
-from retr.indexes.build import INDEX_KIND
 from retr.indexes.dense import configure_search, load_faiss
 from retr.indexes.docstore import DocStore, read_ids
 from retr.indexes.manifest import read_manifest
+from retr.retrieval.artifacts import check_sizes, file_sha256
 from retr.retrieval.errors import RetrError
+
+INDEX_KIND = "retr-index"
+HASH_ON_OPEN_BYTES = 64 << 20  # parts up to this size are hashed on every open; larger ones are checked by size
 
 
 class IndexFolder:
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder, INDEX_KIND)
+        files = self.manifest["files"]
+        bad = check_sizes(self.folder, files)
+        for rel, info in files.items():
+            if bad:
+                break
+            if info.get("bytes", 0) <= HASH_ON_OPEN_BYTES and file_sha256(self.folder / rel) != info.get("sha256"):
+                bad = f"{self.folder / rel}: its content differs from the checksum in the manifest"
+        if bad:
+            raise RetrError(f"{bad}: the index is damaged; rebuild it with `retr index`")
         self.ids = read_ids(self.folder)
         n = self.manifest["num_docs"]
         if len(self.ids) != n:
@@ -38,13 +55,17 @@ class IndexFolder:
                             f"manifest says {len(self.ids)} documents")
         if index.d != info["dim"]:
             raise RetrError(f"{self.folder / info['file']}: dimension {index.d}, manifest says {info['dim']}")
-        configure_search(index, info["kind"], info["params"])
+        try:
+            configure_search(index, info["kind"], info["params"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise RetrError(f"{self.folder}: manifest's dense params are incomplete ({e}): rebuild the index") from None
         return index
 
     @cached_property
     def docstore(self) -> DocStore:
-        store = DocStore(self.folder)
+        store = DocStore(self.folder, self.ids)
         if len(store) != len(self.ids):
+            store.close()
             raise RetrError(f"{self.folder}: doc store holds {len(store)} documents, id list {len(self.ids)}")
         return store
 
@@ -54,5 +75,7 @@ class IndexFolder:
             raise RetrError(f"{self.folder}: this index has no BM25 part: rebuild it with `retr index --bm25`")
         return self.folder / self.manifest["bm25"]["dir"]
 
-    def total_bytes(self) -> int:
-        return sum(f.stat().st_size for f in self.folder.rglob("*") if f.is_file())
+    def close(self) -> None:
+        if "docstore" in self.__dict__:
+            self.docstore.close()
+            del self.__dict__["docstore"]

@@ -1,0 +1,65 @@
+"""`retr eval`: BEIR metrics and latency for pipelines on a dataset."""
+
+from __future__ import annotations
+
+import argparse
+
+from retr.cli import options
+from retr.eval.runner import DEFAULT_PIPELINES
+from retr.retrieval.pipeline import PIPELINES, PipelineConfig
+
+_PIPELINE = PipelineConfig()
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("eval", help="BEIR metrics and latency for pipelines on a dataset")
+    p.add_argument("--dataset", required=True, help="BEIR folder, or a name under $RETR_DATA (downloaded if online)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--pipelines", default=",".join(DEFAULT_PIPELINES), help=f"comma-separated: {', '.join(PIPELINES)}")
+    p.add_argument("--reranker", default=None, help="cross-encoder folder for +rerank pipelines")
+    options.add_rerank_args(p)
+    options.add_fusion_arg(p)
+    p.add_argument("--fusion-depth", type=options.positive_int, default=_PIPELINE.fusion_depth)
+    options.add_k_values_arg(p)
+    p.add_argument("--ignore-identical-ids", action="store_true",
+                   help="drop hits whose doc id equals the query id (BEIR's ArguAna/Quora setting)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed queries before measuring")
+    p.add_argument("--out", default=None, help="JSON report path")
+    p.add_argument("--run-dir", default=None,
+                   help="folder for one TREC run file per pipeline (default with --out: REPORT-runs/ beside it)")
+    p.add_argument("--no-download", action="store_true", help="never download a dataset")
+    options.add_model_args(p)
+    options.add_query_backend_arg(p)
+    options.add_index_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from retr.eval.data import load_dataset
+    from retr.eval.runner import EvalConfig, run_eval
+    from retr.eval.table import detail_table, main_table
+    from retr.retrieval.bm25 import BM25Config
+    from retr.retrieval.pipeline import parse_pipelines
+
+    cfg = EvalConfig(
+        pipelines=parse_pipelines(args.pipelines), k_values=args.k_values,
+        encoder=options.encoder_config(args, query_backend=True), dense=options.dense_config(args),
+        bm25=BM25Config(), pipeline=PipelineConfig(fusion=args.fusion, fusion_depth=args.fusion_depth),
+        reranker=options.rerank_config(args, args.reranker), ignore_identical_ids=args.ignore_identical_ids,
+        warmup=max(0, args.warmup), use_cache=not args.no_cache,
+    )
+    dataset = load_dataset(args.dataset, args.split, download=not args.no_download)
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    if run_dir is None and args.out:
+        out = Path(args.out)
+        run_dir = out.with_name(f"{out.stem}-runs")
+    report = run_eval(dataset, cfg, run_dir)
+    print(main_table(report))
+    print()
+    print(detail_table(report))
+    if args.out:
+        report.write(Path(args.out))
+        print(f"\nreport written to {args.out}")
+    return 0

@@ -1,0 +1,40 @@
+"""`retr index`: embed a corpus into an index folder (+ BM25)."""
+
+from __future__ import annotations
+
+import argparse
+
+from retr.cli import options
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("index", help="embed a corpus into a FAISS index folder (+ BM25)")
+    p.add_argument("--corpus", required=True, help="BEIR folder or corpus file (.jsonl, .csv, .tsv)")
+    p.add_argument("--out", required=True,
+                   help="index folder to write (an existing retr index there is replaced atomically; "
+                        "anything else is refused)")
+    p.add_argument("--bm25", action="store_true", help="also build a BM25 index")
+    p.add_argument("--id-field", default=None, help="default: detected (_id, id, docid, doc_id)")
+    p.add_argument("--text-field", default=None, help="default: detected (text, contents, body, abstract)")
+    p.add_argument("--title-field", default=None, help="default: 'title' where present; '' for none")
+    options.add_model_args(p)
+    options.add_index_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from retr.indexes.build import IndexConfig, build_index
+    from retr.indexes.corpus import CorpusFormat, load_corpus
+    from retr.retrieval.bm25 import BM25Config
+
+    corpus = load_corpus(Path(args.corpus), CorpusFormat(args.id_field, args.text_field, args.title_field))
+    cfg = IndexConfig(dense=options.dense_config(args), encoder=options.encoder_config(args),
+                      bm25=BM25Config() if args.bm25 else None, use_cache=not args.no_cache)
+    m = build_index(corpus, Path(args.out), cfg)
+    d = m["dense"]
+    print(f"indexed {m['num_docs']} documents into {args.out}: {d['kind']} {d['dim']}-d ({d['model']['id']}), "
+          f"{d['docs_per_second']:.1f} docs/s{', + bm25' if m['bm25'] else ''}"
+          f"{f', {corpus.empty_docs} empty' if corpus.empty_docs else ''}")
+    return 0

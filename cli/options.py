@@ -1,0 +1,107 @@
+"""Argument types and the option groups several subcommands share; every default and choice comes from the
+config it fills (the CLI declares none of its own)."""
+
+from __future__ import annotations
+
+import argparse
+
+from retr.eval.metrics import DEFAULT_K_VALUES
+from retr.indexes.dense import KINDS, DenseIndexConfig
+from retr.retrieval.backends.registry import DEFAULT_BACKEND, DEFAULT_RERANK_BACKEND, SCORING, choices
+from retr.retrieval.encoder import EncoderConfig
+from retr.retrieval.fusion import FUSIONS
+from retr.retrieval.pipeline import PipelineConfig
+from retr.retrieval.rerank import DEFAULT_RERANK_DEPTH, DEFAULT_RERANK_MAX_LENGTH
+
+_DENSE = DenseIndexConfig()
+_ENCODER = EncoderConfig()
+_PIPELINE = PipelineConfig()
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return v
+
+
+def add_k_values_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k-values", type=k_values, default=DEFAULT_K_VALUES)
+
+
+def k_values(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: k values are comma-separated integers") from None
+    if not ks or ks[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: k values must be >= 1")
+    return ks
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="bi-encoder: a sentence-transformers folder or hub id (default: bundled all-MiniLM-L6-v2)")
+    p.add_argument("--max-length", type=positive_int, default=None, help="encoder max tokens (default: model's)")
+    p.add_argument("--batch-size", type=positive_int, default=_ENCODER.batch_size, help="texts per batch (torch)")
+    add_backend_arg(p)
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=choices(), default=DEFAULT_BACKEND,
+                   help=f"bi-encoder inference (default {DEFAULT_BACKEND}); every graph is checked against torch")
+
+
+def add_query_backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--query-backend", choices=choices(), default=None,
+                   help="query encoding (default: onnx-int8 beside the openvino backends, else --backend): "
+                        "a short query is bound by reading the weights, which int8 makes 4x smaller")
+
+
+def add_rerank_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rerank-depth", type=positive_int, default=DEFAULT_RERANK_DEPTH)
+    p.add_argument("--rerank-max-length", type=positive_int, default=DEFAULT_RERANK_MAX_LENGTH)
+    p.add_argument("--rerank-backend", choices=choices(SCORING), default=DEFAULT_RERANK_BACKEND,
+                   help="cross-encoder inference")
+    p.add_argument("--rerank-alpha", type=float, default=None,
+                   help="cross-encoder weight vs the first stage (default: chosen on dev at training, else 1)")
+
+
+def add_fusion_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fusion", choices=FUSIONS, default=_PIPELINE.fusion)
+
+
+def add_index_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", choices=KINDS, default=_DENSE.kind, help="FAISS index kind")
+    p.add_argument("--hnsw-m", type=positive_int, default=_DENSE.hnsw_m)
+    p.add_argument("--ef-construction", type=positive_int, default=_DENSE.ef_construction)
+    p.add_argument("--ef-search", type=positive_int, default=_DENSE.ef_search, help="HNSW search breadth")
+    p.add_argument("--nlist", type=int, default=_DENSE.nlist, help="IVF lists (0: ~4*sqrt(N))")
+    p.add_argument("--pq-m", type=int, default=_DENSE.pq_m, help="PQ sub-quantizers (0: dim/8)")
+    p.add_argument("--pq-nbits", type=positive_int, default=_DENSE.pq_nbits)
+    p.add_argument("--nprobe", type=positive_int, default=_DENSE.nprobe)
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
+
+
+def dense_config(args) -> DenseIndexConfig:
+    return DenseIndexConfig(kind=args.kind, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
+                            ef_search=args.ef_search, nlist=args.nlist, pq_m=args.pq_m, pq_nbits=args.pq_nbits,
+                            nprobe=args.nprobe)
+
+
+def encoder_config(args, query_backend: bool = False) -> EncoderConfig:
+    return EncoderConfig(model=args.model, max_length=args.max_length, batch_size=args.batch_size,
+                         backend=args.backend, query_backend=args.query_backend if query_backend else None)
+
+
+def rerank_config(args, model: str | None):
+    from retr.retrieval.rerank import RerankConfig
+
+    if not model:
+        return None
+    return RerankConfig(model=model, depth=args.rerank_depth, max_length=args.rerank_max_length,
+                        backend=args.rerank_backend, interpolation=args.rerank_alpha)
+

@@ -1,0 +1,125 @@
+"""`retr train mlm | bi-encoder | cross-encoder`: train retr models from a BERT backbone."""
+
+from __future__ import annotations
+
+import argparse
+
+from retr.cli import options
+from retr.train.bi_encoder import BiEncoderTrainConfig
+from retr.train.cross_encoder import CrossEncoderTrainConfig
+from retr.train.mlm import MLMTrainConfig
+
+
+def _add_common(t, cfg) -> None:
+    """The options every trainer takes, with that trainer's defaults."""
+    t.add_argument("--out", required=True)
+    t.add_argument("--epochs", type=options.positive_int, default=cfg.epochs)
+    t.add_argument("--batch-size", type=options.positive_int, default=cfg.batch_size)
+    t.add_argument("--lr", type=float, default=cfg.learning_rate)
+    t.add_argument("--max-length", type=options.positive_int, default=cfg.max_length)
+    t.add_argument("--seed", type=int, default=cfg.seed)
+    t.add_argument("--max-steps", type=int, default=cfg.max_steps)
+    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint of --out")
+
+
+def _common(args) -> dict:
+    return dict(base=args.base, epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
+                max_length=args.max_length, seed=args.seed, max_steps=args.max_steps)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train retr models from a BERT backbone")
+    tsub = p.add_subparsers(dest="trainer", required=True)
+
+    bi = BiEncoderTrainConfig()
+    t = tsub.add_parser("bi-encoder", help="contrastive bi-encoder (in-batch + BM25 hard negatives)")
+    t.add_argument("--base", default=None, help="BERT or sentence-transformers folder (default: bundled MiniLM)")
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dataset", help="BEIR dataset with training qrels")
+    src.add_argument("--corpus", help="unlabeled corpus (with --self-supervised)")
+    t.add_argument("--split", default="train")
+    t.add_argument("--self-supervised", action="store_true", help="pairs from the corpus: title->body, sentence->rest")
+    t.add_argument("--mini-batch-size", type=options.positive_int, default=bi.mini_batch_size,
+                   help="GradCache chunk (memory); below --batch-size the cached loss is used")
+    t.add_argument("--num-negatives", type=int, default=bi.num_negatives,
+                   help="BM25 hard negatives per pair (0: in-batch only)")
+    t.add_argument("--dev-fraction", type=float, default=bi.dev_fraction,
+                   help="training queries held out to pick the epoch")
+    _add_common(t, bi)
+    t.set_defaults(run=run_bi_encoder)
+
+    mlm = MLMTrainConfig()
+    t = tsub.add_parser("mlm", help="domain-adaptive masked-language modelling (BERT's 80/10/10 rule)")
+    t.add_argument("--corpus", required=True, help="BEIR folder or corpus file")
+    t.add_argument("--base", default=None, help="BERT folder (default: bundled MiniLM; an MLM head is added)")
+    t.add_argument("--whole-word", action="store_true", help="mask all word-pieces of a word together")
+    t.add_argument("--mask-prob", type=float, default=mlm.mask_prob)
+    _add_common(t, mlm)
+    t.set_defaults(run=run_mlm)
+
+    ce = CrossEncoderTrainConfig()
+    t = tsub.add_parser("cross-encoder", help="BERT + one-logit head, listwise over the first stage's negatives")
+    t.add_argument("--base", default=None, help="BERT folder (default: the bundled MiniLM + a new head)")
+    t.add_argument("--first-stage-model", default=None, help="bi-encoder of the hybrid first stage to mine from")
+    t.add_argument("--dataset", required=True)
+    t.add_argument("--split", default="train")
+    t.add_argument("--num-negatives", type=options.positive_int, default=ce.num_negatives,
+                   help="first-stage hard negatives per list")
+    t.add_argument("--in-batch-negatives", type=options.positive_int, default=ce.in_batch_negatives,
+                   help="other lists' documents per list")
+    t.add_argument("--dev-fraction", type=float, default=ce.dev_fraction,
+                   help="training queries held out (same split as the bi-encoder trainer with the same seed)")
+    t.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=ce.precision,
+                   help="training arithmetic (auto: bf16 autocast where the CPU has native bf16)")
+    _add_common(t, ce)
+    t.set_defaults(run=run_cross_encoder)
+
+
+def run_mlm(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from retr.indexes.corpus import load_corpus
+    from retr.train.mlm import train_mlm
+
+    cfg = MLMTrainConfig(**_common(args), mask_prob=args.mask_prob, whole_word=args.whole_word)
+    m = train_mlm(Path(args.out), cfg, load_corpus(Path(args.corpus)), resume=args.resume)
+    print(f"MLM-adapted BERT written to {args.out}: dev MLM loss {m['dev_mlm_loss_before']:.3f} -> "
+          f"{m['dev_mlm_loss']:.3f} ({m['train_docs']} docs, {m['train_seconds']:.0f} s)")
+    return 0
+
+
+def run_cross_encoder(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from retr.eval.data import load_dataset
+    from retr.train.cross_encoder import train_cross_encoder
+
+    cfg = CrossEncoderTrainConfig(**_common(args), first_stage_model=args.first_stage_model,
+                                  num_negatives=args.num_negatives, in_batch_negatives=args.in_batch_negatives,
+                                  dev_fraction=args.dev_fraction, precision=args.precision)
+    m = train_cross_encoder(Path(args.out), cfg, load_dataset(args.dataset, args.split), resume=args.resume)
+    print(f"cross-encoder written to {args.out}: dev nDCG@10 first stage {m['dev_ndcg@10_first_stage']:.4f}, "
+          f"reranked {m['dev_ndcg@10']:.4f} ({m['train_lists']} lists, {m['train_seconds']:.0f} s)")
+    return 0
+
+
+def run_bi_encoder(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from retr.eval.data import load_dataset
+    from retr.indexes.corpus import load_corpus
+    from retr.retrieval.errors import RetrError
+    from retr.train.bi_encoder import train_bi_encoder
+
+    if args.self_supervised != bool(args.corpus):
+        raise RetrError("use --corpus with --self-supervised, or --dataset for labeled training")
+    cfg = BiEncoderTrainConfig(**_common(args), mini_batch_size=args.mini_batch_size,
+                               num_negatives=args.num_negatives, dev_fraction=args.dev_fraction,
+                               self_supervised=args.self_supervised)
+    if args.dataset:
+        m = train_bi_encoder(Path(args.out), cfg, dataset=load_dataset(args.dataset, args.split), resume=args.resume)
+    else:
+        m = train_bi_encoder(Path(args.out), cfg, corpus=load_corpus(Path(args.corpus)), resume=args.resume)
+    print(f"bi-encoder written to {args.out}: dev nDCG@10 {m['dev_ndcg@10_before']:.4f} -> {m['dev_ndcg@10']:.4f} "
+          f"({m['train_pairs']} pairs, {m['train_seconds']:.0f} s)")
+    return 0

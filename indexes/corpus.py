@@ -1,0 +1,192 @@
+"""Reading a corpus (BEIR ``corpus.jsonl``, any JSONL, CSV or TSV) into documents, with clear errors.
+
+Every malformed input raises ``RetrError`` naming the file and line. Which fields hold the id, text and title is
+detected from the common names where not given (and refused where two candidates are present); a build in
+which most documents come out empty names the missing field and the fields the records do have.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from retr.retrieval.errors import RetrError
+from retr.retrieval.types import Document
+
+logger = logging.getLogger(__name__)
+
+ID_FIELDS = ("_id", "id", "docid", "doc_id")
+TEXT_FIELDS = ("text", "contents", "body", "abstract")
+TITLE_FIELDS = ("title",)
+MAX_EMPTY_SHARE = 0.5  # more empty documents than this: the text field is wrong, not the documents
+
+
+@dataclass(frozen=True)
+class CorpusFormat:
+    """Which fields of a record hold the id, text and title. ``None``: detected from the common names;
+    ``title_field=""``: no title."""
+
+    id_field: str | None = None
+    text_field: str | None = None
+    title_field: str | None = None
+
+
+@dataclass
+class Corpus:
+    """Documents in file order, with their content checksum and load statistics."""
+
+    docs: list[Document]
+    source: Path
+    sha256: str
+    empty_docs: int = 0
+    fields: dict[str, str | None] = field(default_factory=dict)  # the fields used: id, text, title
+    _positions: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._positions = {d.doc_id: i for i, d in enumerate(self.docs)}
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    @property
+    def ids(self) -> list[str]:
+        return [d.doc_id for d in self.docs]
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self._positions
+
+
+def lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Yield (line number, decoded line); non-UTF-8 bytes are an error naming file:line."""
+    if not path.is_file():
+        raise RetrError(f"{path}: no such file")
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RetrError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            if lineno == 1:
+                text = text.lstrip("\ufeff")
+            yield lineno, text
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
+    for lineno, line in lines(path):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RetrError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(rec, dict):
+            raise RetrError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+        yield lineno, rec
+
+
+def _csv_records(path: Path) -> Iterator[tuple[int, dict]]:
+    delimiter = "\t" if path.suffix.lower() in (".tsv", ".tab") else ","
+    text = "".join(line for _, line in lines(path))
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+    for rec in reader:
+        if None in rec:
+            raise RetrError(f"{path}:{reader.line_num}: more fields than the header names")
+        yield reader.line_num, rec
+
+
+def records(path: Path) -> Iterator[tuple[int, dict]]:
+    if path.suffix.lower() in (".csv", ".tsv", ".tab"):
+        return _csv_records(path)
+    return _jsonl_records(path)
+
+
+def _detect(path: Path, keys: list[str], given: str | None, candidates: tuple[str, ...], what: str,
+            flag: str, required: bool) -> str | None:
+    if given is not None:
+        return given or None
+    present = [c for c in candidates if c in keys]
+    if len(present) > 1:
+        raise RetrError(f"{path}: records have both {present[0]!r} and {present[1]!r}: which is the {what}? "
+                        f"choose with {flag}")
+    if present:
+        return present[0]
+    if required:
+        raise RetrError(f"{path}:1: no {what} field among {', '.join(repr(c) for c in candidates)}; the records have "
+                        f"{', '.join(repr(k) for k in keys) or 'no fields'}: choose with {flag}")
+    return None
+
+
+def _text_value(path: Path, lineno: int, name: str, value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict, bool)):
+        raise RetrError(f"{path}:{lineno}: field {name!r} holds a JSON {type(value).__name__}, not text")
+    return str(value)
+
+
+def load_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Corpus:
+    """Load a corpus file or BEIR folder. Duplicate ids, records without an id, ids that are not strings or
+    numbers and texts that are not strings are errors; empty documents are kept (indexed as empty) and counted,
+    unless most are empty (a wrong ``--text-field``)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "corpus.jsonl"
+    docs: list[Document] = []
+    first_line: dict[str, int] = {}
+    empty = 0
+    missing_text = 0
+    seen_keys: Counter[str] = Counter()
+    h = hashlib.sha256()
+    id_f = text_f = title_f = None
+    for lineno, rec in records(path):
+        if not docs:
+            keys = list(rec)
+            id_f = _detect(path, keys, fmt.id_field, ID_FIELDS, "id", "--id-field", True)
+            text_f = _detect(path, keys, fmt.text_field, TEXT_FIELDS, "text", "--text-field", True)
+            title_f = _detect(path, keys, fmt.title_field, TITLE_FIELDS, "title", "--title-field", False)
+        if len(seen_keys) < 64:
+            seen_keys.update(rec.keys())
+        raw_id = rec.get(id_f)
+        if isinstance(raw_id, (bool, list, dict)):
+            raise RetrError(f"{path}:{lineno}: id field {id_f!r} holds a JSON {type(raw_id).__name__}, "
+                            f"not a string or number")
+        if raw_id is None or str(raw_id).strip() == "":
+            raise RetrError(f"{path}:{lineno}: record has no {id_f!r} field (choose the id field with --id-field)")
+        doc_id = str(raw_id).strip()
+        if doc_id in first_line:
+            raise RetrError(f"{path}:{lineno}: duplicate document id {doc_id!r} "
+                            f"(first seen at line {first_line[doc_id]})")
+        first_line[doc_id] = lineno
+        if text_f not in rec:
+            missing_text += 1
+        text = _text_value(path, lineno, text_f, rec.get(text_f))
+        title = _text_value(path, lineno, title_f, rec.get(title_f)) if title_f else ""
+        if not text.strip() and not title.strip():
+            empty += 1
+        doc = Document(doc_id, title, text)
+        docs.append(doc)
+        for part in (doc_id, title, text):
+            h.update(part.encode("utf-8"))
+            h.update(b"\x1f")
+        h.update(b"\x1e")
+    if not docs:
+        raise RetrError(f"{path}: the corpus holds no documents")
+    if empty > MAX_EMPTY_SHARE * len(docs):
+        have = ", ".join(repr(k) for k, _ in seen_keys.most_common())
+        why = (f"field {text_f!r} is missing from {missing_text} of them" if missing_text
+               else f"field {text_f!r} is empty in them")
+        raise RetrError(f"{path}: {empty} of {len(docs)} documents would be empty: {why}; the records have "
+                        f"{have}: choose the text with --text-field")
+    if empty:
+        logger.warning("%s: %d empty document(s) indexed as empty", path, empty)
+    used = {"id": id_f, "text": text_f, "title": title_f}
+    if (fmt.id_field, fmt.text_field, fmt.title_field) != (id_f, text_f, title_f):
+        logger.info("%s: fields used: id %r, text %r, title %r", path, id_f, text_f, title_f)
+    return Corpus(docs=docs, source=path, sha256=h.hexdigest(), empty_docs=empty, fields=used)

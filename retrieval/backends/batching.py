@@ -1,0 +1,94 @@
+"""Tokenise with a model's ``tokenizer.json`` (no transformers import) and pack texts into padded batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+TOKENIZE_CHUNK = 512  # texts per tokenizer call
+
+
+def _fast_tokenizer_file(model_path: Path | None, max_length: int):
+    if model_path is None:
+        return None
+    candidates = [model_path / "tokenizer.json", *sorted(model_path.glob("*/tokenizer.json"))]
+    path = next((c for c in candidates if c.is_file()), None)
+    if path is None:
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    tok.enable_truncation(max_length, strategy="longest_first")
+    tok.no_padding()
+    return tok
+
+
+def fast_tokenizer(model_path: Path | None, max_length: int):
+    """A ``texts -> token ids`` function from the model's tokenizer.json, or None."""
+    tok = _fast_tokenizer_file(model_path, max_length)
+    if tok is None:
+        return None
+
+    def token_ids(texts: list[str]) -> list[np.ndarray]:
+        # in chunks, kept as arrays: a batch's Encoding objects (offsets, masks, truncated overflow) cost ~60x
+        # the ids' memory (measured: +330 MB for SciFact's 5,183 documents encoded in one call)
+        out = []
+        for i in range(0, len(texts), TOKENIZE_CHUNK):
+            out.extend(np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(texts[i: i + TOKENIZE_CHUNK]))
+        return out
+
+    return token_ids
+
+
+def fast_pair_tokenizer(model_path: Path | None, max_length: int):
+    """A ``(query, texts) -> (token ids, token type ids)`` function for cross-encoder pairs, or None."""
+    tok = _fast_tokenizer_file(model_path, max_length)
+    if tok is None:
+        return None
+
+    def pair_ids(query: str, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+        encs = tok.encode_batch([(query, t) for t in texts])
+        return [e.ids for e in encs], [e.type_ids for e in encs]
+
+    return pair_ids
+
+
+def length_batches(lengths: np.ndarray, token_budget: int):
+    """Yield ``(indices, width, attention mask)``: longest first, as many texts per batch as fit ``token_budget``
+    padded tokens, each batch padded only to its own longest text."""
+    order = np.argsort(-lengths, kind="stable")
+    budget = max(token_budget, int(lengths.max()) if len(lengths) else 1)
+    start = 0
+    while start < len(order):
+        width = int(lengths[order[start]])  # longest in this batch (sorted descending)
+        size = max(1, min(budget // max(width, 1), len(order) - start))
+        idx = order[start:start + size]
+        yield idx, width, (np.arange(width)[None, :] < lengths[idx][:, None]).astype(np.int64)
+        start += size
+
+
+def padded(rows: list, idx: np.ndarray, width: int, lengths: np.ndarray, fill: int = 0) -> np.ndarray:
+    """The rows ``idx`` of ``rows`` as one (len(idx), width) int64 array, right-padded with ``fill``."""
+    out = np.full((len(idx), width), fill, dtype=np.int64)
+    for r, i in enumerate(idx):
+        out[r, : int(lengths[i])] = rows[i]
+    return out
+
+
+def run_sorted(runner, rows: list, token_budget: int, out: np.ndarray, extra_rows: dict | None = None,
+               on_done=None) -> np.ndarray:
+    """Run ``runner`` over ``rows`` (token ids) in length-sorted batches; write each output row into ``out``.
+    ``extra_rows``: other per-token inputs padded like the ids (a cross-encoder's ``token_type_ids``)."""
+    lengths = np.fromiter((len(t) for t in rows), dtype=np.int64, count=len(rows))
+
+    def feeds():
+        for idx, width, mask in length_batches(lengths, token_budget):
+            feed = {"input_ids": padded(rows, idx, width, lengths), "attention_mask": mask}
+            for name, extra in (extra_rows or {}).items():
+                feed[name] = padded(extra, idx, width, lengths)
+            yield idx, feed
+
+    for idx, result in runner.run_batches(feeds(), on_done=on_done):
+        out[idx] = result.reshape(out[idx].shape)
+    return out

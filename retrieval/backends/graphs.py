@@ -1,0 +1,198 @@
+"""A verified graph for a model and backend: from the cache (checked) or exported, converted and checked now.
+
+Cache folder: ``$RETR_CACHE/onnx/<model hash>-[ce-]<backend>[-<calibration>]/`` holding the graph file(s) and a
+``manifest.json`` written last, with the graph's agreement with torch and the checksum of every file. An entry
+whose files do not match their checksums, whose manifest is unreadable or whose graph fails to load is
+discarded with a warning and rebuilt; a graph that disagrees with torch is refused and never cached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from retr.retrieval.artifacts import atomic_dir, check_checksums, checksums, new_manifest, write_json
+from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind
+from retr.retrieval.backends.registry import BACKENDS, Backend, get_backend
+from retr.retrieval.backends.runners import RUNTIMES, default_threads
+from retr.retrieval.errors import RetrError
+
+logger = logging.getLogger(__name__)
+
+GRAPH_KIND = "retr-onnx"
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A loaded, verified graph: what runs a batch, and what it is."""
+    runner: object  # feeds {name: int64 array} -> first output; run_batches for many
+    path: Path
+    backend: Backend
+    check: float  # agreement with torch (the backend's measure for this kind)
+    dim: int
+    precision: str
+    calibration: str | None = None  # digest of the texts a calibrated graph was calibrated on
+
+    @property
+    def variant(self) -> str:
+        return self.backend.name
+
+    def info(self) -> dict:
+        return {"backend": self.backend.name, "precision": self.precision, "check_cosine": self.check}
+
+
+TORCH_INFO = {"backend": "torch", "precision": "fp32", "check_cosine": None}
+
+
+def graph_info(graph: Graph | None) -> dict:
+    """How texts were encoded: a graph's backend, precision and agreement with torch, or torch itself."""
+    return graph.info() if graph is not None else dict(TORCH_INFO)
+
+
+def cache_folder(cache_root: Path, model_hash: str, backend: Backend, kind: GraphKind,
+                 calibration: Calibration | None = None) -> Path:
+    tag = f"-{calibration.digest[:16]}" if calibration is not None else ""
+    return cache_root / "onnx" / f"{model_hash[:24]}-{kind.folder_tag}{backend.name}{tag}"
+
+
+def _runner(backend: Backend, path: Path, threads: int):
+    return RUNTIMES[backend.runtime](path, threads, backend.precision())
+
+
+_verified: dict[tuple, bool] = {}  # (folder, sizes and mtimes) -> checksums matched, once per process
+
+
+def _files_ok(folder: Path, files: dict) -> str | None:
+    try:
+        key = (str(folder), tuple((r, (folder / r).stat().st_size, (folder / r).stat().st_mtime_ns) for r in files))
+    except OSError as e:
+        return f"{e.filename}: missing"
+    if _verified.get(key):
+        return None
+    bad = check_checksums(folder, files)
+    if bad is None:
+        _verified[key] = True
+    return bad
+
+
+def _discard(folder: Path, why: str) -> None:
+    logger.warning("cached graph %s is damaged (%s): discarded, it will be rebuilt", folder, why)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: Path, threads: int | None = None,
+                calibration: Calibration | None = None) -> Graph | None:
+    """The cached, verified graph for this model, backend and kind, or None (absent, or damaged and discarded)."""
+    folder = cache_folder(cache_root, model_hash, backend, kind, calibration)
+    if not folder.is_dir():
+        return None
+    try:
+        meta = json.loads((folder / "manifest.json").read_text())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+        check, dim, files = float(meta["check_cosine"]), int(meta["dim"]), meta["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        _discard(folder, f"manifest: {e}")
+        return None
+    if meta.get("model_hash") != model_hash or check < backend.floor(kind) or backend.file not in files \
+            or (calibration is not None and meta.get("calibration") != calibration.digest):
+        _discard(folder, "its manifest names another model, backend or calibration")
+        return None
+    precision = backend.precision()
+    if meta.get("precision") != precision:  # verified in another precision (another CPU): verify again
+        return None
+    bad = _files_ok(folder, files)
+    if bad:
+        _discard(folder, bad)
+        return None
+    path = folder / backend.file
+    try:
+        runner = _runner(backend, path, threads or default_threads())
+    except Exception as e:  # noqa: BLE001 - a graph the runtime cannot read is a damaged entry
+        _discard(folder, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+        return None
+    return Graph(runner, path, backend, check, dim, precision, calibration.digest if calibration else None)
+
+
+def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, max_length: int, cache_root: Path,
+                   threads: int | None = None, calibration: Calibration | None = None) -> Graph:
+    """The verified graph for this model and backend, from the cache or exported from ``model`` now (a
+    sentence-transformers model for ``EMBEDDING``, a CrossEncoder for ``SCORING``)."""
+    if not backend.exported:
+        raise RetrError(f"the {backend.name} backend runs the torch model: there is no graph to export")
+    if backend.calibrated != (calibration is not None):
+        raise RetrError(f"{backend.name}: a calibration sample is {'needed' if backend.calibrated else 'not used'}")
+    threads = threads or default_threads()
+    cached = find_cached(model_hash, backend, kind, cache_root, threads, calibration)
+    if cached is not None:
+        return cached
+    folder = cache_folder(cache_root, model_hash, backend, kind, calibration)
+    precision = backend.precision()
+    logger.info("exporting %s %s to %s, once per model", kind.label, model_hash[:12], backend.name)
+    t0 = time.perf_counter()
+    with atomic_dir(folder) as tmp:
+        fp32 = tmp / "model.fp32.onnx"
+        kind.export(model, fp32)
+        final = tmp / backend.file
+        if calibration is not None:
+            logger.info("calibrating static int8 on %d texts of the corpus (once per model and corpus)",
+                        len(calibration.rows))
+        backend.convert(fp32, final, calibration)
+        for extra in tmp.glob("model.fp32.onnx*"):  # the fp32 graph and its external data, once converted
+            if extra.exists() and extra != final:
+                extra.unlink()
+        runner = _runner(backend, final, threads)
+        check = kind.verify(runner, model, max_length)
+        if check < backend.floor(kind):
+            raise RetrError(f"the {backend.name} export of model {model_hash[:12]} disagrees with torch "
+                            f"({kind.measure} {check:.4f} < {backend.floor(kind)}): use --backend torch")
+        dim = kind.dim(runner)
+        manifest = new_manifest(GRAPH_KIND, variant=backend.name, graph=kind.name, model_hash=model_hash,
+                                check_cosine=check, dim=dim, precision=precision, max_length=max_length,
+                                export_seconds=time.perf_counter() - t0, files=checksums(tmp),
+                                **({"calibration": calibration.digest, "calibration_texts": len(calibration.rows)}
+                                   if calibration is not None else {}))
+        write_json(tmp / "manifest.json", manifest)
+    logger.info("%s (%s) verified against torch: %s %.6f", backend.name, precision, kind.measure, check)
+    # the verified runner is the one returned (its weights are in memory / mapped from files renamed, not removed)
+    return Graph(runner, folder / backend.file, backend, check, dim, precision,
+                 calibration.digest if calibration else None)
+
+
+def open_graph(get_model: Callable[[], object], model_hash: str, backend_name: str, max_length: int,
+               cache_root: Path, kind: GraphKind = EMBEDDING, use_cache_alone: bool = True,
+               calibration: Calibration | None = None) -> Graph | None:
+    """The verified graph of a model for ``backend_name``: from the cache, or exported from ``get_model()`` now.
+    None when the backend is torch, when its runtime is not installed and nothing can stand in, or (with a
+    warning) when the export itself fails: the caller then runs torch. ``use_cache_alone=False`` when the caller
+    needs the torch model anyway (no fast tokenizer), so the cache look-up is left to ``load_or_export``.
+    A graph that disagrees with torch raises ``RetrError``."""
+    backend = get_backend(backend_name, kind)
+    if not backend.exported:
+        return None
+    if backend.runtime == "openvino":
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            logger.warning("openvino is not installed: using the onnx backend")
+            backend, calibration = BACKENDS["onnx"], None
+    try:
+        import onnxruntime  # noqa: F401 - the exporter's checks and the onnx runtimes need it
+    except ImportError:
+        logger.warning("onnxruntime is not installed: using the torch backend")
+        return None
+    graph = find_cached(model_hash, backend, kind, cache_root, calibration=calibration) if use_cache_alone else None
+    if graph is not None:
+        return graph
+    try:
+        return load_or_export(get_model(), model_hash, backend, kind, max_length, cache_root, calibration=calibration)
+    except RetrError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an export failure must not stop the user
+        logger.warning("%s export failed (%s): using the torch backend", kind.label, str(e).splitlines()[0][:200])
+        return None

@@ -1,0 +1,46 @@
+"""Third-party chatter during graph work routed to retr's log instead of the terminal: NNCF's rich progress
+bars and INFO lines, and onnxruntime's quantiser advice, which it logs through the *root* logger (a bare
+``logging.warning`` installs a handler on the root logger when it has none: afterwards every record of every
+library was printed twice)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from collections.abc import Iterator
+
+logger = logging.getLogger(__name__)
+
+
+class _ToDebug(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        logger.debug("%s: %s", record.name, record.getMessage())
+
+
+@contextlib.contextmanager
+def quiet_third_party(*names: str) -> Iterator[None]:
+    """Inside: the root logger and the loggers ``names`` hand their records to retr's debug log only, and
+    what is printed to stdout/stderr (progress bars) is kept out of the terminal and logged at debug."""
+    root = logging.getLogger()
+    saved = [(root, root.handlers[:], root.level, root.propagate)]
+    for name in names:
+        lg = logging.getLogger(name)
+        saved.append((lg, lg.handlers[:], lg.level, lg.propagate))
+    to_debug = _ToDebug()
+    root.handlers = [to_debug]
+    for name in names:
+        lg = logging.getLogger(name)
+        lg.handlers, lg.propagate = [to_debug], False
+        lg.setLevel(logging.INFO)
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            yield
+    finally:
+        for lg, handlers, level, propagate in saved:
+            lg.handlers, lg.propagate = handlers, propagate
+            lg.setLevel(level)
+        text = sink.getvalue().strip()
+        if text:
+            logger.debug("third-party output: %s", text[-2000:])

@@ -1,0 +1,92 @@
+"""Every inference backend as one value: adding a backend is one entry here plus its runner.
+
+Each list of choices (the CLI's, the configs' checks, the reranker's) is derived from ``BACKENDS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from retr.retrieval.backends import export
+from retr.retrieval.backends.export import EMBEDDING, SCORING, GraphKind
+from retr.retrieval.backends.runners import native_precision
+from retr.retrieval.errors import RetrError
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    help: str
+    runtime: str  # "torch", or a key of runners.RUNTIMES
+    file: str | None = None  # the graph file in its cache folder (None: torch, nothing exported)
+    # minimum agreement with torch per graph kind (bi-encoder: min cosine; cross-encoder: 1 - max |diff| / range);
+    # a kind not listed is not offered by this backend
+    floors: Mapping[str, float] = field(default_factory=dict)
+    convert: Callable | None = None  # (fp32 onnx file, graph file, calibration) -> None
+    precision: Callable[[], str] = lambda: "fp32"  # the arithmetic it runs in on this machine
+    base: str | None = None  # calibrated on a corpus: the backend for any other text (and for small corpora)
+    batch_invariant: bool = True  # False: a text's output depends on the batch it is in (dynamic int8)
+
+    @property
+    def calibrated(self) -> bool:
+        return self.base is not None
+
+    @property
+    def exported(self) -> bool:
+        return self.runtime != "torch"
+
+    def supports(self, kind: GraphKind) -> bool:
+        return not self.exported or kind.name in self.floors
+
+    def floor(self, kind: GraphKind) -> float:
+        return self.floors[kind.name]
+
+
+BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
+    Backend("openvino-int8", "a corpus of calibration_min_docs+ documents through static int8 MatMuls calibrated on "
+            "it (NNCF), other texts as openvino", "openvino", "model.xml", {"bi": 0.98},
+            export.quantize_static_int8, lambda: f"int8+{native_precision()}", base="openvino"),
+    Backend("openvino", "OpenVINO, bf16 where the CPU has it natively, else fp32", "openvino", "model.xml",
+            {"bi": 0.999, "ce": 0.98}, export.to_openvino, native_precision),
+    Backend("onnx", "ONNX Runtime fp32", "onnxruntime", "model.onnx", {"bi": 0.9999, "ce": 0.999}, export.keep_onnx),
+    Backend("onnx-int8", "ONNX Runtime, dynamic int8 MatMuls", "onnxruntime", "model.onnx",
+            {"bi": 0.985, "ce": 0.95}, export.quantize_dynamic_int8, lambda: "int8", batch_invariant=False),
+    Backend("torch", "the torch model itself (sentence-transformers)", "torch"),
+)})
+
+DEFAULT_BACKEND = "openvino-int8"  # documents
+DEFAULT_RERANK_BACKEND = "openvino"
+# queries beside OpenVINO documents: a short query is bound by reading the weights, which int8 makes 4x smaller
+DEFAULT_QUERY_BACKEND_WITH_OPENVINO = "onnx-int8"
+
+
+def choices(kind: GraphKind = EMBEDDING) -> tuple[str, ...]:
+    return tuple(name for name, b in BACKENDS.items() if b.supports(kind))
+
+
+def get_backend(name: str, kind: GraphKind = EMBEDDING) -> Backend:
+    """The backend named ``name`` for a graph of ``kind``; an error listing the choices otherwise."""
+    b = BACKENDS.get(name)
+    if b is None or not b.supports(kind):
+        raise RetrError(f"unknown {kind.label} backend {name!r}: choose one of {', '.join(choices(kind))}")
+    return b
+
+
+def base_of(name: str) -> Backend:
+    """The backend a text takes when there is no corpus to calibrate on (itself, unless calibrated)."""
+    b = get_backend(name)
+    return BACKENDS[b.base] if b.calibrated else b
+
+
+def default_query_backend(document_backend: str) -> str:
+    """Queries: int8 ONNX Runtime beside the OpenVINO graphs, otherwise the document backend itself (an explicit
+    onnx fp32 or torch choice is kept for queries too)."""
+    if base_of(document_backend).runtime == "openvino":
+        return DEFAULT_QUERY_BACKEND_WITH_OPENVINO
+    return document_backend
+
+
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "DEFAULT_RERANK_BACKEND", "EMBEDDING", "SCORING", "Backend", "base_of",
+           "choices", "default_query_backend", "get_backend"]
