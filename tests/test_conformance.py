@@ -9,10 +9,10 @@ import re
 import numpy as np
 import pytest
 
-from retr.eval.data import load_corpus
 from retr.indexes.build import IndexConfig, build_index
+from retr.indexes.corpus import load_corpus
 from retr.indexes.dense import DenseIndexConfig
-from retr.indexes.index import IndexFolder
+from retr.indexes.folder import IndexFolder
 from retr.retrieval.bm25 import BM25Config, tokenize
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
@@ -54,8 +54,7 @@ SPECS = [
 
 def _make(env, name, kind, fusion) -> Retriever:
     corpus, encoder, indexes, reranker = env
-    factory = PipelineFactory(indexes[kind], encoder, reranker, PipelineConfig(fusion=fusion, fusion_depth=8,
-                                                                              rerank_depth=5))
+    factory = PipelineFactory(indexes[kind], encoder, reranker, PipelineConfig(fusion=fusion, fusion_depth=8))
     return factory.make(name)
 
 

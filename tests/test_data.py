@@ -9,7 +9,8 @@ import zipfile
 
 import pytest
 
-from retr.eval.data import CorpusFormat, download_beir, load_corpus, load_dataset, load_qrels, resolve_dataset
+from retr.eval.data import download_beir, load_dataset, load_qrels, resolve_dataset
+from retr.indexes.corpus import CorpusFormat, load_corpus
 from retr.retrieval.errors import RetrError
 
 
@@ -46,7 +47,10 @@ def test_non_utf8_names_line(tmp_path):
 
 def test_missing_id_field_and_missing_file(tmp_path):
     p = _write(tmp_path / "c.jsonl", '{"doc": "1", "text": "a"}\n')
-    with pytest.raises(RetrError, match=r"c\.jsonl:1: record has no '_id' field"):
+    with pytest.raises(RetrError, match=r"c\.jsonl:1: no id field among '_id', 'id'.* the records have 'doc', 'text'"):
+        load_corpus(p)
+    p = _write(tmp_path / "c2.jsonl", '{"_id": "1", "text": "a"}\n{"text": "b"}\n')
+    with pytest.raises(RetrError, match=r"c2\.jsonl:2: record has no '_id' field"):
         load_corpus(p)
     with pytest.raises(RetrError, match="no such file"):
         load_corpus(tmp_path / "nope.jsonl")
@@ -131,3 +135,75 @@ def test_queries_jsonl_errors(tmp_path):
     p = _write(tmp_path / "queries.jsonl", json.dumps({"_id": "1", "text": "a"}) + "\n[1, 2]\n")
     with pytest.raises(RetrError, match=r"queries\.jsonl:2: expected a JSON object"):
         load_queries(p)
+
+
+def test_plain_id_text_jsonl_indexes_with_no_flags_and_says_which_fields(tmp_path, caplog):
+    caplog.set_level("INFO")
+    p = _write(tmp_path / "mine.jsonl", '{"id": 1, "text": "hello"}\n{"id": 2, "text": "world", "title": "T"}\n')
+    c = load_corpus(p)
+    assert [d.doc_id for d in c.docs] == ["1", "2"] and c.docs[1].text == "world" and c.docs[1].title == ""
+    assert c.fields == {"id": "id", "text": "text", "title": None}
+    assert "fields used: id 'id', text 'text'" in caplog.text
+    p = _write(tmp_path / "contents.jsonl", '{"docid": "a", "contents": "x y", "title": "t"}\n')
+    assert load_corpus(p).fields == {"id": "docid", "text": "contents", "title": "title"}
+
+
+def test_ambiguous_fields_are_refused(tmp_path):
+    p = _write(tmp_path / "amb.jsonl", '{"id": 1, "_id": "x", "text": "hello"}\n')
+    with pytest.raises(RetrError, match=r"amb\.jsonl: records have both '_id' and 'id'.* --id-field"):
+        load_corpus(p)
+    p = _write(tmp_path / "amb2.jsonl", '{"id": 1, "text": "a", "body": "b"}\n')
+    with pytest.raises(RetrError, match=r"both 'text' and 'body'.* --text-field"):
+        load_corpus(p)
+    assert load_corpus(p, CorpusFormat(text_field="body")).docs[0].text == "b"
+
+
+def test_a_wrong_text_field_is_refused_naming_the_fields_the_records_have(tmp_path):
+    rows = "".join(json.dumps({"_id": str(i), "body": f"doc {i}", "title": ""}) + "\n" for i in range(5))
+    p = _write(tmp_path / "c.jsonl", rows)
+    with pytest.raises(RetrError, match=r"5 of 5 documents would be empty: field 'txt' is missing from 5 of them; "
+                                        r"the records have '_id', 'body', 'title'"):
+        load_corpus(p, CorpusFormat(text_field="txt"))
+
+
+@pytest.mark.parametrize("record,what", [
+    ({"_id": "1", "text": ["a", "b"]}, r"field 'text' holds a JSON list"),
+    ({"_id": "1", "text": {"a": 1}}, r"field 'text' holds a JSON dict"),
+    ({"_id": True, "text": "a"}, r"id field '_id' holds a JSON bool"),
+    ({"_id": "1", "text": "a", "title": ["t"]}, r"field 'title' holds a JSON list"),
+])
+def test_texts_and_ids_of_the_wrong_json_type_are_errors(tmp_path, record, what):
+    p = _write(tmp_path / "c.jsonl", json.dumps({"_id": "0", "text": "ok", "title": ""}) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(RetrError, match=rf"c\.jsonl:2: {what}"):
+        load_corpus(p)
+
+
+@pytest.mark.parametrize("grade", ["0.4", "inf", "nan", "-inf", "1.5"])
+def test_non_integer_grades_are_refused_with_file_and_line(tmp_path, grade):
+    p = _write(tmp_path / "q.tsv", f"query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t{grade}\n")
+    with pytest.raises(RetrError, match=rf"q\.tsv:3: relevance '{grade}' is not an integer grade"):
+        load_qrels(p)
+    assert load_qrels(_write(tmp_path / "ok.tsv", "q1\td1\t2.0\n")).to_dict() == {"q1": {"d1": 2}}
+
+
+def test_beir_tsv_ids_with_spaces_are_read_by_tab(tmp_path):
+    p = _write(tmp_path / "q.tsv", "query-id\tcorpus-id\tscore\nq 1\td 1\t1\n")
+    assert load_qrels(p).to_dict() == {"q 1": {"d 1": 1}}
+
+
+def test_a_dataset_with_nothing_scoreable_is_an_error(tiny_dataset, tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        (folder / name).write_bytes((tiny_dataset / name).read_bytes())
+    (folder / "qrels").mkdir()
+    _write(folder / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq1\tNOPE\t1\nqX\td2\t1\n")
+    with pytest.raises(RetrError, match=r"test\.tsv: nothing to score.*\(1 judged queries are not in queries\.jsonl, "
+                                        r"1 judgements name documents not in corpus\.jsonl"):
+        load_dataset(str(folder), "test", download=False)
+
+
+@pytest.mark.parametrize("split", ["../../x", "a/b", "..", ".hidden", ""])
+def test_split_names_that_would_escape_are_refused(tiny_dataset, split):
+    with pytest.raises(RetrError, match=r"split .*: use letters, digits"):
+        load_dataset(str(tiny_dataset), split, download=False)

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from retr.eval.data import load_corpus
 from retr.indexes.build import IndexConfig, build_index
+from retr.indexes.corpus import load_corpus
 from retr.indexes.dense import DenseIndexConfig
-from retr.indexes.index import IndexFolder
+from retr.indexes.folder import IndexFolder
 from retr.retrieval.bm25 import BM25Config
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
@@ -111,18 +111,17 @@ def test_corrupt_or_foreign_folders_are_refused(tiny_dataset, tiny_bi_encoder, e
         IndexFolder(out)
 
 
-def test_index_refuses_query_encoder_of_another_model(tiny_dataset, tiny_bi_encoder, encoder, tmp_path):
-    from retr.retrieval.dense import check_encoder
+def test_index_refuses_query_encoder_of_another_model(tiny_dataset, tiny_bi_encoder, encoder, tmp_path, monkeypatch):
+    from retr.retrieval.encoder import EncoderConfig
     from retr.retrieval.pipeline import encoder_for_index
 
     out = tmp_path / "idx"
     build_index(load_corpus(tiny_dataset), out, _cfg(tiny_bi_encoder), encoder=encoder)
     index = IndexFolder(out)
     assert encoder_for_index(index).model_hash == encoder.model_hash  # default: the model that built it
-    bundled = BiEncoder(EncoderConfig())  # 384 dims vs 32
-    with pytest.raises(RetrError, match=r"gives 384 dims: search with --model"):
-        check_encoder(out, index.dense_info, bundled)
-    info = json.loads(json.dumps(index.dense_info))
-    info["model"]["hash"] = "f" * 64
-    with pytest.raises(RetrError, match=r"has hash .* rebuild with `retr index --model"):
-        check_encoder(out, info, encoder)
+    onnx_dir = tmp_path / "retr-cache" / "onnx"
+    before = sorted(p.name for p in onnx_dir.iterdir()) if onnx_dir.is_dir() else []
+    with pytest.raises(RetrError, match=r"built with model .* search without --model"):
+        encoder_for_index(index, EncoderConfig(model=None or "minilm"))  # the bundled model: another identity
+    after = sorted(p.name for p in onnx_dir.iterdir()) if onnx_dir.is_dir() else []
+    assert after == before, "no graph is exported for a model the index refuses"

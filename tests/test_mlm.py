@@ -72,7 +72,7 @@ def test_whole_word_masking_keeps_words_intact():
 def test_tiny_mlm_run_adds_a_tied_head_and_writes_a_bert_folder(tiny_bi_encoder, tiny_dataset, tmp_path):
     from transformers import AutoModel, AutoModelForMaskedLM
 
-    from retr.eval.data import load_corpus
+    from retr.indexes.corpus import load_corpus
     from retr.train.mlm import train_mlm
 
     out = tmp_path / "mlm"

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import MappingProxyType
+
 import numpy as np
 import pytest
 
+from retr.retrieval.backends import registry
+from retr.retrieval.backends.export import EMBEDDING, verify_embedding
+from retr.retrieval.backends.graphs import load_or_export
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
-from retr.retrieval.onnx_backend import CHECK_TEXTS, load_or_export, verify
+
+
+def _patch_backend(monkeypatch, name: str, **changes) -> None:
+    """Replace one registry entry for the test (the registry is immutable: a new mapping)."""
+    entries = dict(registry.BACKENDS)
+    entries[name] = replace(entries[name], **changes)
+    monkeypatch.setattr(registry, "BACKENDS", MappingProxyType(entries))
+
 
 TEXTS = ["solar panels", "wolves hunt in packs and live in forests and tundra " * 3, "tea",
          "coffee beans are roasted ground and brewed with hot water", "x"]
@@ -51,9 +64,7 @@ def _legacy_export(st_model, path):
 
 
 @pytest.mark.parametrize("variant", ["onnx", "openvino"])
-def test_a_graph_that_ignores_padding_is_refused_and_not_cached(tiny_bi_encoder, tmp_path, monkeypatch, variant):
-    import retr.retrieval.onnx_backend as ob
-
+def test_a_graph_that_ignores_padding_is_refused_and_not_cached(tiny_bi_encoder, tmp_path, variant):
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
 
     def wrong_export(st_model, path):
@@ -72,9 +83,9 @@ def test_a_graph_that_ignores_padding_is_refused_and_not_cached(tiny_bi_encoder,
         g.graph.node.insert(0, ones)
         onnx.save(g, str(path))
 
-    monkeypatch.setattr(ob, "export_onnx", wrong_export)
+    kind = replace(EMBEDDING, export=wrong_export)
     with pytest.raises(RetrError, match=r"disagrees with torch \(cosine"):
-        load_or_export(enc.model, enc.model_hash, variant, enc.max_length, tmp_path / "c")
+        load_or_export(enc.model, enc.model_hash, registry.BACKENDS[variant], kind, enc.max_length, tmp_path / "c")
     assert not (tmp_path / "c" / "onnx").exists() or not any((tmp_path / "c" / "onnx").iterdir())
 
 
@@ -82,11 +93,11 @@ def test_openvino_backend_is_close_to_torch_and_cached_as_ir(tiny_bi_encoder, tm
     torch_enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
     ov_enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino", query_backend="openvino",
                                      token_budget=40))
-    assert ov_enc.backend == "openvino" and ov_enc.precision in ("bf16", "fp32")
-    assert ov_enc.describe()["precision"] == ov_enc.precision
+    precision = ov_enc.describe()["precision"]
+    assert ov_enc.backend == "openvino" and precision in ("bf16", "fp32") and ov_enc.graph.precision == precision
     ref = torch_enc.encode(TEXTS)
     got = ov_enc.encode(TEXTS)
-    floor = 0.999 if ov_enc.precision == "bf16" else 0.9999
+    floor = 0.999 if precision == "bf16" else 0.9999
     assert (got * ref).sum(1).min() >= floor
     for i, t in enumerate(TEXTS):
         assert float(ov_enc.encode_query(t)[0] @ got[i]) >= floor
@@ -101,15 +112,19 @@ def test_openvino_backend_is_close_to_torch_and_cached_as_ir(tiny_bi_encoder, tm
 
 def test_verify_scores_a_good_export_near_one(tiny_bi_encoder, tmp_path):
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
-    sess = load_or_export(enc.model, enc.model_hash, "onnx", enc.max_length, tmp_path / "c")
-    assert sess.check_cosine >= 0.9999
-    assert verify(sess.session, enc.model, enc.max_length) == pytest.approx(sess.check_cosine)
-    assert len(CHECK_TEXTS) >= 4
+    graph = load_or_export(enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
+                           tmp_path / "c")
+    assert graph.check >= 0.9999 and graph.dim == 32
+    assert verify_embedding(graph.runner, enc.model, enc.max_length) == pytest.approx(graph.check)
 
 
 def test_unknown_backend_is_refused():
-    with pytest.raises(RetrError, match="unknown backend"):
+    with pytest.raises(RetrError, match="unknown bi-encoder backend 'tensorrt': choose one of openvino-int8"):
         EncoderConfig(backend="tensorrt")
+    from retr.retrieval.rerank import RerankConfig
+
+    with pytest.raises(RetrError, match="unknown cross-encoder backend 'openvino-int8'"):
+        RerankConfig(model="x", backend="openvino-int8")
 
 
 @pytest.mark.parametrize("backend", ["onnx", "openvino"])
@@ -130,8 +145,8 @@ def test_cross_encoder_graph_scores_like_torch(tiny_cross_encoder, backend):
 def test_fast_pair_tokenizer_equals_transformers_truncation():
     from transformers import AutoTokenizer
 
-    from retr.retrieval.encoder import bundled_model_path
-    from retr.retrieval.onnx_backend import fast_pair_tokenizer
+    from retr.retrieval.backends.batching import fast_pair_tokenizer
+    from retr.retrieval.models import bundled_model_path
 
     path = bundled_model_path()
     pair_ids = fast_pair_tokenizer(path, 24)
@@ -163,9 +178,7 @@ def test_queries_take_the_int8_graph_beside_openvino_and_agree_with_documents(ti
 
 
 def test_a_refused_query_graph_falls_back_to_the_document_graph(tiny_bi_encoder, monkeypatch):
-    import retr.retrieval.onnx_backend as ob
-
-    monkeypatch.setitem(ob.VARIANTS, "onnx-int8", 1.01)  # no int8 graph can pass this floor
+    _patch_backend(monkeypatch, "onnx-int8", floors={"bi": 1.01})  # no int8 graph can pass this floor
     assert EncoderConfig(backend="onnx").resolved_query_backend == "onnx"  # explicit fp32 stays fp32 for queries
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="onnx", query_backend="onnx-int8"))
     np.testing.assert_allclose(enc.encode_queries(TEXTS), enc.encode(TEXTS), atol=1e-6)
@@ -175,17 +188,17 @@ def test_a_refused_query_graph_falls_back_to_the_document_graph(tiny_bi_encoder,
 def test_a_corpus_goes_through_static_int8_calibrated_on_it(tiny_bi_encoder, tmp_path):
     import json
 
-    from retr.retrieval.onnx_backend import Calibration
+    from retr.retrieval.backends.export import Calibration
 
     words = " ".join(TEXTS).split()
     corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 11)) for i in range(40)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))  # default backend
     assert enc.backend == "openvino-int8" and enc.describe()["backend"] == "openvino-int8"
     small = enc.encode_corpus(corpus[:10])  # under calibration_min_docs: the openvino graph, as encode()
-    assert enc.corpus_graph["backend"] == "openvino"
-    np.testing.assert_array_equal(small, enc.encode(corpus[:10]))
-    emb = enc.encode_corpus(corpus)
-    info = enc.corpus_graph
+    assert small.graph["backend"] == "openvino"
+    np.testing.assert_array_equal(small.embeddings, enc.encode(corpus[:10]))
+    encoded = enc.encode_corpus(corpus)
+    emb, info = encoded.embeddings, encoded.graph
     assert info["backend"] == "openvino-int8" and info["precision"].startswith("int8+")
     assert info["check_cosine"] >= 0.98
     plain = enc.encode(corpus)  # any other text: the openvino graph
@@ -198,14 +211,14 @@ def test_a_corpus_goes_through_static_int8_calibrated_on_it(tiny_bi_encoder, tmp
     assert json.loads((int8[0] / "manifest.json").read_text())["calibration"] == digest
     assert int8[0].name.endswith(digest[:16])
     again = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
-    np.testing.assert_array_equal(again.encode_corpus(corpus), emb)  # the cached graph, the same vectors
+    np.testing.assert_array_equal(again.encode_corpus(corpus).embeddings, emb)  # the cached graph, the same vectors
     assert len([f for f in (tmp_path / "retr-cache" / "onnx").iterdir() if "openvino-int8" in f.name]) == 1
     q = again.encode_queries(corpus[:3])  # queries never take the calibrated graph
     assert again.describe_queries()["backend"] == "onnx-int8" and (q * emb[:3]).sum(1).min() >= 0.95
 
 
 def test_calibration_sample_is_fixed_by_the_corpus():
-    from retr.retrieval.onnx_backend import Calibration
+    from retr.retrieval.backends.export import Calibration
 
     rows = [[101, i, i + 1, 102] for i in range(500)]
     a, b = Calibration.sample(rows), Calibration.sample([list(r) for r in rows])
@@ -215,16 +228,15 @@ def test_calibration_sample_is_fixed_by_the_corpus():
 
 
 def test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once(tiny_bi_encoder, monkeypatch):
-    import retr.retrieval.onnx_backend as ob
+    from retr.retrieval.backends.export import quantize_static_int8
 
-    monkeypatch.setitem(ob.VARIANTS, "openvino-int8", 1.01)  # no int8 graph can pass this floor
     calls = []
-    real = ob.quantize_static_int8
-    monkeypatch.setattr(ob, "quantize_static_int8", lambda *a: calls.append(1) or real(*a))
+    _patch_backend(monkeypatch, "openvino-int8", floors={"bi": 1.01},  # no int8 graph can pass this floor
+                   convert=lambda *a: calls.append(1) or quantize_static_int8(*a))
     corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
-    emb = enc.encode_corpus(corpus)
-    assert enc.corpus_graph["backend"] == "openvino"
-    np.testing.assert_array_equal(emb, enc.encode(corpus))
+    encoded = enc.encode_corpus(corpus)
+    assert encoded.graph["backend"] == "openvino"
+    np.testing.assert_array_equal(encoded.embeddings, enc.encode(corpus))
     enc.encode_corpus(corpus)  # the refusal is remembered: no second calibration in this process
     assert len(calls) == 1

@@ -142,6 +142,12 @@ class Calibration:
             yield {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
 
+def _drop(src: Path) -> None:
+    """The fp32 graph and its external data file, once converted into another file."""
+    for f in src.parent.glob(f"{src.name}*"):
+        f.unlink()
+
+
 def keep_onnx(src: Path, dst: Path, calibration: Calibration | None) -> None:
     os.replace(src, dst)  # its external data file keeps the name the graph refers to
 
@@ -153,12 +159,14 @@ def quantize_dynamic_int8(src: Path, dst: Path, calibration: Calibration | None)
     with quiet_third_party("onnxruntime"):
         quantize_dynamic(str(src), str(dst), per_channel=True, op_types_to_quantize=["MatMul"],
                          weight_type=QuantType.QInt8)
+    _drop(src)
 
 
 def to_openvino(src: Path, dst: Path, calibration: Calibration | None) -> None:
     import openvino as ov
 
     ov.save_model(ov.Core().read_model(str(src)), str(dst), compress_to_fp16=False)
+    _drop(src)
 
 
 def quantize_static_int8(src: Path, dst: Path, calibration: Calibration | None) -> None:
@@ -177,6 +185,7 @@ def quantize_static_int8(src: Path, dst: Path, calibration: Calibration | None) 
         quantized = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
                                   preset=nncf.QuantizationPreset.MIXED, subset_size=len(feeds))
     ov.save_model(quantized, str(dst), compress_to_fp16=False)
+    _drop(src)
 
 
 # -- agreement with torch ----------------------------------------------------------------------------------------

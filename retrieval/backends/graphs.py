@@ -143,9 +143,6 @@ def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, ma
             logger.info("calibrating static int8 on %d texts of the corpus (once per model and corpus)",
                         len(calibration.rows))
         backend.convert(fp32, final, calibration)
-        for extra in tmp.glob("model.fp32.onnx*"):  # the fp32 graph and its external data, once converted
-            if extra.exists() and extra != final:
-                extra.unlink()
         runner = _runner(backend, final, threads)
         check = kind.verify(runner, model, max_length)
         if check < backend.floor(kind):
