@@ -50,7 +50,8 @@ def _table(title: str, header: list[str], rows: list[list]) -> str:
 def section_encoding(ds, n_docs: int, quality: bool, backends: tuple[str, ...]) -> dict:
     from sentence_transformers import SentenceTransformer
 
-    from retr.retrieval.encoder import BiEncoder, EncoderConfig, bundled_model_path
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+    from retr.retrieval.models import bundled_model_path
 
     texts = [d.full_text() for d in ds.corpus.docs][:n_docs]
     out = {}
@@ -69,10 +70,11 @@ def section_encoding(ds, n_docs: int, quality: bool, backends: tuple[str, ...]) 
         enc.encode_corpus(texts)
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
-        emb = enc.encode_corpus(texts)
+        encoded = enc.encode_corpus(texts)
+        emb = encoded.embeddings
         out[f"retr {backend}"] = {"docs_per_s": len(texts) / (time.perf_counter() - t0), "emb": emb,
                                   "first_pass_s": first, "min_cos_to_st": float((emb * st_emb).sum(1).min()),
-                                  "graph": enc.corpus_graph, "queries": enc.describe_queries()["backend"]}
+                                  "graph": encoded.graph, "queries": enc.describe_queries()["backend"]}
     if quality and n_docs >= len(ds.corpus):
         from retr.eval.metrics import evaluate
         from retr.retrieval.types import Run
@@ -96,44 +98,51 @@ def section_encoding(ds, n_docs: int, quality: bool, backends: tuple[str, ...]) 
     return {k: {kk: vv for kk, vv in v.items() if kk != "emb"} for k, v in out.items()}
 
 
-_RETR_QUERIES = """
-import json, sys
-import faiss, numpy as np
-from retr.eval.data import load_dataset
-from retr.eval.runner import run_pipeline
-from retr.indexes.build import corpus_embeddings
-from retr.retrieval.dense import DenseRetriever
-from retr.retrieval.encoder import BiEncoder, EncoderConfig
-ds = load_dataset(sys.argv[1], "test", download=False)
-enc = BiEncoder(EncoderConfig())
-emb, _ = corpus_embeddings(enc, ds.corpus)
-index = faiss.IndexFlatIP(emb.shape[1])
-index.add(np.ascontiguousarray(emb))
-queries = dict(list(ds.queries.items())[:int(sys.argv[2])])
-_, samples = run_pipeline(DenseRetriever(index, ds.corpus.ids, enc), queries, 10, warmup=5)
-print(json.dumps({"queries_by": enc.describe_queries()["backend"], "samples": samples}))
-"""
+def child_retr_queries(dataset: str, n_queries: str) -> dict:
+    """Section 2's retr side, in its own process as `retr search` runs (no torch imported)."""
+    import faiss
+
+    from retr.eval.data import load_dataset
+    from retr.eval.runner import run_pipeline
+    from retr.indexes.build import corpus_embeddings
+    from retr.retrieval.dense import DenseRetriever
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    ds = load_dataset(dataset, "test", download=False)
+    enc = BiEncoder(EncoderConfig())
+    emb, _ = corpus_embeddings(enc, ds.corpus)
+    index = faiss.IndexFlatIP(emb.shape[1])
+    index.add(np.ascontiguousarray(emb))
+    queries = dict(list(ds.queries.items())[:int(n_queries)])
+    _, timings = run_pipeline(DenseRetriever(index, ds.corpus.ids, enc), queries, 10, warmup=5)
+    return {"queries_by": enc.describe_queries()["backend"], "samples": list(timings.values())}
+
+
+def _child(name: str, *args: str, env: dict | None = None) -> dict:
+    """Run ``child_<name>(*args)`` of this file in a fresh Python process; its result is its last stdout line."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, __file__, "--child", name, *args], capture_output=True, text=True,
+                          env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} process failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def section_query_latency(ds, n_queries: int) -> dict:
     """retr in its own process, as `retr search` runs (no torch: a query needs the tokenizer and the cached
     graph; measured here, torch's thread pool in the same process slows an ONNX Runtime query ~1.4x), then
     sentence-transformers + FAISS in this one."""
-    import subprocess
-
     import faiss
     from sentence_transformers import SentenceTransformer
 
     from retr.indexes.build import corpus_embeddings
-    from retr.retrieval.encoder import BiEncoder, EncoderConfig, bundled_model_path
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+    from retr.retrieval.models import bundled_model_path
 
     enc = BiEncoder(EncoderConfig())
     emb, _ = corpus_embeddings(enc, ds.corpus)  # cached here for the child process too
-    proc = subprocess.run([sys.executable, "-c", _RETR_QUERIES, str(ds.path), str(n_queries)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"retr query process failed: {proc.stderr.strip().splitlines()[-1:]}")
-    child = json.loads(proc.stdout.strip().splitlines()[-1])
+    child = _child("retr_queries", str(ds.path), str(n_queries))
     ours = child["samples"]
     index = faiss.IndexFlatIP(emb.shape[1])
     index.add(np.ascontiguousarray(emb))
@@ -162,7 +171,7 @@ def head_cross_encoder(folder: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertForSequenceClassification
 
-    from retr.retrieval.encoder import bundled_model_path
+    from retr.retrieval.models import bundled_model_path
 
     torch.manual_seed(0)
     model = BertForSequenceClassification.from_pretrained(str(bundled_model_path()), num_labels=1)
@@ -178,7 +187,8 @@ def section_rerank(ds, reranker_dir: str | None, n_queries: int, depths=(10, 20,
     from sentence_transformers import CrossEncoder
 
     from retr.eval.metrics import evaluate
-    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig, ce_logits
+    from retr.retrieval.backends.export import ce_logits
+    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
     from retr.retrieval.types import Hit, Qrels, Run
     from retr.train.negatives import temporary_bm25
 
@@ -232,50 +242,50 @@ def section_rerank(ds, reranker_dir: str | None, n_queries: int, depths=(10, 20,
             "rows": rows}
 
 
-_PEAK_RSS = """
-def peak_rss_mb():  # this process's own high-water mark: ru_maxrss is carried over fork + exec from the parent
+def peak_rss_mb() -> float:
+    """This process's own high-water mark (ru_maxrss is carried over fork + exec from the parent)."""
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-"""
 
-_BEIR_E2E = _PEAK_RSS + """
-import json, sys, time
-t0 = time.perf_counter()
-from beir.datasets.data_loader import GenericDataLoader
-from beir.retrieval import models
-from beir.retrieval.evaluation import EvaluateRetrieval
-from beir.retrieval.search.dense import DenseRetrievalExactSearch as DRES
-corpus, queries, qrels = GenericDataLoader(data_folder=sys.argv[1]).load(split="test")
-model = DRES(models.SentenceBERT(sys.argv[2]), batch_size=32)
-retriever = EvaluateRetrieval(model, score_function="cos_sim", k_values=[1, 3, 5, 10, 100, 1000])
-results = retriever.retrieve(corpus, queries)
-ndcg, _map, recall, p = retriever.evaluate(qrels, results, retriever.k_values, ignore_identical_ids=False)
-print(json.dumps({"wall_s": time.perf_counter() - t0, "ndcg@10": ndcg["NDCG@10"], "peak_rss_mb": peak_rss_mb()}))
-"""
 
-_RETR_E2E = _PEAK_RSS + """
-import json, sys, time
-t0 = time.perf_counter()
-from retr.cli.main import main
-rc = main(["-q", "eval", "--dataset", sys.argv[1], "--pipelines", "dense", "--out", sys.argv[2]])
-report = json.load(open(sys.argv[2]))
-print(json.dumps({"wall_s": time.perf_counter() - t0, "rc": rc, "ndcg@10": report["pipelines"]["dense"]["metrics"]["NDCG@10"],
-                  "peak_rss_mb": peak_rss_mb()}))
-"""
+def child_beir_e2e(dataset: str, model: str) -> dict:
+    t0 = time.perf_counter()
+    from beir.datasets.data_loader import GenericDataLoader
+    from beir.retrieval import models
+    from beir.retrieval.evaluation import EvaluateRetrieval
+    from beir.retrieval.search.dense import DenseRetrievalExactSearch as DRES
+
+    corpus, queries, qrels = GenericDataLoader(data_folder=dataset).load(split="test")
+    retriever = EvaluateRetrieval(DRES(models.SentenceBERT(model), batch_size=32), score_function="cos_sim",
+                                  k_values=[1, 3, 5, 10, 100, 1000])
+    results = retriever.retrieve(corpus, queries)
+    ndcg, _map, recall, p = retriever.evaluate(qrels, results, retriever.k_values, ignore_identical_ids=False)
+    return {"wall_s": time.perf_counter() - t0, "ndcg@10": ndcg["NDCG@10"], "peak_rss_mb": peak_rss_mb()}
+
+
+def child_retr_e2e(dataset: str, report_path: str) -> dict:
+    t0 = time.perf_counter()
+    from retr.cli.main import main as retr_main
+    from retr.eval.report import EvalReport
+
+    rc = retr_main(["-q", "eval", "--dataset", dataset, "--pipelines", "dense", "--out", report_path])
+    report = EvalReport.read(report_path)
+    return {"wall_s": time.perf_counter() - t0, "rc": rc, "ndcg@10": report.pipelines["dense"].metrics["NDCG@10"],
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def section_end_to_end(dataset: str) -> dict:
     """Each pipeline in a fresh process (peak RSS is the process's own); retr with an empty embedding cache
     (the verified OpenVINO export of the model is reused: exported once per model, like a model download)."""
     import shutil
-    import subprocess
     import tempfile
 
-    from retr.indexes.cache import cache_home
-    from retr.retrieval.encoder import bundled_model_path
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.models import bundled_model_path
 
     res = {}
     tmp = Path(tempfile.mkdtemp())
@@ -284,14 +294,11 @@ def section_end_to_end(dataset: str) -> dict:
     for graph in (cache_home() / "onnx").glob("*"):
         shutil.copytree(graph, cache / "onnx" / graph.name)
     env = {**os.environ, "RETR_CACHE": str(cache), "TOKENIZERS_PARALLELISM": "false"}
-    for name, script, args in (("BEIR EvaluateRetrieval + DRES (sentence-transformers)", _BEIR_E2E,
-                                [dataset, str(bundled_model_path())]),
-                               ("retr eval --pipelines dense (cold embedding cache)", _RETR_E2E,
-                                [dataset, str(tmp / "report.json")])):
-        proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"{name} failed:\n{proc.stderr[-2000:]}")
-        res[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, child, args in (("BEIR EvaluateRetrieval + DRES (sentence-transformers)", "beir_e2e",
+                               [dataset, str(bundled_model_path())]),
+                              ("retr eval --pipelines dense (cold embedding cache)", "retr_e2e",
+                               [dataset, str(tmp / "report.json")])):
+        res[name] = _child(child, *args, env=env)
     shutil.rmtree(tmp, ignore_errors=True)
     peer, ours = res.values()
     print(_table("5. end to end on SciFact test (dense, exact search, k up to 1000), one process each",
@@ -306,9 +313,11 @@ def section_bm25(ds, n_queries: int) -> dict:
     import tempfile
 
     import bm25s
+    import Stemmer
     from rank_bm25 import BM25Okapi
 
-    from retr.retrieval.bm25 import BM25Config, BM25Retriever, _stemmer, build_bm25, tokenize
+    from retr.indexes.bm25 import build_bm25
+    from retr.retrieval.bm25 import BM25Config, BM25Retriever, tokenize
 
     texts = [d.full_text() for d in ds.corpus.docs]
     queries = list(ds.queries.values())[:n_queries]
@@ -324,9 +333,10 @@ def section_bm25(ds, n_queries: int) -> dict:
     res["rank_bm25"] = (time.perf_counter() - t0) / len(sample) * 1000
     model = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
     model.index(tokens, show_progress=False)
+    stemmer = Stemmer.Stemmer(cfg.stemmer)
     t0 = time.perf_counter()
     for q in queries:
-        qt = [t for t in bm25s.tokenize(q, stopwords=cfg.stopwords, stemmer=_stemmer(cfg.stemmer),
+        qt = [t for t in bm25s.tokenize(q, stopwords=cfg.stopwords, stemmer=stemmer,
                                         return_ids=False, show_progress=False)[0] if t in model.vocab_dict]
         if qt:
             model.retrieve([qt], k=10, show_progress=False, n_threads=1)
@@ -462,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from retr.eval.data import load_dataset
-    from retr.indexes.manifest import versions
+    from retr.retrieval.artifacts import versions
 
     sections = {int(s) for s in args.sections.split(",") if s}
     header = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "platform": platform.platform(),
@@ -496,4 +506,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:  # a measured side in its own process: print its result as one JSON line
+        print(json.dumps(globals()[f"child_{sys.argv[2]}"](*sys.argv[3:]), default=float))
+        sys.exit(0)
     sys.exit(main())
