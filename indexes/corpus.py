@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 ID_FIELDS = ("_id", "id", "docid", "doc_id")
 TEXT_FIELDS = ("text", "contents", "body", "abstract")
 TITLE_FIELDS = ("title",)
-MAX_EMPTY_SHARE = 0.5  # more empty documents than this: the text field is wrong, not the documents
+MAX_EMPTY_SHARE = 0.5  # more documents without text than this: the text field is wrong, not the documents
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            raise RetrError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+            raise RetrError(f"{path}:{lineno}: malformed JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
         if not isinstance(rec, dict):
             raise RetrError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
         yield lineno, rec
@@ -178,11 +178,11 @@ def load_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Corpus:
         h.update(b"\x1e")
     if not docs:
         raise RetrError(f"{path}: the corpus holds no documents")
-    if empty > MAX_EMPTY_SHARE * len(docs):
+    if max(empty, missing_text) > MAX_EMPTY_SHARE * len(docs):
         have = ", ".join(repr(k) for k, _ in seen_keys.most_common())
         why = (f"field {text_f!r} is missing from {missing_text} of them" if missing_text
                else f"field {text_f!r} is empty in them")
-        raise RetrError(f"{path}: {empty} of {len(docs)} documents would be empty: {why}; the records have "
+        raise RetrError(f"{path}: {max(empty, missing_text)} of {len(docs)} documents would have no text: {why}; the records have "
                         f"{have}: choose the text with --text-field")
     if empty:
         logger.warning("%s: %d empty document(s) indexed as empty", path, empty)

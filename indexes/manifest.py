@@ -63,10 +63,11 @@ def check_schema(manifest: Any, path: Path, schema: dict[str, tuple[type, ...]] 
 def read_manifest(folder: Path, kind: str) -> dict[str, Any]:
     folder = Path(folder)
     path = folder / MANIFEST
+    what = kind.removeprefix("retr-").replace("-", " ")  # "retr-index" -> "index"
     if not folder.is_dir():
         raise RetrError(f"{folder}: no such index folder (build one with `retr index`)")
     if not path.is_file():
-        raise RetrError(f"{path}: missing: {folder} is not a retr {kind} folder")
+        raise RetrError(f"{path}: missing: {folder} is not a retr {what} folder")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -74,7 +75,7 @@ def read_manifest(folder: Path, kind: str) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise RetrError(f"{path}: a manifest is a JSON object, this one holds a {type(manifest).__name__}")
     if manifest.get("format") != kind:
-        raise RetrError(f"{path}: a {manifest.get('format')!r} folder, not a retr {kind}")
+        raise RetrError(f"{path}: a {manifest.get('format')!r} folder, not a retr {what} folder")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise RetrError(f"{path}: format version {manifest.get('format_version')} is not supported "
                         f"(this retr reads {FORMAT_VERSION}); rebuild it with `retr index`")

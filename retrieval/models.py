@@ -129,9 +129,14 @@ class ModelRef:
         return cls(name, snap, hash_model_dir(snap))
 
     def max_seq_length(self) -> int | None:
-        """max_seq_length from a sentence-transformers folder, without loading the model."""
-        try:
-            value = json.loads((self.path / "sentence_bert_config.json").read_text()).get("max_seq_length")
-        except (OSError, ValueError, AttributeError):
-            return None
-        return int(value) if value else None
+        """The model's max sequence length without loading it: sentence_bert_config.json's ``max_seq_length``
+        (sentence-transformers < 6), else the tokenizer's ``model_max_length`` (where sentence-transformers 6
+        keeps it), else None."""
+        for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
+            try:
+                value = json.loads((self.path / name).read_text()).get(key)
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(value, int) and 0 < value < 1_000_000:  # transformers writes 1e30 for "no limit"
+                return value
+        return None

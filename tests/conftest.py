@@ -82,8 +82,9 @@ def _tiny_bert_config(vocab_size: int):
 
 
 def _tokenizer(folder: Path):
-    """A WordPiece tokenizer whose vocabulary is the fixture corpus's words."""
-    from transformers import BertTokenizer
+    """A WordPiece tokenizer whose vocabulary is the fixture corpus's words; a fast one, so that its folder holds a
+    tokenizer.json as real models' folders do (retr then tokenises without loading the torch model)."""
+    from transformers import BertTokenizerFast as BertTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = _vocab()

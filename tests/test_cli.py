@@ -168,3 +168,53 @@ def test_cli_choices_and_defaults_come_from_the_configs():
     search_opts = {a.dest: a for a in sub["search"]._actions}
     assert tuple(search_opts["rerank_backend"].choices) == choices(SCORING)
     assert "openvino-int8" not in choices(SCORING) and "torch" in choices(SCORING)
+
+
+def test_eval_on_the_shipped_fixture_matches_beir_reuses_and_rebuilds_its_cache(tiny_dataset, tiny_bi_encoder,
+                                                                                   tmp_path, capsys, caplog):
+    """The TREC run-file round trip against BEIR and the index cache, on data the repo itself makes (no
+    ../shared needed): a damaged cached index is rebuilt, and the numbers do not move."""
+    from beir.retrieval.evaluation import EvaluateRetrieval
+
+    from retr.eval.data import load_dataset
+    from retr.eval.report import EvalReport
+    from retr.eval.trec import read_trec
+
+    report_path = tmp_path / "r.json"
+    argv = ["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--backend", "onnx",
+            "--pipelines", "bm25,dense,hybrid", "--k-values", "1,3,10", "--out", str(report_path)]
+    assert main(argv) == 0
+    report = EvalReport.read(report_path)
+    ds = load_dataset(str(tiny_dataset))
+    for name, p in report.pipelines.items():
+        ndcg, _map, rec, prec = EvaluateRetrieval.evaluate(ds.qrels.to_dict(), read_trec(p.run_file).to_dict(),
+                                                           [1, 3, 10], ignore_identical_ids=False)
+        for metric, value in {**ndcg, **_map, **rec, **prec}.items():
+            assert round(p.metrics[metric], 5) == value, (name, metric)
+    folder = report.index["folder"]
+    caplog.set_level(logging.INFO, logger="retr")
+    assert main(argv) == 0
+    assert "index cache used" in caplog.text
+    (tmp_path / "retr-cache" / "indexes").joinpath(folder.rsplit("/", 1)[-1], "dense.faiss").write_bytes(b"junk")
+    caplog.clear()
+    assert main(argv) == 0
+    assert "unusable" in caplog.text and "rebuilding" in caplog.text and "index cache used" not in caplog.text
+    again = EvalReport.read(report_path)
+    assert {n: p.metrics for n, p in again.pipelines.items()} == {n: p.metrics for n, p in report.pipelines.items()}
+
+
+def test_eval_config_alone_is_valid_and_runs_without_the_cli(tiny_dataset, tiny_bi_encoder):
+    from retr.eval.data import load_dataset
+    from retr.eval.runner import EvalConfig, run_eval
+    from retr.retrieval.encoder import EncoderConfig
+    from retr.retrieval.errors import RetrError
+    from retr.retrieval.pipeline import parse_pipelines
+
+    cfg = EvalConfig()
+    assert [p.name for p in cfg.pipelines] == ["bm25", "dense", "hybrid"] and cfg.reranker is None
+    with pytest.raises(RetrError, match="rerank pipelines need a cross-encoder"):
+        EvalConfig(pipelines=parse_pipelines("dense+rerank"))
+    report = run_eval(load_dataset(str(tiny_dataset)),
+                      EvalConfig(encoder=EncoderConfig(model=str(tiny_bi_encoder), backend="onnx"), k_values=(1, 10)))
+    assert set(report.pipelines) == {"bm25", "dense", "hybrid"}
+    assert report.pipelines["dense"].num_queries_scored == 6 and report.pipelines["dense"].run_file is None

@@ -103,12 +103,27 @@ def test_flat_equals_numpy_brute_force(env):
             assert h.score == pytest.approx(float(scores[corpus.ids.index(h.doc_id)]), rel=1e-5, abs=1e-6)
 
 
-def test_ann_indexes_agree_with_flat_at_full_search(env):
-    flat = _make(env, "dense", "flat", "rrf").search(QUERIES, 16)
-    for kind in ("hnsw",):
-        ann = _make(env, "dense", kind, "rrf").search(QUERIES, 16)
-        for qid in QUERIES:
-            assert {h.doc_id for h in ann[qid]} == {h.doc_id for h in flat[qid]}
+@pytest.mark.parametrize("kind,floor", [("hnsw", 0.99), ("ivfpq", 0.6)])
+def test_ann_indexes_against_flat_on_clustered_vectors(kind, floor):
+    """Recall@10 against exact search on 3,000 clustered 64-d unit vectors (HNSW near exact; IVF-PQ, lossy by
+    design, with every list probed so that only its codes cost recall)."""
+    from retr.indexes.dense import build_faiss
+
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(30, 64))
+    emb = centres[rng.integers(0, 30, 3000)] + 0.5 * rng.normal(size=(3000, 64))
+    emb = (emb / np.linalg.norm(emb, axis=1, keepdims=True)).astype(np.float32)
+    queries = emb[rng.choice(3000, 50, replace=False)] + 0.1 * rng.normal(size=(50, 64)).astype(np.float32)
+    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+    exact = np.argsort(-(queries @ emb.T), axis=1)[:, :10]
+    index, params = build_faiss(emb, DenseIndexConfig(kind=kind, nprobe=10_000))
+    if kind == "ivfpq":
+        assert params["nprobe"] == params["nlist"] and params["pq_m"] == 8
+    _, got = index.search(queries, 10)
+    recall = np.mean([len(set(g) & set(e)) / 10 for g, e in zip(got.tolist(), exact.tolist(), strict=True)])
+    assert recall >= floor, f"{kind}: recall@10 {recall:.3f}"
+    if kind == "ivfpq":
+        assert recall < 0.999, "IVF-PQ's codes are lossy: an exact answer means the index was not compressed"
 
 
 def _lucene_bm25(corpus, query, k1=1.5, b=0.75):
@@ -193,8 +208,6 @@ def test_reranker_folder_must_be_a_cross_encoder(tiny_bi_encoder, tmp_path):
 
 
 def test_fast_query_tokenisation_equals_bm25s(env):
-    import bm25s
-
     corpus, _, indexes, _ = env
     r = PipelineFactory(indexes["flat"]).bm25()
     texts = [*QUERIES.values(), *(d.full_text() for d in corpus.docs), "The RUNNING runners ran; it's 2024!"]
@@ -202,7 +215,6 @@ def test_fast_query_tokenisation_equals_bm25s(env):
     for text, ref_tokens in zip(texts, ref, strict=True):
         expected = [r.vocab[t] for t in ref_tokens if t in r.vocab]
         assert r._query_ids(text) == expected, text
-    assert bm25s.__version__
 
 
 def test_interpolation_by_hand():

@@ -161,7 +161,7 @@ def test_ambiguous_fields_are_refused(tmp_path):
 def test_a_wrong_text_field_is_refused_naming_the_fields_the_records_have(tmp_path):
     rows = "".join(json.dumps({"_id": str(i), "body": f"doc {i}", "title": ""}) + "\n" for i in range(5))
     p = _write(tmp_path / "c.jsonl", rows)
-    with pytest.raises(RetrError, match=r"5 of 5 documents would be empty: field 'txt' is missing from 5 of them; "
+    with pytest.raises(RetrError, match=r"5 of 5 documents would have no text: field 'txt' is missing from 5 of them; "
                                         r"the records have '_id', 'body', 'title'"):
         load_corpus(p, CorpusFormat(text_field="txt"))
 
@@ -207,3 +207,17 @@ def test_a_dataset_with_nothing_scoreable_is_an_error(tiny_dataset, tmp_path):
 def test_split_names_that_would_escape_are_refused(tiny_dataset, split):
     with pytest.raises(RetrError, match=r"split .*: use letters, digits"):
         load_dataset(str(tiny_dataset), split, download=False)
+
+
+def test_a_zip_member_escaping_the_target_folder_is_refused(tmp_path):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("evil/corpus.jsonl", '{"_id": "1", "text": "a"}\n')
+        zf.writestr("../escaped.txt", "gotcha")
+    blob = buf.getvalue()
+    zpath = _write(tmp_path / "evil.zip", blob)
+    home = tmp_path / "home" / "data"
+    with pytest.raises(RetrError, match=r"zip member '\.\./escaped\.txt' escapes the target folder"):
+        download_beir("evil", home, url=zpath.as_uri(), md5=hashlib.md5(blob).hexdigest())
+    assert not (home / "evil").exists() and not (home.parent / "escaped.txt").exists()
+    assert not list(home.glob("*.zip"))

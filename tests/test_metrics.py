@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import pytrec_eval
 
@@ -121,14 +122,16 @@ def test_ignore_identical_ids_like_beir():
     assert ours["NDCG@1"] != plain["NDCG@1"]
 
 
-def test_run_rejects_duplicates_and_is_immutable():
+def test_run_rejects_duplicates_and_keeps_its_own_copy_in_trec_order():
     from retr.retrieval.errors import RetrError
 
-    with pytest.raises(RetrError):
+    with pytest.raises(RetrError, match="lists a document twice"):
         Run({"q": [("a", 1.0), ("a", 0.5)]})
-    run = Run.from_dict({"q": {"a": 1.0}})
-    with pytest.raises(TypeError):
-        run["q2"] = ()  # type: ignore[index]
+    source = {"q": {"a": 1.0, "c": 2.0, "b": 2.0}}
+    run = Run.from_dict(source)
+    source["q"]["z"] = 9.0  # the caller's dict changes afterwards: the run does not
+    assert [h.doc_id for h in run["q"]] == ["c", "b", "a"]  # score descending, ties by doc id descending
+    assert run.top(1).to_dict() == {"q": {"c": 2.0}} and len(run["q"]) == 3
 
 
 def test_one_pass_metrics_equal_the_small_pure_functions():
@@ -153,3 +156,54 @@ def test_one_pass_metrics_equal_the_small_pure_functions():
             assert got[f"Recall@{k}"] == pytest.approx(recall_at_k(ranked, grades, k), abs=1e-12)
             assert got[f"P@{k}"] == pytest.approx(precision_at_k(ranked, grades, k), abs=1e-12)
         assert got["MRR@10"] == pytest.approx(reciprocal_rank_at_k(ranked, grades, 10), abs=1e-12)
+
+
+def test_percentiles_match_numpy_and_hand_values():
+    from retr.eval.report import Percentiles
+
+    p = Percentiles.of([1.0, 2.0, 3.0, 4.0])
+    assert (p.p50, p.mean, p.n) == (2.5, 2.5, 4)
+    assert p.p95 == pytest.approx(float(np.percentile([1, 2, 3, 4], 95))) and p.p99 <= 4.0
+    empty = Percentiles.of([])
+    assert empty.n == 0 and np.isnan(empty.p50)
+
+
+def _report(**over):
+    from retr.eval.report import DatasetInfo, EvalReport, Percentiles, PipelineResult
+
+    lat = {"bm25": Percentiles.of([0.5, 1.5]), "total": Percentiles.of([1.0, 3.0])}
+    p = PipelineResult(name="bm25", metrics={**{f"{m}@{k}": 0.5 for m in ("NDCG", "MAP", "Recall", "P")
+                                                for k in (1, 10, 100)}, "MRR@10": 0.25},
+                       per_query={"q1": {"NDCG@10": 0.5}}, latency_ms=lat, per_query_latency_ms={"q1": {"total": 1.0}},
+                       num_queries_scored=2, qps=500.0, wall_seconds=0.1, build_seconds=0.2, index_bytes=2_500_000,
+                       docs_per_second=80.0)
+    return EvalReport(dataset=DatasetInfo("tiny", "/x", "test", 16, 2), k_values=[1, 10, 100],
+                      ignore_identical_ids=False, pipelines={"bm25": p}, index={}, reranker=None, config={},
+                      environment={}, **over)
+
+
+def test_tables_show_the_headline_metrics_latency_and_cost():
+    from retr.eval.table import detail_table, main_table
+
+    report = _report()
+    text = main_table(report)
+    lines = text.splitlines()
+    assert lines[0] == "tiny (test): 16 docs, 2 queries scored; latency per single warm query"
+    assert lines[1].split() == ["pipeline", "NDCG@10", "MAP@10", "Recall@100", "P@10", "MRR@10", "p50", "ms", "p95",
+                                "ms", "p99", "ms", "QPS", "bm25", "p50", "build", "s", "docs/s", "index", "MB"]
+    assert lines[3].split() == ["bm25", "0.5000", "0.5000", "0.5000", "0.5000", "0.2500", "2.00", "2.98", "3.00",
+                                "500.0", "1.00", "0.2", "80.0", "2.50"]
+    detail = detail_table(report).splitlines()
+    assert detail[0].split() == ["pipeline", "metric", "@1", "@10", "@100"] and len(detail) == 2 + 4
+
+
+def test_report_round_trips_and_refuses_what_is_not_a_report(tmp_path):
+    from retr.eval.report import EvalReport
+    from retr.retrieval.errors import RetrError
+
+    report = _report(total_seconds=1.5)
+    report.write(tmp_path / "r.json")
+    assert EvalReport.read(tmp_path / "r.json") == report
+    (tmp_path / "bad.json").write_text('{"pipelines": {}}')
+    with pytest.raises(RetrError, match="bad.json: not a retr eval report"):
+        EvalReport.read(tmp_path / "bad.json")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
 from retr.eval.data import load_dataset
 from retr.retrieval.errors import RetrError
-from retr.train.bi_encoder import BiEncoderTrainConfig, load_st_model, train_bi_encoder
+from retr.train.bi_encoder import BiEncoderTrainConfig, train_bi_encoder
 from retr.train.data import self_supervised_pairs, split_dev
 
 from .conftest import DOCS, QRELS, QUERIES, write_beir
@@ -23,46 +22,27 @@ def tiny_train(tmp_path_factory):
     return write_beir(tmp_path_factory.mktemp("train") / "tiny", DOCS, queries, qrels, split="train")
 
 
-def test_mnrl_equals_hand_computed_infonce_on_3x3():
-    import torch
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+def test_negative_mining_never_takes_a_judged_or_near_duplicate_document(tmp_path):
+    from retr.retrieval.types import Qrels
+    from retr.train.data import Pair
+    from retr.train.negatives import mine_bm25_negatives, temporary_bm25
 
-    torch.manual_seed(0)
-    a, p = torch.randn(3, 4), torch.randn(3, 4)
-    loss = MultipleNegativesRankingLoss(model=None, scale=20.0)  # model unused for embeddings
-    got = loss.compute_loss_from_embeddings([a, p], labels=None)
-    cos = [[float(torch.dot(a[i], p[j]) / (a[i].norm() * p[j].norm())) for j in range(3)] for i in range(3)]
-    hand = 0.0
-    for i in range(3):
-        logits = [20.0 * c for c in cos[i]]
-        hand += -(logits[i] - math.log(sum(math.exp(x) for x in logits)))
-    assert float(got) == pytest.approx(hand / 3, rel=1e-5)
-
-
-def test_cached_and_plain_losses_give_the_same_gradients(tiny_bi_encoder):
-    import torch
-    from sentence_transformers.sentence_transformer.losses import (
-        CachedMultipleNegativesRankingLoss,
-        MultipleNegativesRankingLoss,
-    )
-
-    texts_a = ["solar panels", "hot coffee", "wolves in the tundra", "lava"]
-    texts_p = ["photovoltaic cells", "brewed beans", "packs of wolves", "volcanoes erupt"]
-    grads = []
-    for cls, kw in ((MultipleNegativesRankingLoss, {}), (CachedMultipleNegativesRankingLoss, {"mini_batch_size": 2})):
-        torch.manual_seed(0)
-        model = load_st_model(str(tiny_bi_encoder), 32)
-        model.eval()  # no dropout: the two losses must see the same network (gradients still flow)
-        feats = [model.tokenize(texts_a), model.tokenize(texts_p)]
-        loss = cls(model, scale=20.0, **kw)
-        value = loss(feats, None)
-        value.backward()
-        grads.append((float(value.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    (l1, g1), (l2, g2) = grads
-    assert l1 == pytest.approx(l2, rel=1e-5)
-    assert g1.keys() == g2.keys() and len(g1) > 10
-    for name in g1:
-        torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6)
+    docs = {
+        "pos": "solar panels turn sunlight into electricity",
+        "dup": "solar panels turn sunlight into electricity today",  # a near-copy of the positive: unjudged
+        "judged0": "solar panels and sunlight",  # judged non-relevant: never a negative either
+        "other1": "solar power plants and electricity grids",
+        "other2": "panels of experts on electricity prices",
+        "far": "wolves hunt in packs",
+    }
+    qrels = Qrels({"q": {"pos": 1, "judged0": 0}})
+    pairs = [Pair("solar panels sunlight electricity", "pos", "q")]
+    with temporary_bm25(list(docs), list(docs.values())) as bm25:
+        run = bm25.search({"q": pairs[0].query}, 10)["q"]
+        assert [h.doc_id for h in run][:2] in (["dup", "pos"], ["pos", "dup"])  # the guard has work to do
+        for seed in range(5):
+            (negs,) = mine_bm25_negatives(pairs, bm25, qrels, 2, seed=seed)
+            assert len(negs) == 2 and not {"pos", "dup", "judged0"} & set(negs), negs
 
 
 def test_dev_split_is_fixed_by_seed():

@@ -1,0 +1,33 @@
+"""The fault-injection suite's tally: what was tried and how it ended, printed at the end of the run (the
+README's Reliability figures come from this line)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import pytest
+
+TALLY: Counter[str] = Counter()
+
+
+@pytest.fixture
+def tally() -> Counter[str]:
+    return TALLY
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not TALLY:
+        return
+    line = (f"reliability: {TALLY['kills']} kill -9 of `retr index` survived ({TALLY['kills_mid_write']} of them "
+            f"mid-write; previous index intact and identical, no leftovers after the next build), {TALLY['corruptions']} corruptions of index and cache files "
+            f"({TALLY['clean_errors']} clean errors, {TALLY['rebuilt']} transparent rebuilds, "
+            f"{TALLY['unchanged']} harmless), {TALLY['bad_inputs']} bad inputs tried, "
+            f"{TALLY['concurrent']} concurrent builds refused; tracebacks {TALLY['tracebacks']}, "
+            f"wrong results {TALLY['wrong_results']}, data lost {TALLY['data_lost']}")
+    terminalreporter.write_line(line)
+    out = os.environ.get("RETR_RELIABILITY_JSON")
+    if out:
+        with open(out, "w") as fh:
+            json.dump(dict(TALLY), fh, indent=2)
