@@ -187,10 +187,18 @@ def test_eval_on_the_shipped_fixture_matches_beir_reuses_and_rebuilds_its_cache(
     report = EvalReport.read(report_path)
     ds = load_dataset(str(tiny_dataset))
     for name, p in report.pipelines.items():
-        ndcg, _map, rec, prec = EvaluateRetrieval.evaluate(ds.qrels.to_dict(), read_trec(p.run_file).to_dict(),
-                                                           [1, 3, 10], ignore_identical_ids=False)
+        run = read_trec(p.run_file)
+        ndcg, _map, rec, prec = EvaluateRetrieval.evaluate(ds.qrels.to_dict(), run.to_dict(), [1, 3, 10],
+                                                           ignore_identical_ids=False)
+        # a query BM25 finds nothing for (q6: unknown words) is scored 0 by retr, as pytrec_eval scores a query
+        # that was run; a TREC file cannot hold it, so BEIR averages over the others: same sums, other counts
+        scored = len(run)
+        assert scored == (5 if name == "bm25" else 6)
         for metric, value in {**ndcg, **_map, **rec, **prec}.items():
-            assert round(p.metrics[metric], 5) == value, (name, metric)
+            if scored == 6:
+                assert round(p.metrics[metric], 5) == value, (name, metric)
+            else:
+                assert p.metrics[metric] * 6 == pytest.approx(value * 5, abs=6e-5), (name, metric)
     folder = report.index["folder"]
     caplog.set_level(logging.INFO, logger="retr")
     assert main(argv) == 0

@@ -103,7 +103,7 @@ def test_flat_equals_numpy_brute_force(env):
             assert h.score == pytest.approx(float(scores[corpus.ids.index(h.doc_id)]), rel=1e-5, abs=1e-6)
 
 
-@pytest.mark.parametrize("kind,floor", [("hnsw", 0.99), ("ivfpq", 0.6)])
+@pytest.mark.parametrize("kind,floor", [("hnsw", 0.99), ("ivfpq", 0.75)])  # measured: 1.0 and 0.85
 def test_ann_indexes_against_flat_on_clustered_vectors(kind, floor):
     """Recall@10 against exact search on 3,000 clustered 64-d unit vectors (HNSW near exact; IVF-PQ, lossy by
     design, with every list probed so that only its codes cost recall)."""
@@ -116,9 +116,9 @@ def test_ann_indexes_against_flat_on_clustered_vectors(kind, floor):
     queries = emb[rng.choice(3000, 50, replace=False)] + 0.1 * rng.normal(size=(50, 64)).astype(np.float32)
     queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
     exact = np.argsort(-(queries @ emb.T), axis=1)[:, :10]
-    index, params = build_faiss(emb, DenseIndexConfig(kind=kind, nprobe=10_000))
+    index, params = build_faiss(emb, DenseIndexConfig(kind=kind, nprobe=10_000, pq_m=32))
     if kind == "ivfpq":
-        assert params["nprobe"] == params["nlist"] and params["pq_m"] == 8
+        assert params["nprobe"] == params["nlist"] and params["pq_m"] == 32
     _, got = index.search(queries, 10)
     recall = np.mean([len(set(g) & set(e)) / 10 for g, e in zip(got.tolist(), exact.tolist(), strict=True)])
     assert recall >= floor, f"{kind}: recall@10 {recall:.3f}"

@@ -29,7 +29,7 @@ def test_negative_mining_never_takes_a_judged_or_near_duplicate_document(tmp_pat
 
     docs = {
         "pos": "solar panels turn sunlight into electricity",
-        "dup": "solar panels turn sunlight into electricity today",  # a near-copy of the positive: unjudged
+        "dup": "solar panels turn sunlight into electricity",  # a copy of the positive under another id: unjudged
         "judged0": "solar panels and sunlight",  # judged non-relevant: never a negative either
         "other1": "solar power plants and electricity grids",
         "other2": "panels of experts on electricity prices",
@@ -38,8 +38,8 @@ def test_negative_mining_never_takes_a_judged_or_near_duplicate_document(tmp_pat
     qrels = Qrels({"q": {"pos": 1, "judged0": 0}})
     pairs = [Pair("solar panels sunlight electricity", "pos", "q")]
     with temporary_bm25(list(docs), list(docs.values())) as bm25:
-        run = bm25.search({"q": pairs[0].query}, 10)["q"]
-        assert [h.doc_id for h in run][:2] in (["dup", "pos"], ["pos", "dup"])  # the guard has work to do
+        scores = {h.doc_id: h.score for h in bm25.search({"q": pairs[0].query}, 10)["q"]}
+        assert scores["dup"] >= 0.95 * scores["pos"]  # the guard has work to do: a near-copy scores like the positive
         for seed in range(5):
             (negs,) = mine_bm25_negatives(pairs, bm25, qrels, 2, seed=seed)
             assert len(negs) == 2 and not {"pos", "dup", "judged0"} & set(negs), negs
