@@ -27,39 +27,27 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from retr.indexes.folder import IndexFolder
+    from retr.indexes.searcher import Searcher
     from retr.retrieval.encoder import EncoderConfig
-    from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec, encoder_for_index
-    from retr.retrieval.protocol import StageTimer
-    from retr.retrieval.rerank import CrossEncoderReranker
-    from retr.retrieval.types import check_query
+    from retr.retrieval.pipeline import PipelineConfig
 
-    query = check_query(args.query)
-    spec = PipelineSpec(args.mode, rerank=bool(args.rerank))
-    index = IndexFolder(args.index)
-    encoder = (encoder_for_index(index, EncoderConfig(model=args.model, backend=args.backend,
-                                                      query_backend=args.query_backend))
-               if spec.uses_dense else None)
-    reranker = CrossEncoderReranker(options.rerank_config(args, args.rerank)) if args.rerank else None
-    factory = PipelineFactory(index, encoder, reranker, PipelineConfig(fusion=args.fusion))
-    retriever = factory.make(spec)
-    timer = StageTimer()
-    hits = retriever.search({"q": query}, args.k, timer)["q"]
-    positions = {d: i for i, d in enumerate(index.ids)}
-    results = []
-    for rank, h in enumerate(hits, start=1):
-        doc = index.docstore.get(positions[h.doc_id])
-        results.append({"rank": rank, "id": h.doc_id, "score": h.score, "title": doc.title, "text": doc.text})
-    index.close()
+    searcher = Searcher(args.index, EncoderConfig(model=args.model, backend=args.backend,
+                                                  query_backend=args.query_backend),
+                        PipelineConfig(fusion=args.fusion), options.rerank_config(args, args.rerank))
+    try:
+        result = searcher.search(args.query, args.k, args.mode, args.rerank)
+    finally:
+        searcher.close()
     if args.json:
-        print(json.dumps({"query": query, "pipeline": spec.name, "k": args.k, "results": results,
-                          "latency_ms": {s: v * 1000 for s, v in timer.seconds.items()}}, ensure_ascii=False))
+        out = result.to_dict()
+        out["latency_ms"].pop("total")
+        print(json.dumps(out, ensure_ascii=False))
         return 0
-    if not results:
+    if not result.hits:
         print("no results")
-    for r in results:
-        snippet = " ".join(r["text"].split())
+    for h in result.hits:
+        snippet = " ".join(h.text.split())
         snippet = snippet[:160] + ("…" if len(snippet) > 160 else "")
-        title = f"  {r['title']}" if r["title"] else ""
-        print(f"{r['rank']:>3}  {r['id']}  {r['score']:.4f}{title}\n     {snippet}")
+        title = f"  {h.title}" if h.title else ""
+        print(f"{h.rank:>3}  {h.id}  {h.score:.4f}{title}\n     {snippet}")
     return 0

@@ -3,6 +3,7 @@ per-stage latency, build cost and index size, per pipeline and per query."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -98,6 +99,11 @@ def environment(encoder: BiEncoder | None = None, index_manifest: dict | None = 
     return env
 
 
+def _as_json(obj):
+    """``obj`` as it reads back from JSON (tuples as lists): the report equals its own round trip."""
+    return json.loads(json.dumps(obj, default=str))
+
+
 def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> EvalReport:
     t_start = time.perf_counter()
     needs_dense = any(p.uses_dense for p in cfg.pipelines)
@@ -136,6 +142,6 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
                             empty_docs=dataset.corpus.empty_docs, qrels_check=asdict(dataset.check)),
         k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
         index={"folder": str(index.folder), "manifest": index.manifest},
-        reranker=reranker.describe() if reranker else None, config=asdict(cfg),
+        reranker=reranker.describe() if reranker else None, config=_as_json(asdict(cfg)),
         environment=environment(encoder if needs_dense else None, index.manifest),
         total_seconds=time.perf_counter() - t_start)

@@ -89,18 +89,19 @@ class PipelineFactory:
     """Builds retrievers by spec, sharing one encoder, one BM25 and one reranker between them."""
 
     def __init__(self, index, encoder: BiEncoder | None = None, reranker: CrossEncoderReranker | None = None,
-                 config: PipelineConfig = PipelineConfig()):
+                 config: PipelineConfig = PipelineConfig(), encoder_config: EncoderConfig = _DEFAULT_ENCODER):
         self.index = index
         self._encoder = encoder
         self.reranker = reranker
         self.config = config
+        self.encoder_config = encoder_config  # how the encoder is made when none is given and one is needed
         self._bm25: BM25Retriever | None = None
         self._positions: dict[str, int] | None = None
 
     @property
     def encoder(self) -> BiEncoder:
         if self._encoder is None:
-            self._encoder = encoder_for_index(self.index)
+            self._encoder = encoder_for_index(self.index, self.encoder_config)
         return self._encoder
 
     def dense(self) -> DenseRetriever:
@@ -111,8 +112,10 @@ class PipelineFactory:
             self._bm25 = BM25Retriever(self.index.bm25_folder, self.index.ids)
         return self._bm25
 
-    def make(self, spec: PipelineSpec | str) -> Retriever:
+    def make(self, spec: PipelineSpec | str, reranker: CrossEncoderReranker | None = None) -> Retriever:
+        """The retriever for ``spec``; ``reranker`` (else the factory's) for a +rerank pipeline."""
         spec = PipelineSpec.parse(spec) if isinstance(spec, str) else spec
+        reranker = reranker or self.reranker
         if spec.first == "dense":
             first: Retriever = self.dense()
         elif spec.first == "bm25":
@@ -122,8 +125,8 @@ class PipelineFactory:
                                     self.config.rrf_k)
         if not spec.rerank:
             return first
-        if self.reranker is None:
+        if reranker is None:
             raise RetrError(f"pipeline {spec.name!r} needs a cross-encoder: pass --reranker DIR")
         if self._positions is None:
             self._positions = {d: i for i, d in enumerate(self.index.ids)}
-        return RerankRetriever(first, self.reranker, self.index.docstore, self._positions)
+        return RerankRetriever(first, reranker, self.index.docstore, self._positions)

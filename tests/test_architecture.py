@@ -18,8 +18,9 @@ LAYERS = {
     "retr.eval": 5,
     "retr.train": 6,
     "retr.cli": 7,
+    "retr": 8,  # the Python API (api/__init__.py, installed as the package `retr` itself)
 }
-PACKAGES = ("retrieval", "indexes", "eval", "train", "cli")
+PACKAGES = ("retrieval", "indexes", "eval", "train", "cli", "api")
 
 
 def _modules() -> dict[str, Path]:
@@ -29,12 +30,14 @@ def _modules() -> dict[str, Path]:
             parts = list(f.relative_to(REPO).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
+            if parts[0] == "api":
+                parts = parts[1:]
             mods[".".join(["retr", *parts])] = f
     return mods
 
 
 def _layer(module: str) -> int:
-    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    best = max((p for p in LAYERS if module == p or (p != "retr" and module.startswith(p + "."))), key=len)
     return LAYERS[best]
 
 
@@ -51,7 +54,7 @@ def _imports(mods: dict[str, Path]) -> dict[str, set[str]]:
             for t in names:
                 while t and t not in mods:
                     t = t.rpartition(".")[0]
-                if t and t != m and t != "retr":
+                if t and t != m:
                     targets.add(t)
         edges[m] = targets
     return edges

@@ -1,0 +1,115 @@
+"""retr from Python: build an index, search it, evaluate pipelines, with the CLI's options and defaults.
+
+    import retr
+
+    index = retr.Index.build("notes.jsonl", "notes.idx")           # as `retr index --corpus notes.jsonl --out notes.idx`
+    hits = index.search("how do I rotate the keys", k=5, mode="hybrid").hits
+    report = retr.evaluate("scifact", pipelines=("bm25", "dense", "hybrid"))
+
+Errors are ``retr.RetrError`` with the CLI's one-line messages; nothing is printed to stdout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from retr.eval.metrics import DEFAULT_K_VALUES
+from retr.eval.report import EvalReport
+from retr.indexes.dense import DenseIndexConfig
+from retr.indexes.searcher import SearchHit, SearchResult
+from retr.retrieval.backends.registry import DEFAULT_BACKEND
+from retr.retrieval.errors import RetrError
+
+__all__ = ["DenseIndexConfig", "EvalReport", "Index", "RetrError", "SearchHit", "SearchResult", "evaluate"]
+
+
+class Index:
+    """An index folder opened for search (see ``build`` and ``load``)."""
+
+    def __init__(self, searcher):
+        self._searcher = searcher
+
+    @classmethod
+    def build(cls, corpus: str | Path, out: str | Path, *, model: str | None = None, backend: str = DEFAULT_BACKEND,
+              bm25: bool = True, kind: str = "flat", id_field: str | None = None, text_field: str | None = None,
+              title_field: str | None = None, max_length: int | None = None, use_cache: bool = True,
+              **dense_options) -> Index:
+        """Build ``out`` from ``corpus`` (a BEIR folder or a JSONL/CSV/TSV file) and open it. The options are
+        `retr index`'s; ``dense_options`` are ``DenseIndexConfig`` fields (``hnsw_m``, ``ef_search``, ...)."""
+        from retr.indexes.build import IndexConfig, build_index
+        from retr.indexes.corpus import CorpusFormat, load_corpus
+        from retr.retrieval.bm25 import BM25Config
+        from retr.retrieval.encoder import EncoderConfig
+
+        corpus_ = load_corpus(Path(corpus), CorpusFormat(id_field, text_field, title_field))
+        try:
+            dense = DenseIndexConfig(kind=kind, **dense_options)
+        except TypeError as e:
+            raise RetrError(f"unknown index option: {e}") from None
+        cfg = IndexConfig(dense=dense, encoder=EncoderConfig(model=model, backend=backend, max_length=max_length),
+                          bm25=BM25Config() if bm25 else None, use_cache=use_cache)
+        build_index(corpus_, Path(out), cfg)
+        return cls.load(out, backend=backend)
+
+    @classmethod
+    def load(cls, folder: str | Path, *, model: str | None = None, backend: str = DEFAULT_BACKEND,
+             query_backend: str | None = None, fusion: str = "rrf") -> Index:
+        """Open an index folder (checked against its manifest). ``model``: the query encoder (default: the one
+        that built the index)."""
+        from retr.indexes.searcher import Searcher
+        from retr.retrieval.encoder import EncoderConfig
+        from retr.retrieval.pipeline import PipelineConfig
+
+        return cls(Searcher(folder, EncoderConfig(model=model, backend=backend, query_backend=query_backend),
+                            PipelineConfig(fusion=fusion)))
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self._searcher.index.ids)
+
+    @property
+    def manifest(self) -> dict:
+        return self._searcher.index.manifest
+
+    def search(self, query: str, k: int = 10, mode: str = "hybrid", rerank: str | None = None) -> SearchResult:
+        """The top ``k`` documents for ``query``: ``mode`` bm25, dense or hybrid; ``rerank`` a cross-encoder
+        folder. The result's ``hits`` are typed (rank, id, score, title, text); ``latency_ms`` per stage."""
+        return self._searcher.search(query, k, mode, rerank)
+
+    def search_batch(self, queries: Sequence[str], k: int = 10, mode: str = "hybrid",
+                     rerank: str | None = None) -> list[SearchResult]:
+        """``search`` for each query, in order (each searched alone: its hits never depend on the others)."""
+        return self._searcher.search_many(list(queries), k, mode, rerank)
+
+    def close(self) -> None:
+        self._searcher.close()
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def evaluate(dataset: str | Path, pipelines: Sequence[str] = ("bm25", "dense", "hybrid"), *, split: str = "test",
+             model: str | None = None, backend: str = DEFAULT_BACKEND, query_backend: str | None = None,
+             reranker: str | None = None, k_values: Sequence[int] = DEFAULT_K_VALUES, kind: str = "flat",
+             fusion: str = "rrf", warmup: int = 5, download: bool = True, run_dir: str | Path | None = None,
+             out: str | Path | None = None) -> EvalReport:
+    """`retr eval` from Python: the typed report (written to ``out`` as JSON when given)."""
+    from retr.eval.data import load_dataset
+    from retr.eval.runner import EvalConfig, run_eval
+    from retr.retrieval.encoder import EncoderConfig
+    from retr.retrieval.pipeline import PipelineConfig, parse_pipelines
+    from retr.retrieval.rerank import RerankConfig
+
+    cfg = EvalConfig(pipelines=parse_pipelines(",".join(pipelines)), k_values=tuple(sorted(set(k_values))),
+                     encoder=EncoderConfig(model=model, backend=backend, query_backend=query_backend),
+                     dense=DenseIndexConfig(kind=kind), pipeline=PipelineConfig(fusion=fusion),
+                     reranker=RerankConfig(model=reranker) if reranker else None, warmup=warmup)
+    report = run_eval(load_dataset(str(dataset), split, download=download), cfg,
+                      Path(run_dir) if run_dir else None)
+    if out is not None:
+        report.write(Path(out))
+    return report

@@ -1,0 +1,271 @@
+"""The HTTP service behind `retr serve`: FastAPI over one index folder, on the same Searcher as `retr search`.
+
+Endpoints: ``POST /search`` (one query or a batch; the JSON of `retr search --json`), ``GET /doc/{id}``,
+``GET /healthz``, ``GET /metrics`` (Prometheus text), ``GET /`` (a search page), OpenAPI at ``/docs``.
+Every input is bounded (query length, k, batch size, body size, time per request); a bad request gets a 4xx
+with a JSON error. Searches run in a worker thread (the event loop never blocks on them) and share one loaded
+index and encoder. When the folder is rebuilt or replaced (atomic rename), the next request opens the new
+generation; requests already running finish on the one they started with.
+"""
+
+# no `from __future__ import annotations`: FastAPI reads the endpoint's request model (a class made per app, with
+# this server's bounds) from the evaluated annotation
+import asyncio
+import html
+import logging
+import os
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from retr.indexes.searcher import Searcher
+from retr.retrieval.encoder import EncoderConfig
+from retr.retrieval.errors import RetrError
+from retr.retrieval.pipeline import PipelineConfig
+from retr.retrieval.rerank import RerankConfig
+
+logger = logging.getLogger(__name__)
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    max_query_chars: int = 2000
+    max_k: int = 1000
+    max_batch: int = 64
+    max_body_bytes: int = 1 << 20
+    timeout_s: float = 30.0
+    encoder: EncoderConfig = EncoderConfig()
+    pipeline: PipelineConfig = PipelineConfig()
+    rerank: RerankConfig | None = None
+
+
+class Generations:
+    """The Searcher of the folder's current generation: reopened when its manifest is replaced."""
+
+    def __init__(self, folder: Path, cfg: ServeConfig):
+        self.folder = Path(folder)
+        self.cfg = cfg
+        self._lock = threading.Lock()
+        self.number = 0
+        self._stamp = None
+        self._searcher: Searcher | None = None
+        self.current()
+
+    def _manifest_stamp(self):
+        st = os.stat(self.folder / "manifest.json")
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    def current(self) -> Searcher:
+        try:
+            stamp = self._manifest_stamp()
+        except OSError:
+            stamp = None  # mid-swap or removed: keep serving the generation we have
+        with self._lock:
+            if self._searcher is None or (stamp is not None and stamp != self._stamp):
+                searcher = Searcher(self.folder, self.cfg.encoder, self.cfg.pipeline, self.cfg.rerank)
+                if self._searcher is not None:
+                    logger.info("%s changed: generation %d opened", self.folder, self.number + 1)
+                self._searcher, self._stamp = searcher, stamp
+                self.number += 1
+            return self._searcher
+
+
+class Metrics:
+    """Counters and latency histograms, rendered as Prometheus text."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.hist: dict[str, list[int]] = defaultdict(lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+        self.sums: Counter[str] = Counter()
+
+    def request(self, path: str, status: int) -> None:
+        with self._lock:
+            self.requests[(path, status)] += 1
+
+    def observe(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            counts = self.hist[stage]
+            i = next((j for j, b in enumerate(LATENCY_BUCKETS_S) if seconds <= b), len(LATENCY_BUCKETS_S))
+            counts[i] += 1
+            self.sums[stage] += seconds
+
+    def render(self, generation: int) -> str:
+        with self._lock:
+            lines = ["# HELP retr_requests_total HTTP requests by path and status.",
+                     "# TYPE retr_requests_total counter"]
+            for (path, status), n in sorted(self.requests.items()):
+                lines.append(f'retr_requests_total{{path="{path}",status="{status}"}} {n}')
+            errors = sum(n for (_, status), n in self.requests.items() if status >= 400)
+            lines += ["# HELP retr_request_errors_total HTTP requests answered with a 4xx or 5xx.",
+                      "# TYPE retr_request_errors_total counter", f"retr_request_errors_total {errors}",
+                      "# HELP retr_stage_latency_seconds Search latency per pipeline stage.",
+                      "# TYPE retr_stage_latency_seconds histogram"]
+            for stage, counts in sorted(self.hist.items()):
+                cum = 0
+                for bound, n in zip((*LATENCY_BUCKETS_S, float("inf")), counts, strict=True):
+                    cum += n
+                    le = "+Inf" if bound == float("inf") else repr(bound)
+                    lines.append(f'retr_stage_latency_seconds_bucket{{stage="{stage}",le="{le}"}} {cum}')
+                lines.append(f'retr_stage_latency_seconds_sum{{stage="{stage}"}} {self.sums[stage]!r}')
+                lines.append(f'retr_stage_latency_seconds_count{{stage="{stage}"}} {cum}')
+            lines += ["# HELP retr_index_generation Generation of the index folder being served.",
+                      "# TYPE retr_index_generation gauge", f"retr_index_generation {generation}"]
+        return "\n".join(lines) + "\n"
+
+
+def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
+    from fastapi import FastAPI, Request
+    from fastapi.concurrency import run_in_threadpool
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+    from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+    generations = Generations(Path(folder), cfg)
+    metrics = Metrics()
+    app = FastAPI(title="retr", description=f"Search the retr index {folder}", version="1")
+
+    class SearchRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        query: str | None = Field(None, min_length=1, max_length=cfg.max_query_chars)
+        queries: list[str] | None = Field(None, min_length=1, max_length=cfg.max_batch)
+        k: int = Field(10, ge=1, le=cfg.max_k)
+        mode: Literal["bm25", "dense", "hybrid"] = "hybrid"
+        rerank: bool = False
+
+        @model_validator(mode="after")
+        def one_of(self):
+            if (self.query is None) == (self.queries is None):
+                raise ValueError("give either 'query' or 'queries'")
+            for q in self.queries or ():
+                if len(q) > cfg.max_query_chars:
+                    raise ValueError(f"a query is longer than {cfg.max_query_chars} characters")
+            return self
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status)
+
+    @app.middleware("http")
+    async def bounded(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > cfg.max_body_bytes):
+            response = error(413, f"request body over {cfg.max_body_bytes} bytes")
+        else:
+            try:
+                response = await call_next(request)
+            except Exception:  # noqa: BLE001 - logged; the client gets a JSON error, the server keeps running
+                logger.exception("request %s failed", request.url.path)
+                response = error(500, "internal error (logged by the server)")
+        metrics.request(request.url.path if request.url.path in ("/search", "/healthz", "/metrics", "/")
+                        else "other", response.status_code)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return error(422, f"{where + ': ' if where else ''}{first.get('msg', 'invalid request')}")
+
+    @app.exception_handler(RetrError)
+    async def retr_error(_request, exc: RetrError):
+        return error(400, str(exc))
+
+    @app.post("/search")
+    async def search(req: SearchRequest):
+        searcher = generations.current()
+        if req.rerank and cfg.rerank is None:
+            return error(400, "this server has no cross-encoder: start it with --reranker DIR")
+        queries = [req.query] if req.query is not None else req.queries
+        rerank = cfg.rerank.model if req.rerank else None
+        try:
+            results = await asyncio.wait_for(
+                run_in_threadpool(searcher.search_many, queries, req.k, req.mode, rerank), cfg.timeout_s)
+        except TimeoutError:
+            return error(504, f"search took longer than {cfg.timeout_s} s")
+        for r in results:
+            for stage, ms in r.latency_ms.items():
+                metrics.observe(stage, ms / 1000.0)
+        body = [r.to_dict() for r in results]
+        return body[0] if req.query is not None else {"results": body}
+
+    @app.get("/doc/{doc_id:path}")
+    async def document(doc_id: str, format: Literal["json", "html"] = "json"):
+        searcher = generations.current()
+        positions = searcher._positions
+        if doc_id not in positions:
+            return error(404, f"no document {doc_id!r} in the index")
+        doc = searcher.index.docstore.get(positions[doc_id])
+        if format == "html":
+            return HTMLResponse(f"<!doctype html><meta charset=utf-8><title>{html.escape(doc.doc_id)}</title>"
+                                f"<h1>{html.escape(doc.title or doc.doc_id)}</h1><p>{html.escape(doc.text)}</p>")
+        return {"id": doc.doc_id, "title": doc.title, "text": doc.text}
+
+    @app.get("/healthz")
+    async def healthz():
+        searcher = generations.current()
+        return {"status": "ok", "index": str(generations.folder), "generation": generations.number,
+                "documents": len(searcher.index.ids), "bm25": searcher.index.has_bm25,
+                "rerank": cfg.rerank is not None, "time": time.time()}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(generations.number),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page():
+        return HTMLResponse(SEARCH_PAGE.replace("{{RERANK}}", "" if cfg.rerank else "disabled"))
+
+    app.state.generations = generations
+    app.state.metrics = metrics
+    return app
+
+
+SEARCH_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>retr search</title>
+<style>
+body{font-family:system-ui,sans-serif;max-width:52rem;margin:2rem auto;padding:0 1rem;color:#222}
+form{display:flex;gap:.5rem;flex-wrap:wrap}input[type=search]{flex:1;min-width:16rem;padding:.5rem;font-size:1rem}
+.hit{margin:1rem 0}.hit a{font-weight:600}.meta{color:#666;font-size:.85rem}mark{background:#ffe58a}
+#timings{color:#555;font-size:.85rem;margin-top:1rem}#error{color:#b00020}
+</style></head><body>
+<h1>retr</h1>
+<form id="f"><input id="q" type="search" name="q" placeholder="Search the index" autofocus required maxlength="2000">
+<select id="mode"><option>hybrid</option><option>dense</option><option>bm25</option></select>
+<label><input id="rerank" type="checkbox" {{RERANK}}> rerank</label>
+<input id="k" type="number" min="1" max="100" value="10" style="width:4rem"><button>Search</button></form>
+<div id="error"></div><div id="timings"></div><div id="results"></div>
+<script>
+const esc = s => s.replace(/[&<>"']/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c]));
+function highlight(text, query) {
+  const words = [...new Set(query.toLowerCase().match(/\\w\\w+/g) || [])];
+  let out = esc(text);
+  if (!words.length) return out;
+  const re = new RegExp('\\\\b(' + words.map(w => w.replace(/[.*+?^${}()|[\\]\\\\]/g, '\\\\$&')).join('|') + ')', 'gi');
+  return out.replace(re, '<mark>$1</mark>');
+}
+document.getElementById('f').addEventListener('submit', async ev => {
+  ev.preventDefault();
+  const q = document.getElementById('q').value;
+  const body = {query: q, k: +document.getElementById('k').value, mode: document.getElementById('mode').value,
+                rerank: document.getElementById('rerank').checked};
+  const r = await fetch('/search', {method: 'POST', headers: {'content-type': 'application/json'},
+                                    body: JSON.stringify(body)});
+  const data = await r.json();
+  document.getElementById('error').textContent = r.ok ? '' : data.error;
+  if (!r.ok) { document.getElementById('results').innerHTML = ''; return; }
+  document.getElementById('timings').textContent = Object.entries(data.latency_ms)
+    .map(([s, ms]) => s + ' ' + ms.toFixed(2) + ' ms').join(' · ');
+  document.getElementById('results').innerHTML = data.results.map(h =>
+    '<div class="hit"><a href="/doc/' + encodeURIComponent(h.id) + '?format=html">' +
+    highlight(h.title || h.id, q) + '</a> <span class="meta">' + esc(h.id) + ' · ' + h.score.toFixed(4) +
+    '</span><div>' + highlight(h.text.slice(0, 300), q) + (h.text.length > 300 ? '…' : '') + '</div></div>'
+  ).join('') || '<p>No results.</p>';
+});
+</script></body></html>
+"""

@@ -1,0 +1,103 @@
+"""Search one index folder by pipeline name: the one path `retr search`, the Python API and `retr serve` share.
+
+Opens the folder (checked), resolves the query encoder from its manifest (identity checked before any graph is
+loaded) the first time a dense pipeline needs it, and keeps one cross-encoder per folder asked for.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from retr.indexes.folder import IndexFolder
+from retr.retrieval.encoder import BiEncoder, EncoderConfig
+from retr.retrieval.errors import RetrError
+from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
+from retr.retrieval.protocol import StageTimer
+from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
+from retr.retrieval.types import check_query
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    rank: int
+    id: str
+    score: float
+    title: str
+    text: str
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    query: str
+    pipeline: str
+    k: int
+    hits: list[SearchHit]
+    latency_ms: dict[str, float] = field(default_factory=dict)  # per stage, and "total"
+
+    def to_dict(self) -> dict:
+        """The JSON shape of `retr search --json` (and of `retr serve`'s /search)."""
+        return {"query": self.query, "pipeline": self.pipeline, "k": self.k,
+                "results": [h.__dict__ for h in self.hits], "latency_ms": dict(self.latency_ms)}
+
+
+class Searcher:
+    """Pipelines over one index folder. Safe to share between threads: one search runs at a time (the graph
+    runners keep per-call buffers)."""
+
+    def __init__(self, folder: str | Path, encoder: EncoderConfig | None = None,
+                 pipeline: PipelineConfig | None = None, rerank: RerankConfig | None = None):
+        """``encoder``: the query encoder's options (its model defaults to the one that built the index);
+        ``rerank``: the options of cross-encoders asked for by folder in ``search(rerank=...)`` (its own model,
+        if given, is the default cross-encoder)."""
+        self.index = IndexFolder(folder)
+        self._factory = PipelineFactory(self.index, config=pipeline or PipelineConfig(),
+                                        encoder_config=encoder or EncoderConfig())
+        self._rerank = rerank
+        self._rerankers: dict[str, CrossEncoderReranker] = {}
+        self._positions = {d: i for i, d in enumerate(self.index.ids)}
+        self._lock = threading.Lock()
+
+    @property
+    def encoder(self) -> BiEncoder:
+        return self._factory.encoder
+
+    def _reranker(self, model: str) -> CrossEncoderReranker:
+        if model not in self._rerankers:
+            options = {**self._rerank.__dict__, "model": model} if self._rerank else {"model": model}
+            self._rerankers[model] = CrossEncoderReranker(RerankConfig(**options))
+        return self._rerankers[model]
+
+    def search_many(self, queries: Sequence[str], k: int = 10, mode: str = "dense",
+                    rerank: str | None = None) -> list[SearchResult]:
+        """One result per query, each searched alone (a query's hits never depend on the others). ``mode``:
+        bm25, dense or hybrid; ``rerank``: a cross-encoder folder rescoring the top ``depth``."""
+        if k < 1:
+            raise RetrError(f"k must be >= 1, got {k}")
+        texts = [check_query(q) for q in queries]
+        rerank = rerank or (self._rerank.model if self._rerank and self._rerank.model else None)
+        spec = PipelineSpec.parse(mode + ("+rerank" if rerank else ""))
+        with self._lock:
+            retriever = self._factory.make(spec, self._reranker(rerank) if rerank else None)
+            out = []
+            for q in texts:
+                timer = StageTimer()
+                t0 = time.perf_counter()
+                hits = retriever.search({"q": q}, k, timer)["q"]
+                total = time.perf_counter() - t0
+                docs = [self.index.docstore.get(self._positions[h.doc_id]) for h in hits]
+                out.append(SearchResult(
+                    query=q, pipeline=spec.name, k=k,
+                    hits=[SearchHit(r, h.doc_id, h.score, d.title, d.text)
+                          for r, (h, d) in enumerate(zip(hits, docs, strict=True), start=1)],
+                    latency_ms={**{s: v * 1000.0 for s, v in timer.seconds.items()}, "total": total * 1000.0}))
+        return out
+
+    def search(self, query: str, k: int = 10, mode: str = "dense", rerank: str | None = None) -> SearchResult:
+        return self.search_many([query], k, mode, rerank)[0]
+
+    def close(self) -> None:
+        self.index.close()

@@ -1,0 +1,143 @@
+"""`retr serve` for real: uvicorn on 127.0.0.1 (a free port), requests over HTTP, bounded inputs, generations."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from retr.cli.main import main
+
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+
+
+class Server:
+    def __init__(self, app):
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def request(self, path: str, body=None, raw: bytes | None = None, headers=None) -> tuple[int, object]:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.url + path, data=data, method="POST" if data is not None else "GET",
+                                     headers={"content-type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                status, text = r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read().decode()
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def served(tiny_dataset, tiny_bi_encoder, tmp_path):
+    from retr.cli.serve_app import ServeConfig, create_app
+    from retr.retrieval.encoder import EncoderConfig
+
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--backend", "onnx", "--bm25"]) == 0
+    server = Server(create_app(idx, ServeConfig(encoder=EncoderConfig(backend="onnx"), max_batch=4)))
+    yield server, idx
+    server.stop()
+
+
+def test_search_health_metrics_and_docs_over_http(served, capsys):
+    server, idx = served
+    status, health = server.request("/healthz")
+    assert status == 200 and health["documents"] == 16 and health["generation"] == 1
+    status, one = server.request("/search", {"query": "solar panels", "k": 3, "mode": "hybrid"})
+    assert status == 200 and one["pipeline"] == "hybrid" and len(one["results"]) == 3
+    assert main(["search", str(idx), "solar panels", "-k", "3", "--mode", "hybrid", "--json", "--backend", "onnx"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in one["results"]] == [r["id"] for r in cli["results"]]  # the CLI's answer, same shape
+    assert set(one["results"][0]) == set(cli["results"][0]) == {"rank", "id", "score", "title", "text"}
+    status, batch = server.request("/search", {"queries": ["wolves", "water"], "k": 2, "mode": "bm25"})
+    assert status == 200 and [len(r["results"]) for r in batch["results"]] == [2, 2]
+    first = one["results"][0]["id"]
+    status, doc = server.request(f"/doc/{first}")
+    assert status == 200 and doc["id"] == first and doc["text"]
+    status, text = server.request("/metrics")
+    assert status == 200 and 'retr_requests_total{path="/search",status="200"} 2' in text
+    assert 'retr_stage_latency_seconds_count{stage="total"} 3' in text and "retr_index_generation 1" in text
+    status, page = server.request("/")
+    assert status == 200 and "<form" in page and "/search" in page
+    status, spec = server.request("/openapi.json")
+    assert status == 200 and "/search" in spec["paths"]
+
+
+@pytest.mark.parametrize("body,status,message", [
+    ({"query": ""}, 422, "query"),
+    ({"query": "   "}, 400, "the query is empty"),
+    ({"query": "x" * 2001}, 422, "query"),
+    ({"query": "solar", "k": 0}, 422, "k"),
+    ({"query": "solar", "k": 100000}, 422, "k"),
+    ({"queries": ["a", "b", "c", "d", "e"]}, 422, "queries"),
+    ({"query": "solar", "queries": ["a"]}, 422, "either 'query' or 'queries'"),
+    ({}, 422, "either 'query' or 'queries'"),
+    ({"query": "solar", "mode": "colbert"}, 422, "mode"),
+    ({"query": "solar", "rerank": True}, 400, "no cross-encoder"),
+    ({"query": "solar", "extra": 1}, 422, "extra"),
+    ({"query": ["not", "a", "string"]}, 422, "query"),
+])
+def test_bad_requests_get_a_4xx_with_a_json_error(served, body, status, message):
+    server, _ = served
+    got, answer = server.request("/search", body)
+    assert got == status and message in answer["error"], (got, answer)
+
+
+def test_malformed_and_oversized_bodies(served):
+    server, _ = served
+    status, answer = server.request("/search", raw=b"{not json")
+    assert status == 422 and "error" in answer
+    status, answer = server.request("/search", raw=b"{" + b" " * (1 << 20) + b"}")
+    assert status == 413 and "request body" in answer["error"]
+    status, answer = server.request("/doc/NOPE")
+    assert status == 404 and "no document" in answer["error"]
+    status, health = server.request("/healthz")
+    assert status == 200  # still serving
+
+
+def test_concurrent_requests_share_one_index_without_errors(served):
+    server, _ = served
+    queries = ["solar panels", "wolves in the tundra", "coffee and tea", "volcanoes"] * 8
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda q: server.request("/search", {"query": q, "k": 3}), queries))
+    assert all(s == 200 for s, _ in answers)
+    by_query = {}
+    for q, (_, a) in zip(queries, answers, strict=True):
+        by_query.setdefault(q, set()).add(tuple(r["id"] for r in a["results"]))
+    assert all(len(v) == 1 for v in by_query.values()), "the same query must get the same answer under load"
+
+
+def test_a_rebuilt_index_is_picked_up_as_a_new_generation(served, tiny_bi_encoder, tmp_path):
+    server, idx = served
+    status, before = server.request("/search", {"query": "quasar telescopes", "k": 1, "mode": "bm25"})
+    assert status == 200 and before["results"] == []
+    corpus = tmp_path / "more.jsonl"
+    corpus.write_text(json.dumps({"_id": "new1", "title": "Quasars", "text": "quasar telescopes and galaxies"}) + "\n"
+                      + json.dumps({"_id": "new2", "title": "Tea", "text": "green tea leaves"}) + "\n")
+    assert main(["index", "--corpus", str(corpus), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--backend", "onnx", "--bm25"]) == 0
+    status, after = server.request("/search", {"query": "quasar telescopes", "k": 1, "mode": "bm25"})
+    assert status == 200 and after["results"][0]["id"] == "new1"
+    assert server.request("/healthz")[1]["generation"] == 2
