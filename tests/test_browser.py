@@ -1,0 +1,78 @@
+"""The search page in a real headless browser (Debian's chromium + chromedriver, driven by selenium): load the
+page, type a query, read the results, follow a result to its document."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from retr.cli.main import main
+
+pytest.importorskip("fastapi")
+webdriver = pytest.importorskip("selenium.webdriver")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+if not (CHROMIUM and DRIVER):
+    if os.environ.get("CI"):  # .ci/run installs them: missing there is a broken CI, not a reason to skip
+        pytest.fail("chromium and chromedriver are missing in CI", pytrace=False)
+    pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)",
+                allow_module_level=True)
+
+
+@pytest.fixture
+def browser():
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    opts = Options()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def test_the_search_page_finds_highlights_and_links(tiny_dataset, tiny_bi_encoder, tmp_path, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    from retr.cli.serve_app import ServeConfig, create_app
+    from retr.retrieval.encoder import EncoderConfig
+
+    from .serving import Server
+
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--backend", "onnx", "--bm25"]) == 0
+    server = Server(create_app(idx, ServeConfig(encoder=EncoderConfig(backend="onnx"))))
+    try:
+        browser.get(server.url + "/")
+        assert browser.title == "retr search"
+        assert browser.find_element(By.ID, "rerank").get_attribute("disabled") is not None  # no cross-encoder
+        Select(browser.find_element(By.ID, "mode")).select_by_visible_text("bm25")
+        box = browser.find_element(By.ID, "q")
+        box.send_keys("wolves tundra")
+        box.submit()
+        WebDriverWait(browser, 20).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#results .hit")))
+        hits = browser.find_elements(By.CSS_SELECTOR, "#results .hit")
+        assert len(hits) >= 2 and "d9" in hits[0].text and "d16" in hits[1].text  # the two docs with both words
+        marks = {m.text.lower() for m in browser.find_elements(By.CSS_SELECTOR, "#results mark")}
+        assert {"wolves", "tundra"} <= marks
+        assert "bm25" in browser.find_element(By.ID, "timings").text
+        hits[1].find_element(By.TAG_NAME, "a").click()
+        WebDriverWait(browser, 20).until(ec.presence_of_element_located((By.TAG_NAME, "h1")))
+        assert "treeless plain" in browser.find_element(By.TAG_NAME, "p").text
+        browser.back()
+        box = WebDriverWait(browser, 20).until(ec.presence_of_element_located((By.ID, "q")))
+        box.clear()
+        box.send_keys("   ")  # whitespace: the server's error is shown, not a broken page
+        box.submit()
+        WebDriverWait(browser, 20).until(lambda d: d.find_element(By.ID, "error").text)
+        assert "empty" in browser.find_element(By.ID, "error").text
+    finally:
+        server.stop()
