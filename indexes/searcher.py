@@ -45,14 +45,15 @@ class SearchResult:
 
 
 class Searcher:
-    """Pipelines over one index folder. Safe to share between threads: one search runs at a time (the graph
-    runners keep per-call buffers)."""
+    """Pipelines over one index folder. Safe to share between threads: retrievers are made under a lock, then
+    searches run concurrently (FAISS, BM25 and ONNX Runtime read shared state; an OpenVINO runner serialises its
+    own calls)."""
 
     def __init__(self, folder: str | Path, encoder: EncoderConfig | None = None,
                  pipeline: PipelineConfig | None = None, rerank: RerankConfig | None = None):
         """``encoder``: the query encoder's options (its model defaults to the one that built the index);
-        ``rerank``: the options of cross-encoders asked for by folder in ``search(rerank=...)`` (its own model,
-        if given, is the default cross-encoder)."""
+        ``rerank``: the options (depth, length, backend, weight) of the cross-encoders asked for by folder in
+        ``search(rerank=...)``."""
         self.index = IndexFolder(folder)
         self._factory = PipelineFactory(self.index, config=pipeline or PipelineConfig(),
                                         encoder_config=encoder or EncoderConfig())
@@ -78,22 +79,23 @@ class Searcher:
         if k < 1:
             raise RetrError(f"k must be >= 1, got {k}")
         texts = [check_query(q) for q in queries]
-        rerank = rerank or (self._rerank.model if self._rerank and self._rerank.model else None)
         spec = PipelineSpec.parse(mode + ("+rerank" if rerank else ""))
-        with self._lock:
+        with self._lock:  # lazy parts (encoder, its query graph, BM25, cross-encoder) are made once
             retriever = self._factory.make(spec, self._reranker(rerank) if rerank else None)
-            out = []
-            for q in texts:
-                timer = StageTimer()
-                t0 = time.perf_counter()
-                hits = retriever.search({"q": q}, k, timer)["q"]
-                total = time.perf_counter() - t0
-                docs = [self.index.docstore.get(self._positions[h.doc_id]) for h in hits]
-                out.append(SearchResult(
-                    query=q, pipeline=spec.name, k=k,
-                    hits=[SearchHit(r, h.doc_id, h.score, d.title, d.text)
-                          for r, (h, d) in enumerate(zip(hits, docs, strict=True), start=1)],
-                    latency_ms={**{s: v * 1000.0 for s, v in timer.seconds.items()}, "total": total * 1000.0}))
+            if spec.uses_dense:
+                _ = self._factory.encoder.query_graph
+        out = []
+        for q in texts:
+            timer = StageTimer()
+            t0 = time.perf_counter()
+            hits = retriever.search({"q": q}, k, timer)["q"]
+            total = time.perf_counter() - t0
+            docs = [self.index.docstore.get(self._positions[h.doc_id]) for h in hits]
+            out.append(SearchResult(
+                query=q, pipeline=spec.name, k=k,
+                hits=[SearchHit(r, h.doc_id, h.score, d.title, d.text)
+                      for r, (h, d) in enumerate(zip(hits, docs, strict=True), start=1)],
+                latency_ms={**{s: v * 1000.0 for s, v in timer.seconds.items()}, "total": total * 1000.0}))
         return out
 
     def search(self, query: str, k: int = 10, mode: str = "dense", rerank: str | None = None) -> SearchResult:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,8 @@ def default_threads() -> int:
 
 
 class OrtRunner:
-    """An ONNX Runtime session with retr's thread policy; batches run one after the other."""
+    """An ONNX Runtime session with retr's thread policy; batches run one after the other. Safe to call from
+    several threads at once (ONNX Runtime's ``run`` is)."""
 
     parallel = 1  # batches in flight in run_batches
 
@@ -73,6 +75,7 @@ class OpenVinoRunner:
         self._threads = threads
         self.parallel = max(1, threads)  # throughput streams, one thread each
         self._queue = None
+        self._lock = threading.Lock()  # one infer request and one queue: callers in several threads take turns
 
     @property
     def request(self):
@@ -86,9 +89,10 @@ class OpenVinoRunner:
         return self._request
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        request = self.request
-        request.infer(feeds)
-        return request.get_output_tensor(0).data.copy()  # the request's buffer is reused by the next call
+        with self._lock:
+            request = self.request
+            request.infer(feeds)
+            return request.get_output_tensor(0).data.copy()  # the request's buffer is reused by the next call
 
     def _throughput_queue(self):
         """The same graph compiled for throughput (one stream per thread, each on its own core: no
@@ -105,6 +109,10 @@ class OpenVinoRunner:
     def run_batches(self, items, on_done=None) -> list:
         """``[(key, output)]`` for an iterable of ``(key, feeds)``, ``parallel`` batches in flight (in completion
         order; ``on_done(key)`` is called from OpenVINO's threads)."""
+        with self._lock:
+            return self._run_batches(items, on_done)
+
+    def _run_batches(self, items, on_done) -> list:
         queue = self._throughput_queue()
         done = []
 

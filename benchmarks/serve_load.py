@@ -1,0 +1,170 @@
+"""A bounded load test of `retr serve` on loopback, beside the same queries in-process.
+
+Builds (or reuses) the dataset's index with BM25, starts `retr serve` in its own process on 127.0.0.1 (a free
+port), then for each concurrency level runs that many client threads for a fixed duration, each sending one
+query per request (POST /search, the chosen mode) and waiting for the answer. Reports QPS, p50/p95/p99 and
+errors per level, and the same queries searched in-process through the Searcher the server uses (one at a time),
+so that the HTTP overhead at concurrency 1 is a difference measured in one run.
+
+    python benchmarks/serve_load.py --dataset ../shared/datasets/scifact --mode hybrid --levels 1,8,32 --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+
+def _pct(ms: list[float]) -> dict:
+    a = np.asarray(ms, dtype=np.float64)
+    if not len(a):
+        return {"p50": None, "p95": None, "p99": None, "n": 0}
+    p50, p95, p99 = np.percentile(a, [50, 95, 99])
+    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "n": int(a.size)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict, timeout: float = 30.0) -> int:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def level(url: str, queries: list[str], concurrency: int, seconds: float, body: dict) -> dict:
+    """``concurrency`` closed-loop clients for ``seconds``: each sends its next query once the last is answered."""
+    lat: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    stop = time.perf_counter() + seconds
+
+    def client(i: int) -> None:
+        nonlocal errors
+        j = i
+        while time.perf_counter() < stop:
+            t0 = time.perf_counter()
+            status = _post(url, {**body, "query": queries[j % len(queries)]})
+            ms = (time.perf_counter() - t0) * 1000.0
+            with lock:
+                if status == 200:
+                    lat.append(ms)
+                else:
+                    errors += 1
+            j += concurrency
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"concurrency": concurrency, "requests": len(lat) + errors, "errors": errors,
+            "qps": len(lat) / wall, **_pct(lat)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1].parent / "shared/datasets/scifact"))
+    p.add_argument("--mode", default="hybrid", choices=("bm25", "dense", "hybrid"))
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--levels", default="1,8,32")
+    p.add_argument("--seconds", type=float, default=20.0, help="per concurrency level")
+    p.add_argument("--out", default="benchmarks/results/serve-load.json")
+    args = p.parse_args(argv)
+
+    from retr.eval.data import load_dataset
+    from retr.indexes.build import IndexConfig, cached_index
+    from retr.indexes.searcher import Searcher
+    from retr.retrieval.bm25 import BM25Config
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    ds = load_dataset(args.dataset, "test", download=False)
+    cfg = IndexConfig(bm25=BM25Config())
+    folder = cached_index(ds.name, ds.corpus, BiEncoder(cfg.encoder), cfg).folder
+    queries = list(ds.queries.values())
+
+    # in-process: the server's own search path, one query at a time, warm
+    searcher = Searcher(folder, EncoderConfig())
+    for q in queries[:5]:
+        searcher.search(q, args.k, args.mode)
+    inproc = []
+    for q in queries:
+        t0 = time.perf_counter()
+        searcher.search(q, args.k, args.mode)
+        inproc.append((time.perf_counter() - t0) * 1000.0)
+    searcher.close()
+    results: dict = {"dataset": ds.name, "mode": args.mode, "k": args.k, "index": str(folder),
+                     "in_process": {"qps": 1000.0 / float(np.mean(inproc)), **_pct(inproc)}, "levels": []}
+
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "retr.cli.main", "-q", "serve", str(folder), "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if server.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"retr serve did not start: {server.stderr.read()[-2000:]}")
+            time.sleep(0.2)
+        body = {"k": args.k, "mode": args.mode}
+        for q in queries[:10]:  # warm-up, untimed
+            _post(url + "/search", {**body, "query": q})
+        for c in (int(x) for x in args.levels.split(",")):
+            results["levels"].append(level(url + "/search", queries, c, args.seconds, body))
+    finally:
+        server.terminate()
+        server.wait(10)
+
+    base = results["levels"][0]
+    print(f"retr serve, {ds.name}, {args.mode}, k={args.k}, {args.seconds:.0f} s per level, 127.0.0.1")
+    print(f"{'clients':>8} {'requests':>9} {'errors':>7} {'QPS':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}")
+    ip = results["in_process"]
+    print(f"{'in-proc':>8} {len(inproc):>9} {0:>7} {ip['qps']:>8.1f} {ip['p50']:>8.2f} {ip['p95']:>8.2f} "
+          f"{ip['p99']:>8.2f}")
+    for r in results["levels"]:
+        print(f"{r['concurrency']:>8} {r['requests']:>9} {r['errors']:>7} {r['qps']:>8.1f} {r['p50']:>8.2f} "
+              f"{r['p95']:>8.2f} {r['p99']:>8.2f}")
+    overhead = base["p50"] - ip["p50"]
+    results["http_overhead_p50_ms"] = overhead
+    results["throughput_ratio"] = {str(r["concurrency"]): r["qps"] / base["qps"] for r in results["levels"]}
+    print(f"HTTP overhead at 1 client, p50: {overhead:.2f} ms (goal <= 1 ms); throughput vs 1 client: "
+          + ", ".join(f"{c}: {x:.2f}x" for c, x in results["throughput_ratio"].items())
+          + f"; errors: {sum(r['errors'] for r in results['levels'])}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
