@@ -1,8 +1,8 @@
 """A bounded load test of `retr serve` on loopback, beside the same queries in-process.
 
 Builds (or reuses) the dataset's index with BM25, starts `retr serve` in its own process on 127.0.0.1 (a free
-port), then for each concurrency level runs that many client threads for a fixed duration, each sending one
-query per request (POST /search, the chosen mode) and waiting for the answer. Reports QPS, p50/p95/p99 and
+port), then for each concurrency level runs that many client threads for a fixed duration, each on its own
+keep-alive connection sending one query per request (POST /search, the chosen mode) and waiting for the answer. Reports QPS, p50/p95/p99 and
 errors per level, and the same queries searched in-process through the Searcher the server uses (one at a time),
 so that the HTTP overhead at concurrency 1 is a difference measured in one run.
 
@@ -53,6 +53,30 @@ def _post(url: str, body: dict, timeout: float = 30.0) -> int:
         return 0
 
 
+class Client:
+    """One keep-alive HTTP/1.1 connection (as a service's clients hold them), reopened after an error."""
+
+    def __init__(self, url: str):
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        self._make = lambda: http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        self.path = parts.path
+        self.conn = self._make()
+
+    def post(self, body: dict) -> int:
+        try:
+            self.conn.request("POST", self.path, json.dumps(body), {"content-type": "application/json"})
+            r = self.conn.getresponse()
+            r.read()
+            return r.status
+        except OSError:
+            self.conn.close()
+            self.conn = self._make()
+            return 0
+
+
 def level(url: str, queries: list[str], concurrency: int, seconds: float, body: dict) -> dict:
     """``concurrency`` closed-loop clients for ``seconds``: each sends its next query once the last is answered."""
     lat: list[float] = []
@@ -62,10 +86,11 @@ def level(url: str, queries: list[str], concurrency: int, seconds: float, body: 
 
     def client(i: int) -> None:
         nonlocal errors
+        conn = Client(url)
         j = i
         while time.perf_counter() < stop:
             t0 = time.perf_counter()
-            status = _post(url, {**body, "query": queries[j % len(queries)]})
+            status = conn.post({**body, "query": queries[j % len(queries)]})
             ms = (time.perf_counter() - t0) * 1000.0
             with lock:
                 if status == 200:
