@@ -10,8 +10,9 @@ from retr.train.cross_encoder import CrossEncoderTrainConfig
 from retr.train.mlm import MLMTrainConfig
 
 
-def _add_common(t, cfg) -> None:
+def _add_common(t, cfg, base_help: str) -> None:
     """The options every trainer takes, with that trainer's defaults."""
+    t.add_argument("--base", default=None, help=base_help)
     t.add_argument("--out", required=True)
     t.add_argument("--epochs", type=options.positive_int, default=cfg.epochs)
     t.add_argument("--batch-size", type=options.positive_int, default=cfg.batch_size)
@@ -33,7 +34,6 @@ def add_parser(sub) -> None:
 
     bi = BiEncoderTrainConfig()
     t = tsub.add_parser("bi-encoder", help="contrastive bi-encoder (in-batch + BM25 hard negatives)")
-    t.add_argument("--base", default=None, help="BERT or sentence-transformers folder (default: bundled MiniLM)")
     src = t.add_mutually_exclusive_group(required=True)
     src.add_argument("--dataset", help="BEIR dataset with training qrels")
     src.add_argument("--corpus", help="unlabeled corpus (with --self-supervised)")
@@ -45,21 +45,19 @@ def add_parser(sub) -> None:
                    help="BM25 hard negatives per pair (0: in-batch only)")
     t.add_argument("--dev-fraction", type=float, default=bi.dev_fraction,
                    help="training queries held out to pick the epoch")
-    _add_common(t, bi)
+    _add_common(t, bi, "BERT or sentence-transformers folder (default: bundled MiniLM)")
     t.set_defaults(run=run_bi_encoder)
 
     mlm = MLMTrainConfig()
     t = tsub.add_parser("mlm", help="domain-adaptive masked-language modelling (BERT's 80/10/10 rule)")
     t.add_argument("--corpus", required=True, help="BEIR folder or corpus file")
-    t.add_argument("--base", default=None, help="BERT folder (default: bundled MiniLM; an MLM head is added)")
     t.add_argument("--whole-word", action="store_true", help="mask all word-pieces of a word together")
     t.add_argument("--mask-prob", type=float, default=mlm.mask_prob)
-    _add_common(t, mlm)
+    _add_common(t, mlm, "BERT folder (default: bundled MiniLM; an MLM head is added)")
     t.set_defaults(run=run_mlm)
 
     ce = CrossEncoderTrainConfig()
     t = tsub.add_parser("cross-encoder", help="BERT + one-logit head, listwise over the first stage's negatives")
-    t.add_argument("--base", default=None, help="BERT folder (default: the bundled MiniLM + a new head)")
     t.add_argument("--first-stage-model", default=None, help="bi-encoder of the hybrid first stage to mine from")
     t.add_argument("--dataset", required=True)
     t.add_argument("--split", default="train")
@@ -71,7 +69,7 @@ def add_parser(sub) -> None:
                    help="training queries held out (same split as the bi-encoder trainer with the same seed)")
     t.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=ce.precision,
                    help="training arithmetic (auto: bf16 autocast where the CPU has native bf16)")
-    _add_common(t, ce)
+    _add_common(t, ce, "BERT folder (default: the bundled MiniLM + a new head)")
     t.set_defaults(run=run_cross_encoder)
 
 
