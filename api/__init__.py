@@ -11,7 +11,7 @@ Errors are ``retr.RetrError`` with the CLI's one-line messages; nothing is print
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from retr.eval.metrics import DEFAULT_K_VALUES
@@ -72,15 +72,17 @@ class Index:
     def manifest(self) -> dict:
         return self._searcher.index.manifest
 
-    def search(self, query: str, k: int = 10, mode: str = "hybrid", rerank: str | None = None) -> SearchResult:
+    def search(self, query: str, k: int = 10, mode: str = "hybrid", rerank: str | None = None,
+               filter: Mapping[str, object] | None = None) -> SearchResult:
         """The top ``k`` documents for ``query``: ``mode`` bm25, dense or hybrid; ``rerank`` a cross-encoder
-        folder. The result's ``hits`` are typed (rank, id, score, title, text); ``latency_ms`` per stage."""
-        return self._searcher.search(query, k, mode, rerank)
+        folder; ``filter`` ``{field: value}`` on the corpus records' other fields (every stage restricted).
+        The result's ``hits`` are typed (rank, id, score, title, text, metadata); ``latency_ms`` per stage."""
+        return self._searcher.search(query, k, mode, rerank, filter)
 
-    def search_batch(self, queries: Sequence[str], k: int = 10, mode: str = "hybrid",
-                     rerank: str | None = None) -> list[SearchResult]:
+    def search_batch(self, queries: Sequence[str], k: int = 10, mode: str = "hybrid", rerank: str | None = None,
+                     filter: Mapping[str, object] | None = None) -> list[SearchResult]:
         """``search`` for each query, in order (each searched alone: its hits never depend on the others)."""
-        return self._searcher.search_many(list(queries), k, mode, rerank)
+        return self._searcher.search_many(list(queries), k, mode, rerank, filter)
 
     def close(self) -> None:
         self._searcher.close()

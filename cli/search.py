@@ -8,6 +8,13 @@ from retr.cli import options
 from retr.retrieval.pipeline import FIRST_STAGES
 
 
+def _condition(text: str) -> tuple[str, str]:
+    field, eq, value = text.partition("=")
+    if not eq or not field.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: a filter is FIELD=VALUE")
+    return field.strip(), value
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("search", help="query an index folder")
     p.add_argument("index", help="index folder written by `retr index`")
@@ -20,6 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="query encoder (default: the one that built the index)")
     options.add_backend_arg(p)
     options.add_query_backend_arg(p)
+    p.add_argument("--filter", action="append", default=[], metavar="FIELD=VALUE", type=_condition,
+                   help="only documents whose record has FIELD equal to VALUE (repeat: all must hold)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)
 
@@ -35,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
                                                   query_backend=args.query_backend),
                         PipelineConfig(fusion=args.fusion), options.rerank_config(args, args.rerank))
     try:
-        result = searcher.search(args.query, args.k, args.mode, args.rerank)
+        result = searcher.search(args.query, args.k, args.mode, args.rerank, dict(args.filter) or None)
     finally:
         searcher.close()
     if args.json:

@@ -138,6 +138,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
         k: int = Field(10, ge=1, le=cfg.max_k)
         mode: Literal["bm25", "dense", "hybrid"] = "hybrid"
         rerank: bool = False
+        filter: dict[str, str | int | float | bool] | None = Field(None, max_length=16)
 
         @model_validator(mode="after")
         def one_of(self):
@@ -185,7 +186,8 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
         rerank = cfg.rerank.model if req.rerank else None
         try:
             results = await asyncio.wait_for(
-                run_in_threadpool(searcher.search_many, queries, req.k, req.mode, rerank), cfg.timeout_s)
+                run_in_threadpool(searcher.search_many, queries, req.k, req.mode, rerank, req.filter),
+                cfg.timeout_s)
         except TimeoutError:
             return error(504, f"search took longer than {cfg.timeout_s} s")
         for r in results:

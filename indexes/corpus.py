@@ -1,6 +1,7 @@
 """Reading a corpus (BEIR ``corpus.jsonl``, any JSONL, CSV or TSV) into documents, with clear errors.
 
-Every malformed input raises ``RetrError`` naming the file and line. Which fields hold the id, text and title is
+Every malformed input raises ``RetrError`` naming the file and line. A record's other fields are kept as the
+document's metadata (stored in the index, matched by search filters). Which fields hold the id, text and title is
 detected from the common names where not given (and refused where two candidates are present); a build in
 which most documents come out empty names the missing field and the fields the records do have.
 """
@@ -170,11 +171,16 @@ def load_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Corpus:
         title = _text_value(path, lineno, title_f, rec.get(title_f)) if title_f else ""
         if not text.strip() and not title.strip():
             empty += 1
-        doc = Document(doc_id, title, text)
+        used_fields = (id_f, text_f, title_f)
+        metadata = {k: v for k, v in rec.items() if k not in used_fields and v not in (None, "", {}, [])}
+        doc = Document(doc_id, title, text, metadata)
         docs.append(doc)
         for part in (doc_id, title, text):
             h.update(part.encode("utf-8"))
             h.update(b"\x1f")
+        if metadata:  # only where there is some: a corpus without extra fields keeps its checksum
+            h.update(json.dumps(metadata, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+            h.update(b"\x1d")
         h.update(b"\x1e")
     if not docs:
         raise RetrError(f"{path}: the corpus holds no documents")

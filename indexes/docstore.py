@@ -22,7 +22,10 @@ def write_docstore(folder: Path, docs: Iterable[Document]) -> int:
     ids = []
     with (folder / DOCS).open("wb") as fh:
         for d in docs:
-            line = (json.dumps({"_id": d.doc_id, "title": d.title, "text": d.text}, ensure_ascii=False) + "\n")
+            rec = {"_id": d.doc_id, "title": d.title, "text": d.text}
+            if d.metadata:
+                rec["metadata"] = dict(d.metadata)
+            line = json.dumps(rec, ensure_ascii=False) + "\n"
             data = line.encode("utf-8")
             fh.write(data)
             offsets.append(offsets[-1] + len(data))
@@ -71,7 +74,8 @@ class DocStore:
         start, end = int(self.offsets[position]), int(self.offsets[position + 1])
         try:
             rec = json.loads(self._map[start:end])
-            doc = Document(str(rec["_id"]), str(rec.get("title", "")), str(rec.get("text", "")))
+            doc = Document(str(rec["_id"]), str(rec.get("title", "")), str(rec.get("text", "")),
+                           dict(rec.get("metadata") or {}))
         except (ValueError, KeyError, TypeError):
             raise RetrError(f"{self.path}: the record at position {position} is damaged (bytes {start}-{end}): "
                             f"rebuild the index") from None
@@ -79,6 +83,11 @@ class DocStore:
             raise RetrError(f"{self.path}: position {position} holds document {doc.doc_id!r} but the id list says "
                             f"{self.ids[position]!r}: the index is damaged; rebuild it")
         return doc
+
+    def positions_where(self, conditions: dict[str, str]) -> np.ndarray:
+        """Positions (sorted) of the documents whose metadata matches every ``field: value`` (a full read of the
+        store, once per filter: the caller keeps what it needs)."""
+        return np.fromiter((i for i in range(len(self)) if self.get(i).matches(conditions)), dtype=np.int64)
 
     def close(self) -> None:
         if isinstance(self._map, mmap.mmap):

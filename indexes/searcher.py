@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from retr.indexes.folder import IndexFolder
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
@@ -18,7 +20,7 @@ from retr.retrieval.errors import RetrError
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
-from retr.retrieval.types import check_query
+from retr.retrieval.types import check_query, filter_value
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class SearchHit:
     score: float
     title: str
     text: str
+    metadata: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Searcher:
         self._rerankers: dict[str, CrossEncoderReranker] = {}
         self._positions = {d: i for i, d in enumerate(self.index.ids)}
         self._lock = threading.Lock()
+        self._filters: dict[tuple, np.ndarray] = {}  # filter -> allowed positions (the last 64 used)
 
     @property
     def encoder(self) -> BiEncoder:
@@ -72,16 +76,38 @@ class Searcher:
             self._rerankers[model] = CrossEncoderReranker(RerankConfig(**options))
         return self._rerankers[model]
 
+    def allowed(self, conditions: Mapping[str, object] | None) -> np.ndarray | None:
+        """The positions of the documents whose metadata holds every ``field: value`` of ``conditions``."""
+        if not conditions:
+            return None
+        wanted = {str(k): filter_value(v) for k, v in conditions.items()}
+        key = tuple(sorted(wanted.items()))
+        if key not in self._filters:
+            if len(self._filters) >= 64:
+                self._filters.pop(next(iter(self._filters)))
+            found = self.index.docstore.positions_where(wanted)
+            if not len(found):
+                store = self.index.docstore
+                have = set().union(*(store.get(i).metadata.keys() for i in range(len(store))))
+                missing = sorted(set(wanted) - have)
+                if missing:
+                    raise RetrError(f"{self.index.folder}: no document has a field {missing[0]!r} to filter on "
+                                    f"(fields: {', '.join(sorted(have)) or 'none'})")
+            self._filters[key] = found
+        return self._filters[key]
+
     def search_many(self, queries: Sequence[str], k: int = 10, mode: str = "dense",
-                    rerank: str | None = None) -> list[SearchResult]:
+                    rerank: str | None = None, filter: Mapping[str, object] | None = None) -> list[SearchResult]:
         """One result per query, each searched alone (a query's hits never depend on the others). ``mode``:
-        bm25, dense or hybrid; ``rerank``: a cross-encoder folder rescoring the top ``depth``."""
+        bm25, dense or hybrid; ``rerank``: a cross-encoder folder rescoring the top ``depth``; ``filter``:
+        ``{field: value}`` that every hit's metadata must hold (every stage searches only those documents, so
+        k hits come back whenever k matching documents exist)."""
         if k < 1:
             raise RetrError(f"k must be >= 1, got {k}")
         texts = [check_query(q) for q in queries]
         spec = PipelineSpec.parse(mode + ("+rerank" if rerank else ""))
-        with self._lock:  # lazy parts (encoder, its query graph, BM25, cross-encoder) are made once
-            retriever = self._factory.make(spec, self._reranker(rerank) if rerank else None)
+        with self._lock:  # lazy parts (encoder, its query graph, BM25, cross-encoder, filters) are made once
+            retriever = self._factory.make(spec, self._reranker(rerank) if rerank else None, self.allowed(filter))
             if spec.uses_dense:
                 _ = self._factory.encoder.query_graph
         out = []
@@ -93,13 +119,14 @@ class Searcher:
             docs = [self.index.docstore.get(self._positions[h.doc_id]) for h in hits]
             out.append(SearchResult(
                 query=q, pipeline=spec.name, k=k,
-                hits=[SearchHit(r, h.doc_id, h.score, d.title, d.text)
+                hits=[SearchHit(r, h.doc_id, h.score, d.title, d.text, dict(d.metadata))
                       for r, (h, d) in enumerate(zip(hits, docs, strict=True), start=1)],
                 latency_ms={**{s: v * 1000.0 for s, v in timer.seconds.items()}, "total": total * 1000.0}))
         return out
 
-    def search(self, query: str, k: int = 10, mode: str = "dense", rerank: str | None = None) -> SearchResult:
-        return self.search_many([query], k, mode, rerank)[0]
+    def search(self, query: str, k: int = 10, mode: str = "dense", rerank: str | None = None,
+               filter: Mapping[str, object] | None = None) -> SearchResult:
+        return self.search_many([query], k, mode, rerank, filter)[0]
 
     def close(self) -> None:
         self.index.close()

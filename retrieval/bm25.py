@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -74,9 +75,19 @@ class BM25Retriever:
         self._split = re.compile(r"(?u)\b\w\w+\b").findall
         self._stop = frozenset(_stopwords(self.cfg.stopwords))
         self._stem = _stemmer(self.cfg.stemmer)
+        self.mask: np.ndarray | None = None  # positions a metadata filter allows (``restricted``); None: all
         n = int(self.model.scores["num_docs"])
         if n != len(self.ids):
             raise RetrError(f"{folder}: BM25 index holds {n} documents but the id list has {len(self.ids)}")
+
+    def restricted(self, allowed: np.ndarray | None) -> BM25Retriever:
+        """The same index (shared, not reloaded) returning only the positions ``allowed``."""
+        if allowed is None:
+            return self
+        other = copy.copy(self)
+        other.mask = np.zeros(len(self.ids), dtype=bool)
+        other.mask[allowed] = True
+        return other
 
     def _query_ids(self, text: str) -> list[int]:
         """bm25s's tokenisation (lowercase, \\w\\w+, stopwords, Snowball) without its per-call overhead."""
@@ -98,6 +109,8 @@ class BM25Retriever:
                     out[qid] = []
                     continue
                 scores = self.model.get_scores_from_ids(token_ids)
+                if self.mask is not None:
+                    scores = np.where(self.mask, scores, 0.0)
                 top = np.argpartition(-scores, k_eff - 1)[:k_eff] if k_eff < len(scores) else np.arange(len(scores))
                 top = top[scores[top] > 0]
                 out[qid] = [Hit(ids[d], s) for d, s in zip(top.tolist(), scores[top].tolist(), strict=True)]

@@ -31,14 +31,50 @@ def check_dimension(index_folder, dense_info: Mapping, encoder: BiEncoder) -> No
                         f"{encoder.model_id} gives {encoder.dim} dims: rebuild the index")
 
 
+def _filtered_search(index, q: np.ndarray, k: int, allowed: np.ndarray):
+    """FAISS search restricted to the positions ``allowed`` (sorted int64), returning k of them whenever k exist:
+    the selector narrows the index's own search; where an approximate index (HNSW, IVF) still finds fewer, the
+    allowed vectors are scored exactly (IVF: every list probed)."""
+    import faiss
+
+    sel = faiss.IDSelectorBatch(allowed)
+    ivf = faiss.try_extract_index_ivf(index)
+    hnsw = isinstance(faiss.downcast_index(index), faiss.IndexHNSW)
+    if ivf is not None:
+        params = faiss.SearchParametersIVF(sel=sel, nprobe=ivf.nprobe)
+    elif hnsw:
+        params = faiss.SearchParametersHNSW(sel=sel, efSearch=faiss.downcast_index(index).hnsw.efSearch)
+    else:
+        params = faiss.SearchParameters(sel=sel)
+    scores, positions = index.search(q, k, params=params)
+    want = min(k, len(allowed))
+    short = [i for i in range(len(q)) if int((positions[i] >= 0).sum()) < want]
+    if short and ivf is not None:
+        full = faiss.SearchParametersIVF(sel=sel, nprobe=ivf.nlist)
+        s2, p2 = index.search(q[short], k, params=full)
+        scores[short], positions[short] = s2, p2
+    elif short:
+        vectors = index.reconstruct_batch(allowed)  # (m, dim): exact scores over the allowed documents
+        sims = q[short] @ vectors.T
+        top = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+        for row, i in enumerate(short):
+            scores[i, :] = -np.inf
+            positions[i, :] = -1
+            scores[i, : top.shape[1]] = sims[row, top[row]]
+            positions[i, : top.shape[1]] = allowed[top[row]]
+    return scores, positions
+
+
 class DenseRetriever:
     name = "dense"
     stages = ("encode", "ann")
 
-    def __init__(self, index, ids: Sequence[str], encoder: BiEncoder):
+    def __init__(self, index, ids: Sequence[str], encoder: BiEncoder, allowed: np.ndarray | None = None):
+        """``allowed``: the only positions that may be returned (a metadata filter), or None for all."""
         self.index = index
         self.ids = list(ids)
         self.encoder = encoder
+        self.allowed = allowed
 
     def search(self, queries: Mapping[str, str], k: int, timer: StageTimer | None = None) -> Run:
         timer = timer or StageTimer()
@@ -48,8 +84,13 @@ class DenseRetriever:
         with timer.stage("encode"):
             q = self.encoder.encode_queries([queries[x] for x in qids], show_progress=len(qids) > 1000)
         with timer.stage("ann"):
-            k_eff = min(k, len(self.ids))
-            scores, positions = self.index.search(np.ascontiguousarray(q, dtype=np.float32), k_eff)
+            q = np.ascontiguousarray(q, dtype=np.float32)
+            if self.allowed is None:
+                scores, positions = self.index.search(q, min(k, len(self.ids)))
+            elif len(self.allowed) == 0:
+                return Run({qid: [] for qid in qids})
+            else:
+                scores, positions = _filtered_search(self.index, q, min(k, len(self.allowed)), self.allowed)
             ids = self.ids
             run = {qid: [Hit(ids[p], s) for p, s in zip(positions[i].tolist(), scores[i].tolist(), strict=True)
                          if p >= 0]

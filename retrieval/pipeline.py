@@ -104,24 +104,26 @@ class PipelineFactory:
             self._encoder = encoder_for_index(self.index, self.encoder_config)
         return self._encoder
 
-    def dense(self) -> DenseRetriever:
-        return DenseRetriever(self.index.faiss_index, self.index.ids, self.encoder)
+    def dense(self, allowed=None) -> DenseRetriever:
+        return DenseRetriever(self.index.faiss_index, self.index.ids, self.encoder, allowed)
 
-    def bm25(self) -> BM25Retriever:
+    def bm25(self, allowed=None) -> BM25Retriever:
         if self._bm25 is None:
             self._bm25 = BM25Retriever(self.index.bm25_folder, self.index.ids)
-        return self._bm25
+        return self._bm25.restricted(allowed)
 
-    def make(self, spec: PipelineSpec | str, reranker: CrossEncoderReranker | None = None) -> Retriever:
-        """The retriever for ``spec``; ``reranker`` (else the factory's) for a +rerank pipeline."""
+    def make(self, spec: PipelineSpec | str, reranker: CrossEncoderReranker | None = None,
+             allowed=None) -> Retriever:
+        """The retriever for ``spec``; ``reranker`` (else the factory's) for a +rerank pipeline; ``allowed``: the
+        only document positions any stage may return (sorted int64; a metadata filter), None for all."""
         spec = PipelineSpec.parse(spec) if isinstance(spec, str) else spec
         reranker = reranker or self.reranker
         if spec.first == "dense":
-            first: Retriever = self.dense()
+            first: Retriever = self.dense(allowed)
         elif spec.first == "bm25":
-            first = self.bm25()
+            first = self.bm25(allowed)
         else:
-            first = HybridRetriever(self.dense(), self.bm25(), self.config.fusion, self.config.fusion_depth,
+            first = HybridRetriever(self.dense(allowed), self.bm25(allowed), self.config.fusion, self.config.fusion_depth,
                                     self.config.rrf_k)
         if not spec.rerank:
             return first

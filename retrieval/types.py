@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -26,6 +26,11 @@ class Document:
     doc_id: str
     title: str
     text: str
+    metadata: Mapping[str, object] = field(default_factory=dict, compare=True)  # a record's other fields
+
+    def matches(self, conditions: Mapping[str, str]) -> bool:
+        """Whether every ``field: value`` of ``conditions`` holds (values compared as ``filter_value`` writes them)."""
+        return all(k in self.metadata and filter_value(self.metadata[k]) == v for k, v in conditions.items())
 
     def full_text(self) -> str:
         """Title and body as BEIR's dense and BM25 baselines see them (``title + " " + text``)."""
@@ -124,3 +129,10 @@ def check_query(text: str) -> str:
     if not isinstance(text, str) or not text.strip():
         raise RetrError("the query is empty: give some words to search for")
     return text
+
+
+def filter_value(value: object) -> str:
+    """A metadata value as a filter compares it: strings as they are, anything else as JSON (``true``, ``3``)."""
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)

@@ -37,7 +37,7 @@ def test_search_health_metrics_and_docs_over_http(served, capsys):
     assert main(["search", str(idx), "solar panels", "-k", "3", "--mode", "hybrid", "--json", "--backend", "onnx"]) == 0
     cli = json.loads(capsys.readouterr().out)
     assert [r["id"] for r in one["results"]] == [r["id"] for r in cli["results"]]  # the CLI's answer, same shape
-    assert set(one["results"][0]) == set(cli["results"][0]) == {"rank", "id", "score", "title", "text"}
+    assert set(one["results"][0]) == set(cli["results"][0]) == {"rank", "id", "score", "title", "text", "metadata"}
     status, batch = server.request("/search", {"queries": ["wolves", "water"], "k": 2, "mode": "bm25"})
     assert status == 200 and [len(r["results"]) for r in batch["results"]] == [2, 2]
     first = one["results"][0]["id"]
