@@ -13,7 +13,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True,
                    help="index folder to write (an existing retr index there is replaced atomically; "
                         "anything else is refused)")
-    p.add_argument("--bm25", action="store_true", help="also build a BM25 index")
+    p.add_argument("--bm25", action=argparse.BooleanOptionalAction, default=True,
+                   help="build the BM25 part beside the dense one (default; --no-bm25: dense only)")
     p.add_argument("--id-field", default=None, help="default: detected (_id, id, docid, doc_id)")
     p.add_argument("--text-field", default=None, help="default: detected (text, contents, body, abstract)")
     p.add_argument("--title-field", default=None, help="default: 'title' where present; '' for none")
