@@ -72,7 +72,7 @@ class IndexFolder:
     @property
     def bm25_folder(self) -> Path:
         if not self.has_bm25:
-            raise RetrError(f"{self.folder}: this index has no BM25 part: rebuild it with `retr index --bm25`")
+            raise RetrError(f"{self.folder}: this index has no BM25 part: rebuild it with `retr index`, without --no-bm25")
         return self.folder / self.manifest["bm25"]["dir"]
 
     def close(self) -> None:

@@ -67,7 +67,7 @@ class BM25Retriever:
 
         cfg_path = folder / CONFIG
         if not cfg_path.is_file():
-            raise RetrError(f"{cfg_path}: missing: the index has no BM25 part (rebuild with `retr index --bm25`)")
+            raise RetrError(f"{cfg_path}: missing: the index has no BM25 part (rebuild it with `retr index`, without --no-bm25)")
         self.cfg = BM25Config(**json.loads(cfg_path.read_text()))
         self.model = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
         self.ids = list(ids)

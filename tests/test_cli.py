@@ -75,7 +75,7 @@ def test_index_and_search_a_users_jsonl_with_paths_only(tmp_path, capsys):
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
     idx = tmp_path / "idx"
     assert main(["index", "--corpus", str(corpus), "--out", str(idx)]) == 0
-    assert "indexed 3 documents" in capsys.readouterr().out
+    assert "indexed 3 documents" in capsys.readouterr().out and (idx / "bm25").is_dir()  # BM25 by default
     assert main(["search", str(idx), "how is coffee made", "-k", "2"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:2] == ["1", "a"] and "Espresso" in out
@@ -83,9 +83,13 @@ def test_index_and_search_a_users_jsonl_with_paths_only(tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     assert [r["rank"] for r in res["results"]] == [1, 2, 3] and res["results"][0]["id"] == "b"
     assert set(res["latency_ms"]) == {"encode", "ann"}
-    # bm25 mode needs --bm25 at index time: a clear error, not a traceback
-    assert main(["search", str(idx), "coffee", "--mode", "bm25"]) == 2
-    assert "rebuild it with `retr index --bm25`" in capsys.readouterr().err
+    assert main(["search", str(idx), "coffee", "--mode", "bm25", "-k", "1"]) == 0
+    assert capsys.readouterr().out.split()[:2] == ["1", "a"]
+    # a dense-only index asked for bm25: a clear error, not a traceback
+    assert main(["index", "--corpus", str(corpus), "--out", str(tmp_path / "dense-only"), "--no-bm25"]) == 0
+    capsys.readouterr()
+    assert main(["search", str(tmp_path / "dense-only"), "coffee", "--mode", "bm25"]) == 2
+    assert "without --no-bm25" in capsys.readouterr().err
 
 
 def test_search_modes_and_rerank_with_tiny_models(tiny_dataset, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
