@@ -27,6 +27,7 @@ DEFAULT_ALIASES = frozenset({"", "default", "minilm", DEFAULT_MODEL, f"sentence-
 _NOT_MODEL_FILES = frozenset({"README.md", "readme.md", ".gitattributes", "retr_manifest.json"})
 _NOT_MODEL_SUFFIXES = (".h5", ".msgpack", ".ot", ".onnx", ".onnx_data", ".xml", ".lock", ".md")
 _NOT_MODEL_DIRS = frozenset({"onnx", "openvino", "checkpoints", "runs"})
+HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors", "pytorch_model.bin"]
 
 
 def bundled_model_path() -> Path:
@@ -92,8 +93,8 @@ def _hub_snapshot(model_id: str) -> Path | None:
     except ImportError:  # pragma: no cover - a dependency of transformers
         return None
     for local_only in (True, False):
-        try:
-            return Path(snapshot_download(model_id, local_files_only=local_only))
+        try:  # the files a sentence-transformers model loads, not the repo's other exports (onnx, openvino, tf)
+            return Path(snapshot_download(model_id, local_files_only=local_only, allow_patterns=HUB_FILES))
         except Exception:  # noqa: BLE001, S112 - not cached / offline / no such model: try the next way
             continue
     return None

@@ -76,8 +76,20 @@ def test_malformed_and_oversized_bodies(served):
     server, _ = served
     status, answer = server.request("/search", raw=b"{not json")
     assert status == 422 and "error" in answer
-    status, answer = server.request("/search", raw=b"{" + b" " * (1 << 20) + b"}")
-    assert status == 413 and "request body" in answer["error"]
+    # a body declared over the bound is answered before it is read (a client still sending it could see the
+    # connection close instead of the answer, so this client declares 2 MiB and sends two bytes)
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.putrequest("POST", "/search")
+    conn.putheader("content-type", "application/json")
+    conn.putheader("content-length", str(2 << 20))
+    conn.endheaders(b"{}")
+    r = conn.getresponse()
+    assert r.status == 413 and "request body" in json.loads(r.read())["error"]
+    conn.close()
     status, answer = server.request("/doc/NOPE")
     assert status == 404 and "no document" in answer["error"]
     status, health = server.request("/healthz")
