@@ -200,11 +200,9 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
 
     @app.get("/doc/{doc_id:path}")
     async def document(doc_id: str, format: Literal["json", "html"] = "json"):
-        searcher = generations.current()
-        positions = searcher._positions
-        if doc_id not in positions:
+        doc = generations.current().document(doc_id)
+        if doc is None:
             return error(404, f"no document {doc_id!r} in the index")
-        doc = searcher.index.docstore.get(positions[doc_id])
         if format == "html":
             return HTMLResponse(f"<!doctype html><meta charset=utf-8><title>{html.escape(doc.doc_id)}</title>"
                                 f"<h1>{html.escape(doc.title or doc.doc_id)}</h1><p>{html.escape(doc.text)}</p>")

@@ -128,5 +128,10 @@ class Searcher:
                filter: Mapping[str, object] | None = None) -> SearchResult:
         return self.search_many([query], k, mode, rerank, filter)[0]
 
+    def document(self, doc_id: str):
+        """The stored document ``doc_id``, or None when the index does not hold it."""
+        position = self._positions.get(doc_id)
+        return None if position is None else self.index.docstore.get(position)
+
     def close(self) -> None:
         self.index.close()

@@ -26,7 +26,7 @@ class Document:
     doc_id: str
     title: str
     text: str
-    metadata: Mapping[str, object] = field(default_factory=dict, compare=True)  # a record's other fields
+    metadata: Mapping[str, object] = field(default_factory=dict)  # a record's other fields
 
     def matches(self, conditions: Mapping[str, str]) -> bool:
         """Whether every ``field: value`` of ``conditions`` holds (values compared as ``filter_value`` writes them)."""
