@@ -97,6 +97,11 @@ def encoder_config(args, query_backend: bool = False) -> EncoderConfig:
                          backend=args.backend, query_backend=args.query_backend if query_backend else None)
 
 
+def query_encoder_config(args) -> EncoderConfig:
+    """The query encoder of a search over an existing index (search, serve): its model defaults to the index's."""
+    return EncoderConfig(model=args.model, backend=args.backend, query_backend=args.query_backend)
+
+
 def rerank_config(args, model: str | None):
     from retr.retrieval.rerank import RerankConfig
 

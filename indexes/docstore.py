@@ -84,10 +84,16 @@ class DocStore:
                             f"{self.ids[position]!r}: the index is damaged; rebuild it")
         return doc
 
-    def positions_where(self, conditions: dict[str, str]) -> np.ndarray:
-        """Positions (sorted) of the documents whose metadata matches every ``field: value`` (a full read of the
-        store, once per filter: the caller keeps what it needs)."""
-        return np.fromiter((i for i in range(len(self)) if self.get(i).matches(conditions)), dtype=np.int64)
+    def positions_where(self, conditions: dict[str, str]) -> tuple[np.ndarray, set[str]]:
+        """Positions (sorted) of the documents whose metadata matches every ``field: value``, and the metadata
+        fields seen in the store (one full read, once per filter: the caller keeps what it needs)."""
+        found, fields = [], set()
+        for i in range(len(self)):
+            doc = self.get(i)
+            fields.update(doc.metadata)
+            if doc.matches(conditions):
+                found.append(i)
+        return np.asarray(found, dtype=np.int64), fields
 
     def close(self) -> None:
         if isinstance(self._map, mmap.mmap):

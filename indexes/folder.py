@@ -13,7 +13,7 @@ from pathlib import Path
 from retr.indexes.dense import configure_search, load_faiss
 from retr.indexes.docstore import DocStore, read_ids
 from retr.indexes.manifest import read_manifest
-from retr.retrieval.artifacts import check_sizes, file_sha256
+from retr.retrieval.artifacts import check_checksums
 from retr.retrieval.errors import RetrError
 
 INDEX_KIND = "retr-index"
@@ -24,13 +24,7 @@ class IndexFolder:
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder, INDEX_KIND)
-        files = self.manifest["files"]
-        bad = check_sizes(self.folder, files)
-        for rel, info in files.items():
-            if bad:
-                break
-            if info.get("bytes", 0) <= HASH_ON_OPEN_BYTES and file_sha256(self.folder / rel) != info.get("sha256"):
-                bad = f"{self.folder / rel}: its content differs from the checksum in the manifest"
+        bad = check_checksums(self.folder, self.manifest["files"], hash_up_to=HASH_ON_OPEN_BYTES)
         if bad:
             raise RetrError(f"{bad}: the index is damaged; rebuild it with `retr index`")
         self.ids = read_ids(self.folder)

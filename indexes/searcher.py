@@ -85,10 +85,8 @@ class Searcher:
         if key not in self._filters:
             if len(self._filters) >= 64:
                 self._filters.pop(next(iter(self._filters)))
-            found = self.index.docstore.positions_where(wanted)
+            found, have = self.index.docstore.positions_where(wanted)
             if not len(found):
-                store = self.index.docstore
-                have = set().union(*(store.get(i).metadata.keys() for i in range(len(store))))
                 missing = sorted(set(wanted) - have)
                 if missing:
                     raise RetrError(f"{self.index.folder}: no document has a field {missing[0]!r} to filter on "

@@ -209,12 +209,15 @@ def check_sizes(folder: Path, recorded: dict[str, dict[str, Any]]) -> str | None
     return None
 
 
-def check_checksums(folder: Path, recorded: dict[str, dict[str, Any]]) -> str | None:
-    """The first part of ``folder`` whose size or sha256 differs from ``recorded``, or None."""
+def check_checksums(folder: Path, recorded: dict[str, dict[str, Any]], hash_up_to: int | None = None) -> str | None:
+    """The first part of ``folder`` whose size or sha256 differs from ``recorded``, or None. ``hash_up_to``:
+    parts larger than this many bytes are checked by size only (a cheap check on every open)."""
     bad = check_sizes(folder, recorded)
     if bad:
         return bad
     for rel, info in recorded.items():
+        if hash_up_to is not None and info.get("bytes", 0) > hash_up_to:
+            continue
         if file_sha256(Path(folder) / rel) != info.get("sha256"):
             return f"{Path(folder) / rel}: its content differs from the checksum in its manifest"
     return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from collections.abc import Callable, Mapping
@@ -10,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from retr.eval.metrics import evaluate
-from retr.retrieval.artifacts import atomic_dir, new_manifest
+from retr.retrieval.artifacts import atomic_dir, new_manifest, write_json
 from retr.retrieval.backends.runners import cpu_has_bf16
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import DEFAULT_MODEL
@@ -67,7 +66,7 @@ def write_output(out: Path, save_model: Callable[[Path], None], kind: str, confi
     with atomic_dir(out) as tmp:
         save_model(tmp)
         manifest = new_manifest(kind, config=asdict(config), **extra)
-        (tmp / "retr_manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        write_json(tmp / "retr_manifest.json", manifest)
     shutil.rmtree(checkpoint_dir(out), ignore_errors=True)
     logger.info("%s written to %s", kind, out)
     return manifest
