@@ -84,6 +84,32 @@ class Index:
         """``search`` for each query, in order (each searched alone: its hits never depend on the others)."""
         return self._searcher.search_many(list(queries), k, mode, rerank, filter)
 
+    def add(self, corpus: str | Path, *, id_field: str | None = None, text_field: str | None = None,
+            title_field: str | None = None):
+        """Add (or, for ids already held, update) the documents of ``corpus`` without a rebuild, as `retr add`;
+        this object then searches the new generation. Returns what changed."""
+        from retr.indexes.corpus import CorpusFormat, load_corpus
+        from retr.indexes.update import add_documents
+
+        corpus_ = load_corpus(Path(corpus), CorpusFormat(id_field, text_field, title_field))
+        return self._changed(add_documents(self._searcher.index.folder, corpus_))
+
+    def delete(self, ids: Sequence[str], *, missing_ok: bool = False):
+        """Delete the documents ``ids`` (tombstones until ``compact``), as `retr delete`."""
+        from retr.indexes.update import delete_documents
+
+        return self._changed(delete_documents(self._searcher.index.folder, list(ids), missing_ok=missing_ok))
+
+    def compact(self):
+        """Fold deleted records away, as `retr compact` (search results do not change)."""
+        from retr.indexes.update import compact_index
+
+        return self._changed(compact_index(self._searcher.index.folder))
+
+    def _changed(self, change):
+        self._searcher = self._searcher.reopened()
+        return change
+
     def close(self) -> None:
         self._searcher.close()
 

@@ -68,7 +68,8 @@ class Generations:
             stamp = None  # mid-swap or removed: keep serving the generation we have
         with self._lock:
             if self._searcher is None or (stamp is not None and stamp != self._stamp):
-                searcher = Searcher(self.folder, self.cfg.encoder, self.cfg.pipeline, self.cfg.rerank)
+                searcher = (Searcher(self.folder, self.cfg.encoder, self.cfg.pipeline, self.cfg.rerank)
+                            if self._searcher is None else self._searcher.reopened())
                 if self._searcher is not None:
                     logger.info("%s changed: generation %d opened", self.folder, self.number + 1)
                 self._searcher, self._stamp = searcher, stamp

@@ -1,4 +1,9 @@
-"""Build the BM25 part of an index folder with bm25s (sparse matrices, memory-mapped on load)."""
+"""Build the BM25 part of an index folder with bm25s (sparse matrices, memory-mapped on load).
+
+Beside bm25s's files the folder keeps each row's token ids and the vocabulary, so that a changed index
+(``retr add``/``delete``) recomputes its statistics (idf, average length) over the live rows exactly, without
+tokenising them again.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +13,98 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from retr.retrieval.bm25 import CONFIG, BM25Config, tokenize
+import numpy as np
+
+from retr.retrieval.bm25 import CONFIG, BM25Config, tokenizer_options
+from retr.retrieval.errors import RetrError
 
 _DEFAULT = BM25Config()
+TOKENS = "retr_tokens.npy"  # every row's token ids, concatenated (int32)
+TOKEN_OFFSETS = "retr_token_offsets.npy"  # row i's ids are TOKENS[offsets[i]:offsets[i + 1]]
+TOKEN_VOCAB = "retr_token_vocab.json"  # id -> token
 
 
-def build_bm25(texts: Sequence[str], folder: Path, cfg: BM25Config = _DEFAULT) -> dict:
-    """Index ``texts`` (positions are doc positions) into ``folder``; return build stats."""
+class RowTokens:
+    """Token ids per row and the vocabulary they index."""
+
+    def __init__(self, rows: list[list[int]], vocab: list[str]):
+        self.rows = rows
+        self.vocab = vocab
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @classmethod
+    def of(cls, texts: Sequence[str], cfg: BM25Config, show_progress: bool = False) -> RowTokens:
+        import bm25s
+
+        tok = bm25s.tokenize(list(texts), **tokenizer_options(cfg), return_ids=True, show_progress=show_progress)
+        vocab = [""] * len(tok.vocab)
+        for word, i in tok.vocab.items():
+            vocab[i] = word
+        return cls([list(r) for r in tok.ids], vocab)
+
+    def select(self, keep: np.ndarray) -> RowTokens:
+        """The rows ``keep`` (a boolean mask over rows), same vocabulary."""
+        return RowTokens([r for r, k in zip(self.rows, keep.tolist(), strict=True) if k], self.vocab)
+
+    def extend(self, other: RowTokens) -> RowTokens:
+        """These rows, then ``other``'s, over the union of both vocabularies (this one's ids kept)."""
+        vocab = list(self.vocab)
+        index = {w: i for i, w in enumerate(vocab)}
+        remap = []
+        for w in other.vocab:
+            if w not in index:
+                index[w] = len(vocab)
+                vocab.append(w)
+            remap.append(index[w])
+        return RowTokens(self.rows + [[remap[t] for t in r] for r in other.rows], vocab)
+
+    def save(self, folder: Path) -> None:
+        lengths = np.fromiter((len(r) for r in self.rows), dtype=np.int64, count=len(self.rows))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        flat = np.fromiter((t for r in self.rows for t in r), dtype=np.int32, count=int(offsets[-1]))
+        np.save(folder / TOKENS, flat)
+        np.save(folder / TOKEN_OFFSETS, offsets)
+        (folder / TOKEN_VOCAB).write_text(json.dumps(self.vocab, ensure_ascii=False), encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: Path) -> RowTokens | None:
+        """The stored tokens of a BM25 folder, or None for a folder built before they were kept."""
+        if not (folder / TOKENS).is_file():
+            return None
+        try:
+            flat = np.load(folder / TOKENS)
+            offsets = np.load(folder / TOKEN_OFFSETS)
+            vocab = json.loads((folder / TOKEN_VOCAB).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise RetrError(f"{folder}: unreadable BM25 tokens ({e}): rebuild the index") from None
+        if len(offsets) < 1 or offsets[-1] != len(flat) or (len(flat) and flat.max() >= len(vocab)):
+            raise RetrError(f"{folder / TOKENS}: does not match its offsets or vocabulary: rebuild the index")
+        flat_list = flat.tolist()
+        bounds = offsets.tolist()
+        return cls([flat_list[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], vocab)
+
+
+def write_bm25(tokens: RowTokens, folder: Path, cfg: BM25Config = _DEFAULT) -> dict:
+    """Index ``tokens`` (row i = document row i) into ``folder``; return build stats."""
     import bm25s
 
     t0 = time.perf_counter()
-    tokens = tokenize(texts, cfg, show_progress=len(texts) > 10_000)
     model = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
-    model.index(tokens, show_progress=len(texts) > 10_000)
+    model.index((tokens.rows, {w: i for i, w in enumerate(tokens.vocab)}), show_progress=len(tokens) > 10_000)
     folder.mkdir(parents=True, exist_ok=True)
     model.save(str(folder), show_progress=False)
     (folder / CONFIG).write_text(json.dumps(asdict(cfg), indent=2))
-    seconds = time.perf_counter() - t0
+    tokens.save(folder)
     size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-    return {"params": asdict(cfg), "build_seconds": seconds, "bytes": size, "vocab_size": len(model.vocab_dict)}
+    return {"params": asdict(cfg), "build_seconds": time.perf_counter() - t0, "bytes": size,
+            "vocab_size": len(model.vocab_dict)}
+
+
+def build_bm25(texts: Sequence[str], folder: Path, cfg: BM25Config = _DEFAULT) -> dict:
+    """Tokenise and index ``texts`` (positions are rows) into ``folder``; return build stats."""
+    t0 = time.perf_counter()
+    stats = write_bm25(RowTokens.of(texts, cfg, show_progress=len(texts) > 10_000), folder, cfg)
+    stats["build_seconds"] = time.perf_counter() - t0
+    return stats

@@ -20,7 +20,7 @@ import numpy as np
 from retr.indexes.bm25 import build_bm25
 from retr.indexes.cache import EmbeddingCache, embedding_key
 from retr.indexes.corpus import Corpus
-from retr.indexes.dense import FAISS_FILE, DenseIndexConfig, build_faiss, save_faiss
+from retr.indexes.dense import FAISS_FILE, LOSSY_KINDS, VECTORS_FILE, DenseIndexConfig, build_faiss, save_faiss
 from retr.indexes.docstore import write_docstore
 from retr.indexes.folder import INDEX_KIND, IndexFolder
 from retr.indexes.manifest import is_index_folder, write_manifest
@@ -64,6 +64,14 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
                                 "docs_per_second": len(corpus) / seconds if seconds > 0 else None}
 
 
+def keep_vectors(emb: np.ndarray, cfg: DenseIndexConfig, folder: Path) -> dict:
+    """Keep the full vectors beside a lossy index (so that it can change and compact); the manifest's entry."""
+    if cfg.kind not in LOSSY_KINDS:
+        return {}
+    np.save(folder / VECTORS_FILE, np.ascontiguousarray(emb, dtype=np.float32))
+    return {"vectors": VECTORS_FILE}
+
+
 def check_out(out: Path, corpus: Corpus) -> None:
     """Refuse an ``out`` whose replacement would destroy anything but an older retr index."""
     out = Path(out).absolute().resolve()
@@ -97,9 +105,10 @@ def build_index(corpus: Corpus, out: Path, cfg: IndexConfig = IndexConfig(), enc
         index, params = build_faiss(emb, cfg.dense)
         faiss_seconds = time.perf_counter() - t0
         faiss_bytes = save_faiss(index, tmp / FAISS_FILE)
+        dense_files = keep_vectors(emb, cfg.dense, tmp)
         dense = {
             "kind": cfg.dense.kind, "metric": "inner_product", "normalized": True, "params": params,
-            "file": FAISS_FILE, "dim": encoder.dim, "model": encoder.describe(),
+            "file": FAISS_FILE, **dense_files, "dim": encoder.dim, "model": encoder.describe(),
             "encode": enc_info, "faiss_build_seconds": faiss_seconds,
             "build_seconds": enc_info["encode_seconds"] + faiss_seconds, "bytes": faiss_bytes,
             "docs_per_second": (len(corpus) / (enc_info["encode_seconds"] + faiss_seconds)),

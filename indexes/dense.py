@@ -15,6 +15,8 @@ logger = logging.getLogger(__name__)
 
 KINDS = ("flat", "hnsw", "ivfpq")
 FAISS_FILE = "dense.faiss"
+VECTORS_FILE = "vectors.npy"  # the full vectors, kept beside an index whose codes are lossy (IVF-PQ)
+LOSSY_KINDS = ("ivfpq",)
 
 
 @dataclass(frozen=True)
@@ -107,3 +109,18 @@ def load_faiss(path: Path, mmap: bool = True):
         return faiss.read_index(str(path), flags)
     except RuntimeError as e:
         raise RetrError(f"{path}: not a readable FAISS index ({str(e).splitlines()[0][:120]})") from None
+
+
+def live_vectors(folder: Path, info: dict, index) -> np.ndarray:
+    """Every row's full vector: from the FAISS file where it holds them (flat, HNSW), else from the vectors kept
+    beside it (IVF-PQ)."""
+    if info["kind"] not in LOSSY_KINDS:
+        return index.reconstruct_n(0, index.ntotal) if index.ntotal else np.zeros((0, index.d), dtype=np.float32)
+    path = folder / info.get("vectors", VECTORS_FILE)
+    if not path.is_file():
+        raise RetrError(f"{path}: missing: this {info['kind']} index keeps only codes, so it cannot change; "
+                        f"rebuild it with `retr index`")
+    vectors = np.load(path, mmap_mode="r")
+    if vectors.shape != (index.ntotal, index.d):
+        raise RetrError(f"{path}: shape {vectors.shape}, the index holds {index.ntotal} x {index.d}: rebuild it")
+    return vectors

@@ -1,9 +1,15 @@
-"""A doc store for titles and text: JSONL plus a memory-mapped offsets array (no pickle)."""
+"""A doc store for titles and text: JSONL plus a memory-mapped offsets array (no pickle).
+
+Records are stored by position (the id list names each). An index that has changed may hold tombstones:
+positions deleted (or replaced by a later record of the same id) that ``retr compact`` folds away. Readers
+address documents by *row*, the n-th live position; without tombstones rows are positions.
+"""
 
 from __future__ import annotations
 
 import json
 import mmap
+import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -15,24 +21,49 @@ from retr.retrieval.types import Document
 DOCS = "docstore.jsonl"
 OFFSETS = "docstore.offsets.npy"
 IDS = "ids.json"
+TOMBSTONES = "tombstones.npy"
 
 
-def write_docstore(folder: Path, docs: Iterable[Document]) -> int:
-    offsets = [0]
-    ids = []
+def _record(d: Document) -> bytes:
+    rec = {"_id": d.doc_id, "title": d.title, "text": d.text}
+    if d.metadata:
+        rec["metadata"] = dict(d.metadata)
+    return (json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def write_docstore(folder: Path, docs: Iterable[Document], after: Path | None = None) -> int:
+    """Write the doc store of ``docs`` into ``folder``; with ``after`` (another index folder), the records of that
+    folder's doc store come first, copied as they are (positions kept), and ``docs`` are appended."""
+    offsets, ids = [0], []
     with (folder / DOCS).open("wb") as fh:
+        if after is not None:
+            with (after / DOCS).open("rb") as src:
+                shutil.copyfileobj(src, fh, 1 << 20)
+            offsets = np.load(after / OFFSETS).tolist()
+            ids = read_ids(after)
         for d in docs:
-            rec = {"_id": d.doc_id, "title": d.title, "text": d.text}
-            if d.metadata:
-                rec["metadata"] = dict(d.metadata)
-            line = json.dumps(rec, ensure_ascii=False) + "\n"
-            data = line.encode("utf-8")
+            data = _record(d)
             fh.write(data)
             offsets.append(offsets[-1] + len(data))
             ids.append(d.doc_id)
     np.save(folder / OFFSETS, np.asarray(offsets, dtype=np.int64))
     (folder / IDS).write_text(json.dumps(ids, ensure_ascii=False), encoding="utf-8")
     return len(ids)
+
+
+def read_tombstones(folder: Path, n_positions: int) -> np.ndarray:
+    """The deleted positions (sorted, unique, in range) of an index folder; empty when it has none."""
+    path = folder / TOMBSTONES
+    if not path.is_file():
+        return np.zeros(0, dtype=np.int64)
+    try:
+        dead = np.load(path)
+    except (OSError, ValueError) as e:
+        raise RetrError(f"{path}: unreadable ({e})") from None
+    if dead.ndim != 1 or dead.dtype.kind not in "iu" or (len(dead) and (dead.min() < 0 or dead.max() >= n_positions
+                                                                        or np.any(np.diff(dead) <= 0))):
+        raise RetrError(f"{path}: not a sorted list of positions below {n_positions}: the index is damaged")
+    return dead.astype(np.int64)
 
 
 def read_ids(folder: Path) -> list[str]:
@@ -50,9 +81,11 @@ class DocStore:
     """Random access to stored documents by position, without loading the corpus. Each read checks that the
     record is the document the id list names at that position."""
 
-    def __init__(self, folder: Path, ids: Sequence[str]):
+    def __init__(self, folder: Path, ids: Sequence[str], rows: np.ndarray | None = None):
+        """``ids``: the id at every stored position; ``rows``: the live positions in order (None: all)."""
         self.path = folder / DOCS
         self.ids = ids
+        self.rows = rows
         try:
             self.offsets = np.load(folder / OFFSETS, mmap_mode="r")
         except (OSError, ValueError) as e:
@@ -67,10 +100,16 @@ class DocStore:
         self._fh = self.path.open("rb")
         self._map = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
 
-    def __len__(self) -> int:
+    @property
+    def stored(self) -> int:
         return len(self.offsets) - 1
 
-    def get(self, position: int) -> Document:
+    def __len__(self) -> int:
+        return self.stored if self.rows is None else len(self.rows)
+
+    def get(self, row: int) -> Document:
+        """The document at ``row`` (the row-th live position)."""
+        position = row if self.rows is None else int(self.rows[row])
         start, end = int(self.offsets[position]), int(self.offsets[position + 1])
         try:
             rec = json.loads(self._map[start:end])
@@ -85,7 +124,7 @@ class DocStore:
         return doc
 
     def positions_where(self, conditions: dict[str, str]) -> tuple[np.ndarray, set[str]]:
-        """Positions (sorted) of the documents whose metadata matches every ``field: value``, and the metadata
+        """Rows (sorted) of the documents whose metadata matches every ``field: value``, and the metadata
         fields seen in the store (one full read, once per filter: the caller keeps what it needs)."""
         found, fields = [], set()
         for i in range(len(self)):

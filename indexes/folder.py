@@ -11,7 +11,9 @@ from functools import cached_property
 from pathlib import Path
 
 from retr.indexes.dense import configure_search, load_faiss
-from retr.indexes.docstore import DocStore, read_ids
+import numpy as np
+
+from retr.indexes.docstore import DocStore, read_ids, read_tombstones
 from retr.indexes.manifest import read_manifest
 from retr.retrieval.artifacts import check_checksums
 from retr.retrieval.errors import RetrError
@@ -27,10 +29,19 @@ class IndexFolder:
         bad = check_checksums(self.folder, self.manifest["files"], hash_up_to=HASH_ON_OPEN_BYTES)
         if bad:
             raise RetrError(f"{bad}: the index is damaged; rebuild it with `retr index`")
-        self.ids = read_ids(self.folder)
+        self.stored_ids = read_ids(self.folder)  # the id at every stored position, tombstoned ones included
+        stored = self.manifest.get("stored_docs", self.manifest["num_docs"])
+        if len(self.stored_ids) != stored:
+            raise RetrError(f"{self.folder}: id list has {len(self.stored_ids)} entries, manifest says {stored} stored")
+        dead = read_tombstones(self.folder, stored)
+        if len(dead) != self.manifest.get("tombstones", 0):
+            raise RetrError(f"{self.folder}: {len(dead)} tombstones, manifest says {self.manifest.get('tombstones', 0)}")
+        # rows: the live positions in order; every part but the doc store and the id list holds rows only
+        self.rows: np.ndarray | None = np.setdiff1d(np.arange(stored), dead) if len(dead) else None
+        self.ids = self.stored_ids if self.rows is None else [self.stored_ids[p] for p in self.rows.tolist()]
         n = self.manifest["num_docs"]
         if len(self.ids) != n:
-            raise RetrError(f"{self.folder}: id list has {len(self.ids)} entries, manifest says {n} documents")
+            raise RetrError(f"{self.folder}: id list has {len(self.ids)} live entries, manifest says {n} documents")
 
     @property
     def dense_info(self) -> dict:
@@ -57,10 +68,10 @@ class IndexFolder:
 
     @cached_property
     def docstore(self) -> DocStore:
-        store = DocStore(self.folder, self.ids)
-        if len(store) != len(self.ids):
+        store = DocStore(self.folder, self.stored_ids, self.rows)
+        if store.stored != len(self.stored_ids):
             store.close()
-            raise RetrError(f"{self.folder}: doc store holds {len(store)} documents, id list {len(self.ids)}")
+            raise RetrError(f"{self.folder}: doc store holds {store.stored} documents, id list {len(self.stored_ids)}")
         return store
 
     @property

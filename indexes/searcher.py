@@ -58,6 +58,7 @@ class Searcher:
         ``rerank``: the options (depth, length, backend, weight) of the cross-encoders asked for by folder in
         ``search(rerank=...)``."""
         self.index = IndexFolder(folder)
+        self._options = (encoder, pipeline, rerank)
         self._factory = PipelineFactory(self.index, config=pipeline or PipelineConfig(),
                                         encoder_config=encoder or EncoderConfig())
         self._rerank = rerank
@@ -69,6 +70,16 @@ class Searcher:
     @property
     def encoder(self) -> BiEncoder:
         return self._factory.encoder
+
+    def reopened(self) -> Searcher:
+        """A searcher over the folder's current generation, with this one's options; the loaded query encoder and
+        cross-encoders carry over when the new generation was built by the same model."""
+        new = Searcher(self.index.folder, *self._options)
+        old = self._factory._encoder
+        if old is not None and new.index.dense_info["model"]["hash"] == old.model_hash:
+            new._factory._encoder = old
+        new._rerankers = dict(self._rerankers)
+        return new
 
     def _reranker(self, model: str) -> CrossEncoderReranker:
         if model not in self._rerankers:

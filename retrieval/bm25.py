@@ -49,11 +49,15 @@ def _stopwords(name: str | None) -> list[str]:
     return list(_infer_stopwords(name))
 
 
+def tokenizer_options(cfg: BM25Config) -> dict:
+    """``bm25s.tokenize``'s options for ``cfg`` (the one definition of how BM25 text is tokenised)."""
+    return {"stopwords": cfg.stopwords or [], "stemmer": _stemmer(cfg.stemmer)}
+
+
 def tokenize(texts: Sequence[str], cfg: BM25Config, show_progress: bool = False) -> list[list[str]]:
     import bm25s
 
-    return bm25s.tokenize(list(texts), stopwords=cfg.stopwords or [], stemmer=_stemmer(cfg.stemmer),
-                          return_ids=False, show_progress=show_progress)
+    return bm25s.tokenize(list(texts), **tokenizer_options(cfg), return_ids=False, show_progress=show_progress)
 
 
 class BM25Retriever:

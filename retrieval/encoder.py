@@ -18,8 +18,8 @@ import numpy as np
 from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends.batching import fast_tokenizer, run_sorted
 from retr.retrieval.backends.export import EMBEDDING, Calibration
-from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
-from retr.retrieval.backends.registry import DEFAULT_BACKEND, base_of, default_query_backend, get_backend
+from retr.retrieval.backends.graphs import Graph, find_cached, graph_info, open_graph
+from retr.retrieval.backends.registry import BACKENDS, DEFAULT_BACKEND, base_of, default_query_backend, get_backend
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
 
@@ -159,6 +159,22 @@ class BiEncoder:
             self._calibrated = {calibration.digest: graph}
         used = self._calibrated[calibration.digest] or self.graph
         return CorpusEncoding(self._run(used, tok, show_progress), used.info())
+
+    def encode_like(self, texts: list[str], recorded: dict, show_progress: bool = False) -> np.ndarray:
+        """Texts through the graph that encoded an index's documents (``recorded``: that graph's info), so that
+        documents added to the index sit with the ones already there. Where that graph was calibrated on the
+        index's corpus and is no longer in this machine's cache, the base graph stands in, with a warning."""
+        digest = recorded.get("calibration")
+        if self.graph is not None and recorded.get("backend") != self.graph.variant and recorded.get("backend") \
+                in BACKENDS and get_backend(recorded["backend"]).calibrated:
+            graph = find_cached(self.model_hash, get_backend(recorded["backend"]), EMBEDDING, cache_home(),
+                                calibration=Calibration((), digest)) if digest else None
+            if graph is not None:
+                return self._run(graph, self._token_ids(texts), show_progress)
+            logger.warning("the %s graph calibrated on this index's corpus is not in the cache here: the new documents "
+                           "are encoded by the %s graph (cosine to it >= %.3f)", recorded["backend"],
+                           self.graph.variant, recorded.get("check_cosine") or 0.0)
+        return self.encode(texts, show_progress=show_progress)
 
     def _run(self, graph: Graph, tok: list, show_progress: bool) -> np.ndarray:
         """Length-sorted batches under a token budget, each padded only to its own longest text."""

@@ -43,7 +43,10 @@ class Graph:
         return self.backend.name
 
     def info(self) -> dict:
-        return {"backend": self.backend.name, "precision": self.precision, "check_cosine": self.check}
+        info = {"backend": self.backend.name, "precision": self.precision, "check_cosine": self.check}
+        if self.calibration is not None:
+            info["calibration"] = self.calibration
+        return info
 
 
 TORCH_INFO = {"backend": "torch", "precision": "fp32", "check_cosine": None}

@@ -1,0 +1,250 @@
+"""Change an index without rebuilding it: add (or update) documents, delete them, compact.
+
+Each change writes a new generation of the folder beside it and swaps it in atomically, under the folder's
+writer lock (a reader keeps the generation it opened; ``retr serve`` swaps to the new one by itself). The live
+documents are the *rows*; a search after any change returns what a fresh build of the live documents, in row
+order, returns:
+
+- add: only the new documents are encoded, with the index's model and the graph its vectors came from; the doc
+  store is copied with the new records appended (a document whose id is already live is an update: its old
+  position becomes a tombstone). Delete: positions become tombstones; the doc store and id list are linked into
+  the new generation, not copied.
+- BM25 statistics (document frequencies, average length) are recomputed over the live rows from their stored
+  token ids, never re-tokenised; the dense part is rebuilt from the live vectors (flat: a copy; HNSW and IVF-PQ:
+  the structure is built again over them, as a fresh build would, with the index's configuration).
+- compact: the doc store and id list are rewritten without the tombstoned records; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from copy import deepcopy
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from retr.indexes.bm25 import RowTokens, write_bm25
+from retr.indexes.corpus import Corpus
+from retr.indexes.dense import DenseIndexConfig, build_faiss, live_vectors, save_faiss
+from retr.indexes.docstore import DOCS, IDS, OFFSETS, TOMBSTONES, write_docstore
+from retr.indexes.folder import IndexFolder
+from retr.indexes.manifest import write_manifest
+from retr.retrieval.artifacts import atomic_dir, checksums, versions, writer_lock
+from retr.retrieval.bm25 import BM25_DIR, BM25Config
+from retr.retrieval.encoder import EncoderConfig
+from retr.retrieval.errors import RetrError
+from retr.retrieval.pipeline import encoder_for_index
+from retr.retrieval.types import Document
+
+logger = logging.getLogger(__name__)
+
+_STORE_FILES = (DOCS, OFFSETS, IDS)
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one change did."""
+    generation: int
+    added: int
+    updated: int
+    deleted: int
+    live: int
+    tombstones: int
+    encode_seconds: float
+    seconds: float
+
+
+def _config(cls, recorded: dict | None):
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in (recorded or {}).items() if k in names})
+
+
+def _link(src: Path, dst: Path, names: Iterable[str], recorded: dict) -> dict:
+    """Hard-link unchanged parts into the new generation (never written in place, so sharing is safe); their
+    checksums carry over."""
+    out = {}
+    for name in names:
+        (dst / name).parent.mkdir(parents=True, exist_ok=True)
+        os.link(src / name, dst / name)
+        out[name] = recorded[name]
+    return out
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()
+
+
+def _live_tokens(index: IndexFolder, cfg: BM25Config) -> RowTokens:
+    tokens = RowTokens.load(index.bm25_folder)
+    if tokens is None:  # an index built before token ids were kept: tokenise its live documents once
+        store = index.docstore
+        tokens = RowTokens.of([store.get(r).full_text() for r in range(len(store))], cfg)
+    if len(tokens) != len(index.ids):
+        raise RetrError(f"{index.bm25_folder}: holds tokens of {len(tokens)} rows, the index {len(index.ids)}: "
+                        f"rebuild it")
+    return tokens
+
+
+def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document], vectors: np.ndarray | None,
+                      op: dict, encode_seconds: float = 0.0) -> Change:
+    """The next generation of ``index``: its rows ``keep`` (a mask over rows), then ``docs`` (with ``vectors``)."""
+    t0 = time.perf_counter()
+    m = index.manifest
+    folder = index.folder
+    stored = len(index.stored_ids)
+    rows = index.rows if index.rows is not None else np.arange(stored)
+    dead = np.union1d(np.setdiff1d(np.arange(stored), rows), rows[~keep]).astype(np.int64)
+    live = int(keep.sum()) + len(docs)
+    if live == 0:
+        raise RetrError(f"{folder}: the change would leave the index empty: build a new one instead")
+    new = deepcopy(m)
+    with atomic_dir(folder) as tmp:
+        if docs:
+            write_docstore(tmp, docs, after=folder)
+            files = checksums(tmp, _STORE_FILES)
+        else:
+            files = _link(folder, tmp, _STORE_FILES, m["files"])
+        if len(dead):
+            np.save(tmp / TOMBSTONES, dead)
+            files.update(checksums(tmp, [TOMBSTONES]))
+
+        info = m["dense"]
+        emb = np.asarray(live_vectors(folder, info, index.faiss_index))[keep]
+        if vectors is not None and len(vectors):
+            emb = np.concatenate([emb, vectors.astype(np.float32)])
+        dense_cfg = _config(DenseIndexConfig, m.get("config", {}).get("dense"))
+        t_faiss = time.perf_counter()
+        faiss_index, params = build_faiss(emb, dense_cfg)
+        faiss_seconds = time.perf_counter() - t_faiss
+        dense_names = [info["file"]]
+        new["dense"].update(params=params, faiss_build_seconds=faiss_seconds,
+                            bytes=save_faiss(faiss_index, tmp / info["file"]))
+        if info.get("vectors"):
+            np.save(tmp / info["vectors"], np.ascontiguousarray(emb))
+            dense_names.append(info["vectors"])
+        files.update(checksums(tmp, dense_names))
+
+        if index.has_bm25:
+            cfg = _config(BM25Config, m["bm25"].get("params"))
+            tokens = _live_tokens(index, cfg).select(keep)
+            if docs:
+                tokens = tokens.extend(RowTokens.of([d.full_text() for d in docs], cfg))
+            stats = write_bm25(tokens, tmp / BM25_DIR, cfg)
+            new["bm25"].update(build_seconds=stats["build_seconds"], bytes=stats["bytes"],
+                               vocab_size=stats["vocab_size"])
+            files.update({f"{BM25_DIR}/{k}": v for k, v in checksums(tmp / BM25_DIR).items()})
+
+        generation = int(m.get("generation", 0)) + 1
+        seconds = time.perf_counter() - t0 + encode_seconds
+        op = {**op, "generation": generation, "seconds": seconds, "encode_seconds": encode_seconds,
+              "faiss_build_seconds": faiss_seconds, "live": live, "tombstones": len(dead)}
+        new.update(num_docs=live, stored_docs=stored + len(docs), tombstones=len(dead), generation=generation,
+                   changes=[*m.get("changes", []), op], files=files, versions=versions())
+        new["corpus"] = {**m["corpus"], "num_docs": live,
+                         "sha256": _digest(m["corpus"]["sha256"], op["op"], op.get("sha256", ""))}
+        write_manifest(tmp, new)
+    logger.info("%s: generation %d written (%d live, %d tombstones)", folder, generation, live, len(dead))
+    return Change(generation, op.get("added", 0), op.get("updated", 0), op.get("deleted", 0), live, len(dead),
+                  encode_seconds, seconds)
+
+
+def add_documents(folder: str | Path, corpus: Corpus, encoder: EncoderConfig | None = None) -> Change:
+    """Add ``corpus``'s documents to the index at ``folder``; one whose id is live already replaces it."""
+    folder = Path(folder)
+    if not len(corpus):
+        raise RetrError(f"{corpus.source}: no documents to add")
+    with writer_lock(folder):
+        index = IndexFolder(folder)
+        try:
+            built = index.dense_info["model"]
+            enc = encoder_for_index(index, encoder or EncoderConfig(backend=built.get("backend") or "torch"))
+            t0 = time.perf_counter()
+            recorded = (index.dense_info.get("encode") or {}).get("graph") or {}
+            vectors = enc.encode_like([d.full_text() for d in corpus.docs], recorded, show_progress=len(corpus) > 100)
+            encode_seconds = time.perf_counter() - t0
+            updated = {d.doc_id for d in corpus.docs} & set(index.ids)
+            keep = np.fromiter((i not in updated for i in index.ids), dtype=bool, count=len(index.ids))
+            op = {"op": "add", "source": str(corpus.source), "sha256": corpus.sha256, "added": len(corpus) - len(updated),
+                  "updated": len(updated), "deleted": 0}
+            return _write_generation(index, keep, corpus.docs, vectors, op, encode_seconds)
+        finally:
+            index.close()
+
+
+def read_id_list(path: str | Path) -> dict[str, int]:
+    """Ids, one per line (blank lines skipped), each with the line it was first read from."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise RetrError(f"{path}: unreadable id list ({e})") from None
+    out: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            out.setdefault(line.strip(), lineno)
+    return out
+
+
+def delete_documents(folder: str | Path, ids: Sequence[str] | Mapping[str, int], source: str = "ids",
+                     missing_ok: bool = False) -> Change:
+    """Delete the documents ``ids`` from the index at ``folder`` (tombstones); an id it does not hold is an error
+    naming it and where it came from (``source``, and the line where ``ids`` maps each id to one), unless
+    ``missing_ok``."""
+    folder = Path(folder)
+    wanted = list(dict.fromkeys(ids))
+    lines = ids if isinstance(ids, Mapping) else {i: n for n, i in reversed(list(enumerate(ids, start=1)))}
+    if not wanted:
+        raise RetrError(f"{source}: no ids to delete")
+    with writer_lock(folder):
+        index = IndexFolder(folder)
+        try:
+            live = set(index.ids)
+            missing = [i for i in wanted if i not in live]
+            if missing and not missing_ok:
+                raise RetrError(f"{source}:{lines[missing[0]]}: no live document {missing[0]!r} in {folder} "
+                                f"({len(missing)} of {len(wanted)} ids missing; --missing-ok skips them)")
+            gone = set(wanted) & live
+            if not gone:
+                raise RetrError(f"{source}: none of its {len(wanted)} ids is in {folder}: nothing to delete")
+            keep = np.fromiter((i not in gone for i in index.ids), dtype=bool, count=len(index.ids))
+            op = {"op": "delete", "source": source, "sha256": _digest(*sorted(gone)), "added": 0, "updated": 0,
+                  "deleted": len(gone), "missing": len(missing)}
+            return _write_generation(index, keep, [], None, op)
+        finally:
+            index.close()
+
+
+def compact_index(folder: str | Path) -> Change:
+    """Fold the tombstones of the index at ``folder`` away: its doc store and id list keep live records only."""
+    folder = Path(folder)
+    t0 = time.perf_counter()
+    with writer_lock(folder):
+        index = IndexFolder(folder)
+        try:
+            m = index.manifest
+            generation = int(m.get("generation", 0))
+            if index.rows is None:
+                logger.info("%s: no tombstones: nothing to compact", folder)
+                return Change(generation, 0, 0, 0, len(index.ids), 0, 0.0, 0.0)
+            store = index.docstore
+            new = deepcopy(m)
+            with atomic_dir(folder) as tmp:
+                write_docstore(tmp, (store.get(r) for r in range(len(store))))
+                files = checksums(tmp, _STORE_FILES)
+                kept = [f for f in m["files"] if f not in (*_STORE_FILES, TOMBSTONES)]
+                files.update(_link(folder, tmp, kept, m["files"]))
+                generation += 1
+                op = {"op": "compact", "generation": generation, "removed": int(m["tombstones"]),
+                      "seconds": time.perf_counter() - t0, "live": len(index.ids), "tombstones": 0}
+                new.update(stored_docs=len(index.ids), tombstones=0, generation=generation,
+                           changes=[*m.get("changes", []), op], files=files, versions=versions())
+                write_manifest(tmp, new)
+        finally:
+            index.close()
+    logger.info("%s: compacted (%d tombstones removed)", folder, op["removed"])
+    return Change(generation, 0, 0, 0, op["live"], 0, 0.0, time.perf_counter() - t0)
