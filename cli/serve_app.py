@@ -18,11 +18,13 @@ import os
 import threading
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from retr.indexes.searcher import Searcher
+from retr.retrieval.backends.runners import default_threads
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.pipeline import PipelineConfig
@@ -39,6 +41,9 @@ class ServeConfig:
     max_k: int = 1000
     max_batch: int = 64
     max_body_bytes: int = 1 << 20
+    # searches in flight at once, each on a thread of its own (default: the cores, at most 4); a fixed pool keeps
+    # each thread's inference state warm, where a pool that rotates its threads costs ~2 ms per hybrid search
+    search_threads: int = 0
     timeout_s: float = 30.0
     encoder: EncoderConfig = EncoderConfig()
     pipeline: PipelineConfig = PipelineConfig()
@@ -121,14 +126,75 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+class Bounded:
+    """ASGI middleware (plain, not Starlette's BaseHTTPMiddleware, which costs a task and a stream per request):
+    refuses a body over the bound (declared or streamed) with 413, answers any unhandled error with a JSON 500 and
+    keeps serving, and counts every response by path and status."""
+
+    PATHS = frozenset(("/search", "/healthz", "/metrics", "/"))
+
+    def __init__(self, app, max_body_bytes: int, metrics: Metrics):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
+
+    @staticmethod
+    async def _json(send, status: int, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"] if scope["path"] in self.PATHS else "other"
+        status = [0]
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            await self._json(send, 413, f"request body over {self.max_body_bytes} bytes")
+            self.metrics.request(path, 413)
+            return
+        seen = [0]
+        refused = [False]  # answered 413 while the app was still reading: whatever it sends after is dropped
+
+        async def bounded_receive():
+            message = await receive()
+            seen[0] += len(message.get("body", b""))
+            if seen[0] > self.max_body_bytes and not refused[0]:
+                refused[0] = True
+                if not status[0]:
+                    status[0] = 413
+                    await self._json(send, 413, f"request body over {self.max_body_bytes} bytes")
+                return {"type": "http.disconnect"}
+            return message
+
+        async def counted_send(message):
+            if refused[0]:
+                return
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, bounded_receive, counted_send)
+        except Exception:  # noqa: BLE001 - logged; the client gets a JSON error, the server keeps running
+            if not refused[0]:
+                logger.exception("request %s failed", scope["path"])
+            if not status[0]:
+                status[0] = 500
+                await self._json(send, 500, "internal error (logged by the server)")
+        self.metrics.request(path, status[0] or 500)
+
+
 def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
-    from fastapi import FastAPI, Request
-    from fastapi.concurrency import run_in_threadpool
+    from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from pydantic import BaseModel, ConfigDict, Field, model_validator
 
     generations = Generations(Path(folder), cfg)
+    pool = ThreadPoolExecutor(cfg.search_threads or default_threads(), thread_name_prefix="retr-search")
     metrics = Metrics()
     app = FastAPI(title="retr", description=f"Search the retr index {folder}", version="1")
 
@@ -153,20 +219,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
 
-    @app.middleware("http")
-    async def bounded(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > cfg.max_body_bytes):
-            response = error(413, f"request body over {cfg.max_body_bytes} bytes")
-        else:
-            try:
-                response = await call_next(request)
-            except Exception:  # noqa: BLE001 - logged; the client gets a JSON error, the server keeps running
-                logger.exception("request %s failed", request.url.path)
-                response = error(500, "internal error (logged by the server)")
-        metrics.request(request.url.path if request.url.path in ("/search", "/healthz", "/metrics", "/")
-                        else "other", response.status_code)
-        return response
+    app.add_middleware(Bounded, max_body_bytes=cfg.max_body_bytes, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request, exc: RequestValidationError):
@@ -187,7 +240,8 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
         rerank = cfg.rerank.model if req.rerank else None
         try:
             results = await asyncio.wait_for(
-                run_in_threadpool(searcher.search_many, queries, req.k, req.mode, rerank, req.filter),
+                asyncio.get_running_loop().run_in_executor(
+                    pool, searcher.search_many, queries, req.k, req.mode, rerank, req.filter),
                 cfg.timeout_s)
         except TimeoutError:
             return error(504, f"search took longer than {cfg.timeout_s} s")

@@ -20,7 +20,14 @@ import numpy as np
 from retr.indexes.bm25 import build_bm25
 from retr.indexes.cache import EmbeddingCache, embedding_key
 from retr.indexes.corpus import Corpus
-from retr.indexes.dense import FAISS_FILE, LOSSY_KINDS, VECTORS_FILE, DenseIndexConfig, build_faiss, save_faiss
+from retr.indexes.dense import (
+    FAISS_FILE,
+    LOSSY_KINDS,
+    VECTORS_FILE,
+    DenseIndexConfig,
+    build_faiss,
+    save_faiss,
+)
 from retr.indexes.docstore import write_docstore
 from retr.indexes.folder import INDEX_KIND, IndexFolder
 from retr.indexes.manifest import is_index_folder, write_manifest

@@ -10,9 +10,9 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from retr.indexes.dense import configure_search, load_faiss
 import numpy as np
 
+from retr.indexes.dense import configure_search, load_faiss
 from retr.indexes.docstore import DocStore, read_ids, read_tombstones
 from retr.indexes.manifest import read_manifest
 from retr.retrieval.artifacts import check_checksums

@@ -120,3 +120,35 @@ def test_a_rebuilt_index_is_picked_up_as_a_new_generation(served, tiny_bi_encode
     status, after = server.request("/search", {"query": "quasar telescopes", "k": 1, "mode": "bm25"})
     assert status == 200 and after["results"][0]["id"] == "new1"
     assert server.request("/healthz")[1]["generation"] == 2
+
+
+def test_a_streamed_body_over_the_bound_gets_413(served):
+    """No content-length (chunked): the bound is enforced on the bytes as they arrive."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    server, _ = served
+    url = urlsplit(server.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    chunks = iter([b'{"query": "', b"x" * (600 << 10), b"x" * (600 << 10), b'"}'])
+    conn.request("POST", "/search", body=chunks, headers={"content-type": "application/json"}, encode_chunked=True)
+    r = conn.getresponse()
+    assert r.status == 413 and "request body" in json.loads(r.read())["error"]
+    conn.close()
+    assert server.request("/healthz")[0] == 200
+
+
+def test_added_and_deleted_documents_are_served_as_a_new_generation(served, tmp_path):
+    server, idx = served
+    generation = server.request("/healthz")[1]["generation"]
+    corpus = tmp_path / "added.jsonl"
+    corpus.write_text(json.dumps({"_id": "pulsar1", "title": "Pulsars", "text": "pulsar radio beams"}) + "\n")
+    assert main(["add", str(idx), "--corpus", str(corpus)]) == 0
+    status, found = server.request("/search", {"query": "pulsar radio", "k": 1, "mode": "hybrid"})
+    assert status == 200 and found["results"][0]["id"] == "pulsar1"
+    (tmp_path / "gone.txt").write_text("pulsar1\n")
+    assert main(["delete", str(idx), "--ids", str(tmp_path / "gone.txt")]) == 0
+    status, after = server.request("/search", {"query": "pulsar radio", "k": 5, "mode": "bm25"})
+    assert status == 200 and "pulsar1" not in [r["id"] for r in after["results"]]
+    assert server.request("/doc/pulsar1")[0] == 404
+    assert server.request("/healthz")[1]["generation"] == generation + 2

@@ -41,7 +41,8 @@ def _index(root, name, corpus, model, kind):
     return folder
 
 
-def _results(folder, queries=tuple(QUERIES.values())):
+def _results(folder):
+    queries = tuple(QUERIES.values())
     s = Searcher(folder, EncoderConfig(backend="onnx"))
     try:
         n = len(s.index.ids)

@@ -166,8 +166,9 @@ def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, ma
 
 def open_graph(get_model: Callable[[], object], model_hash: str, backend_name: str, max_length: int,
                cache_root: Path, kind: GraphKind = EMBEDDING, use_cache_alone: bool = True,
-               calibration: Calibration | None = None) -> Graph | None:
+               calibration: Calibration | None = None, threads: int | None = None) -> Graph | None:
     """The verified graph of a model for ``backend_name``: from the cache, or exported from ``get_model()`` now.
+    ``threads``: its runner's inference threads (default: ``default_threads()``).
     None when the backend is torch, when its runtime is not installed and nothing can stand in, or (with a
     warning) when the export itself fails: the caller then runs torch. ``use_cache_alone=False`` when the caller
     needs the torch model anyway (no fast tokenizer), so the cache look-up is left to ``load_or_export``.
@@ -186,11 +187,11 @@ def open_graph(get_model: Callable[[], object], model_hash: str, backend_name: s
     except ImportError:
         logger.warning("onnxruntime is not installed: using the torch backend")
         return None
-    graph = find_cached(model_hash, backend, kind, cache_root, calibration=calibration) if use_cache_alone else None
+    graph = find_cached(model_hash, backend, kind, cache_root, threads, calibration) if use_cache_alone else None
     if graph is not None:
         return graph
     try:
-        return load_or_export(get_model(), model_hash, backend, kind, max_length, cache_root, calibration=calibration)
+        return load_or_export(get_model(), model_hash, backend, kind, max_length, cache_root, threads, calibration)
     except RetrError:
         raise
     except Exception as e:  # noqa: BLE001 - an export failure must not stop the user
