@@ -13,7 +13,9 @@ _PIPELINE = PipelineConfig()
 
 def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="BEIR metrics and latency for pipelines on a dataset")
-    p.add_argument("--dataset", required=True, help="BEIR folder, or a name under $RETR_DATA (downloaded if online)")
+    p.add_argument("--dataset", required=True,
+                   help="BEIR folder, or a name under $RETR_DATA (downloaded if online); several, comma-separated, "
+                        "or a text file listing one per line: one report holding each, and a summary table")
     p.add_argument("--split", default="test")
     p.add_argument("--pipelines", default=",".join(DEFAULT_PIPELINES), help=f"comma-separated: {', '.join(PIPELINES)}")
     p.add_argument("--reranker", default=None, help="cross-encoder folder for +rerank pipelines")
@@ -38,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from retr.eval.data import load_dataset
+    from retr.eval.report import EvalSuite
     from retr.eval.runner import EvalConfig, run_eval
-    from retr.eval.table import detail_table, main_table
+    from retr.eval.table import detail_table, main_table, summary_table
     from retr.retrieval.bm25 import BM25Config
     from retr.retrieval.pipeline import parse_pipelines
 
@@ -50,16 +53,44 @@ def run(args: argparse.Namespace) -> int:
         reranker=options.rerank_config(args, args.reranker), ignore_identical_ids=args.ignore_identical_ids,
         warmup=max(0, args.warmup), use_cache=not args.no_cache,
     )
-    dataset = load_dataset(args.dataset, args.split, download=not args.no_download)
+    specs = dataset_specs(args.dataset)
+    datasets = [load_dataset(s, args.split, download=not args.no_download) for s in specs]  # all checked first
     run_dir = Path(args.run_dir) if args.run_dir else None
     if run_dir is None and args.out:
         out = Path(args.out)
         run_dir = out.with_name(f"{out.stem}-runs")
-    report = run_eval(dataset, cfg, run_dir)
-    print(main_table(report))
-    print()
-    print(detail_table(report))
+    reports = []
+    for dataset in datasets:
+        sub = run_dir / dataset.name if run_dir is not None and len(datasets) > 1 else run_dir
+        report = run_eval(dataset, cfg, sub)
+        reports.append(report)
+        print(main_table(report))
+        print()
+        print(detail_table(report))
+        print()
+    if len(reports) > 1:
+        print(summary_table(reports))
     if args.out:
-        report.write(Path(args.out))
+        (reports[0] if len(reports) == 1 else EvalSuite(reports)).write(Path(args.out))
         print(f"\nreport written to {args.out}")
     return 0
+
+
+def dataset_specs(value: str) -> list[str]:
+    """``a,b,c`` or a text file listing one dataset per line (blank lines and ``#`` comments skipped)."""
+    from pathlib import Path
+
+    from retr.retrieval.errors import RetrError
+
+    path = Path(value)
+    if path.is_file() and path.suffix in (".txt", ".list", ""):
+        specs = [line.split("#", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        specs = [s for s in specs if s]
+        if not specs:
+            raise RetrError(f"{path}: lists no dataset")
+        return specs
+    specs = [s.strip() for s in value.split(",") if s.strip()]
+    dup = next((s for s in specs if specs.count(s) > 1), None)
+    if dup:
+        raise RetrError(f"--dataset names {dup!r} twice")
+    return specs

@@ -122,3 +122,36 @@ class EvalReport:
         except OSError as e:
             raise RetrError(f"{path}: cannot read ({e.strerror})") from None
         return cls.from_json(text, str(path))
+
+
+SUITE_FORMAT = "retr-eval-suite"
+
+
+@dataclass(frozen=True)
+class EvalSuite:
+    """The reports of one `retr eval` over several datasets, in the order given."""
+    reports: list[EvalReport]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": SUITE_FORMAT, "format_version": REPORT_VERSION,
+                "reports": [r.to_dict() for r in self.reports]}
+
+    def write(self, path: Path) -> None:
+        atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2, default=str, allow_nan=True) + "\n")
+
+
+def read_reports(path: str | Path) -> list[EvalReport]:
+    """The reports in a JSON file written by `retr eval`: one dataset's report, or a suite of several."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise RetrError(f"{path}: cannot read ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RetrError(f"{path}: unreadable JSON ({e})") from None
+    if isinstance(d, dict) and d.get("format") == SUITE_FORMAT:
+        if d.get("format_version") != REPORT_VERSION or not isinstance(d.get("reports"), list):
+            raise RetrError(f"{path}: suite format version {d.get('format_version')} is not {REPORT_VERSION}: "
+                            f"run `retr eval` again")
+        return [EvalReport.from_dict(r, f"{path} (report {i + 1})") for i, r in enumerate(d["reports"])]
+    return [EvalReport.from_dict(d, str(path))]

@@ -60,3 +60,29 @@ def detail_table(report: EvalReport) -> str:
         for m in ("NDCG", "MAP", "Recall", "P"):
             rows.append([name, m, *(_fmt(p.metrics[f"{m}@{k}"]) for k in ks)])
     return grid(header, rows)
+
+
+def summary_table(reports: list[EvalReport]) -> str:
+    """Across datasets: nDCG@10 and Recall@100 per pipeline x dataset with their means, then each stage's p50
+    latency per pipeline, averaged over the datasets."""
+    names = [r.dataset.name for r in reports]
+    pipelines = list(dict.fromkeys(p for r in reports for p in r.pipelines))
+    blocks = []
+    for metric in ("NDCG@10", "Recall@100"):
+        rows = []
+        for p in pipelines:
+            values = [r.pipelines[p].metrics.get(metric) if p in r.pipelines else None for r in reports]
+            have = [v for v in values if v is not None]
+            mean = sum(have) / len(have) if len(have) == len(values) else None
+            rows.append([p, *(_fmt(v) for v in values), _fmt(mean)])
+        blocks.append(f"{metric} across {len(reports)} datasets\n" + grid(["pipeline", *names, "mean"], rows))
+    stages = [s for s in (*STAGE_ORDER, "total") if any(s in p.latency_ms for r in reports for p in r.pipelines.values())]
+    rows = []
+    for p in pipelines:
+        cells = []
+        for s in stages:
+            ms = [r.pipelines[p].latency_ms[s].p50 for r in reports if p in r.pipelines and s in r.pipelines[p].latency_ms]
+            cells.append(_fmt(sum(ms) / len(ms), 2) if ms else "-")
+        rows.append([p, *cells])
+    blocks.append("p50 latency (ms) per stage, mean over datasets\n" + grid(["pipeline", *stages], rows))
+    return "\n\n".join(blocks)

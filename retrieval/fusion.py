@@ -50,6 +50,30 @@ def minmax(runs: Sequence[Run], k: int, weights: Sequence[float] | None = None) 
     return Run(out)
 
 
+def zscore(runs: Sequence[Run], k: int, weights: Sequence[float] | None = None) -> Run:
+    """Weighted sum of per-query standardised scores ((s - mean) / std over the run's list for that query; a
+    document a run missed gets that run's lowest standardised score)."""
+    weights = list(weights) if weights is not None else [1.0 / len(runs)] * len(runs)
+    if len(weights) != len(runs):
+        raise RetrError(f"{len(weights)} fusion weights for {len(runs)} runs")
+    qids = list(dict.fromkeys(q for run in runs for q in run))
+    out = {}
+    for q in qids:
+        parts = []
+        for run, w in zip(runs, weights, strict=True):
+            hits = run.get(q, ())
+            if not hits:
+                continue
+            s = [h.score for h in hits]
+            mean = sum(s) / len(s)
+            std = (sum((x - mean) ** 2 for x in s) / len(s)) ** 0.5 or 1.0
+            parts.append((w, {h.doc_id: (h.score - mean) / std for h in hits}, (min(s) - mean) / std))
+        docs = dict.fromkeys(d for _, z, _ in parts for d in z)
+        scores = {d: sum(w * z.get(d, floor) for w, z, floor in parts) for d in docs}
+        out[q] = _ranked(scores, k)
+    return Run(out)
+
+
 class HybridRetriever:
     """Runs two retrievers to ``depth`` each and fuses their rankings."""
 

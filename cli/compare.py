@@ -1,0 +1,42 @@
+"""`retr compare`: paired significance of metric differences (and latency) between eval reports or TREC runs."""
+
+from __future__ import annotations
+
+import argparse
+
+from retr.cli import options
+
+
+def add_parser(sub) -> None:
+    from retr.eval.compare import DEFAULT_METRICS
+    from retr.eval.stats import RESAMPLES
+
+    p = sub.add_parser("compare", help="is B better than A: paired t and randomization tests (Holm-corrected), "
+                                       "wins/ties/losses, latency differences with bootstrap intervals")
+    p.add_argument("files", nargs="+", help="eval reports (JSON from `retr eval --out`) or TREC run files; within "
+                                            "each dataset the first system is the baseline")
+    p.add_argument("--qrels", default=None, help="qrels (BEIR TSV or TREC) to score TREC run files against")
+    p.add_argument("--metrics", default=",".join(DEFAULT_METRICS), help="comma-separated, e.g. NDCG@10,MAP@100")
+    p.add_argument("--resamples", type=options.positive_int, default=RESAMPLES,
+                   help="randomization and bootstrap resamples (exact enumeration when 2^n is not more)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--alpha", type=float, default=0.05, help="level at which a corrected difference is marked")
+    p.add_argument("--out", default=None, help="JSON with every comparison")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from retr.eval.compare import compare, comparison_table, systems_from, write_comparison
+    from retr.eval.data import load_qrels
+
+    qrels = load_qrels(args.qrels) if args.qrels else None
+    systems = systems_from(args.files, qrels, Path(args.qrels).stem if args.qrels else "qrels")
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    result = compare(systems, metrics, args.resamples, args.seed)
+    print(comparison_table(result, args.alpha))
+    if args.out:
+        write_comparison(result, Path(args.out))
+        print(f"\ncomparison written to {args.out}")
+    return 0
