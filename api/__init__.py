@@ -20,6 +20,7 @@ from retr.indexes.dense import DenseIndexConfig
 from retr.indexes.searcher import SearchHit, SearchResult
 from retr.retrieval.backends.registry import DEFAULT_BACKEND
 from retr.retrieval.errors import RetrError
+from retr.retrieval.fusion import DEFAULT_FUSION
 
 __all__ = ["DenseIndexConfig", "EvalReport", "Index", "RetrError", "SearchHit", "SearchResult", "evaluate"]
 
@@ -54,7 +55,7 @@ class Index:
 
     @classmethod
     def load(cls, folder: str | Path, *, model: str | None = None, backend: str = DEFAULT_BACKEND,
-             query_backend: str | None = None, fusion: str = "rrf") -> Index:
+             query_backend: str | None = None, fusion: str = DEFAULT_FUSION) -> Index:
         """Open an index folder (checked against its manifest). ``model``: the query encoder (default: the one
         that built the index)."""
         from retr.indexes.searcher import Searcher
@@ -123,7 +124,7 @@ class Index:
 def evaluate(dataset: str | Path, pipelines: Sequence[str] = ("bm25", "dense", "hybrid"), *, split: str = "test",
              model: str | None = None, backend: str = DEFAULT_BACKEND, query_backend: str | None = None,
              reranker: str | None = None, k_values: Sequence[int] = DEFAULT_K_VALUES, kind: str = "flat",
-             fusion: str = "rrf", warmup: int = 5, download: bool = True, run_dir: str | Path | None = None,
+             fusion: str = DEFAULT_FUSION, warmup: int = 5, download: bool = True, run_dir: str | Path | None = None,
              out: str | Path | None = None) -> EvalReport:
     """`retr eval` from Python: the typed report (written to ``out`` as JSON when given)."""
     from retr.eval.data import load_dataset

@@ -18,10 +18,18 @@ from pathlib import Path
 import numpy as np
 
 COLLECTIONS = ("scifact-dev", "scifact", "npl", "cranfield", "cisi", "adi")
+ZERO_SHOT = ("npl", "cranfield", "cisi", "adi")
+# stress checks, zero-shot only: one part made much weaker on purpose (~weakdense: the dense side reads only the
+# first WEAK_TOKENS tokens of each text; ~weakbm25: BM25 indexes only the first WEAK_WORDS words of each document)
+STRESS = tuple(f"{c}~{w}" for w in ("weakdense", "weakbm25") for c in ZERO_SHOT)
 DEPTH = 100
+WEAK_TOKENS = 16
+WEAK_WORDS = 12
 
 
 def _runs(name: str, root: Path, cache: Path):
+    from dataclasses import replace
+
     from retr.eval.data import load_dataset
     from retr.indexes.build import IndexConfig, cached_index
     from retr.retrieval.bm25 import BM25Config
@@ -29,9 +37,11 @@ def _runs(name: str, root: Path, cache: Path):
     from retr.retrieval.pipeline import PipelineFactory
     from retr.retrieval.types import Qrels, Run
     from retr.train.data import split_dev
+    from retr.train.negatives import temporary_bm25
 
-    dev = name == "scifact-dev"
-    ds = load_dataset(str(root / ("scifact" if dev else name)), "train" if dev else "test", download=False)
+    base, _, variant = name.partition("~")
+    dev = base == "scifact-dev"
+    ds = load_dataset(str(root / ("scifact" if dev else base)), "train" if dev else "test", download=False)
     qrels = ds.qrels
     queries = {q: t for q, t in ds.queries.items() if q in qrels}
     if dev:
@@ -43,11 +53,18 @@ def _runs(name: str, root: Path, cache: Path):
         saved = json.loads(path.read_text())
         return (Run.from_dict(saved["bm25"]), Run.from_dict(saved["dense"]), qrels)
     cfg = IndexConfig(bm25=BM25Config())
+    if variant == "weakdense":
+        cfg = replace(cfg, encoder=replace(cfg.encoder, max_length=WEAK_TOKENS))
     encoder = BiEncoder(cfg.encoder)
     index = cached_index(ds.name, ds.corpus, encoder, cfg)
     factory = PipelineFactory(index, encoder)
-    bm25 = factory.bm25().search(queries, DEPTH)
     dense = factory.dense().search(queries, DEPTH)
+    if variant == "weakbm25":
+        texts = [" ".join(d.full_text().split()[:WEAK_WORDS]) for d in ds.corpus.docs]
+        with temporary_bm25(ds.corpus.ids, texts) as weak:
+            bm25 = weak.search(queries, DEPTH)
+    else:
+        bm25 = factory.bm25().search(queries, DEPTH)
     cache.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"bm25": bm25.to_dict(), "dense": dense.to_dict()}))
     return bm25, dense, qrels
@@ -77,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--datasets", default=str(Path(__file__).resolve().parents[1].parent / "shared/datasets"))
     p.add_argument("--runs", default=str(Path.home() / ".cache/retr/fusion-study"), help="where the runs are kept")
-    p.add_argument("--collections", default=",".join(COLLECTIONS))
+    p.add_argument("--collections", default=",".join(COLLECTIONS + STRESS))
     p.add_argument("--out", default="benchmarks/results/fusion-study.json")
     args = p.parse_args(argv)
     names = [c for c in args.collections.split(",") if c]
@@ -89,15 +106,28 @@ def main(argv: list[str] | None = None) -> int:
     for cname, fuse in candidates().items():
         for n, (b, d, q) in data.items():
             table.setdefault(cname, {})[n] = ndcg10(fuse(b, d), q)
-    zero_shot = [n for n in names if n not in ("scifact-dev", "scifact")]
-    print(f"{'fusion':32}" + "".join(f"{n:>12}" for n in names) + f"{'worst gap':>11}{'mean':>9}")
+    plain = [n for n in names if n in ZERO_SHOT]
+    stress = [n for n in names if "~" in n]
+    w = max(12, *(len(n) + 1 for n in names))
+    print(f"{'fusion':24}" + "".join(f"{n:>{w}}" for n in names))
     summary = {}
     for cname, row in table.items():
-        gaps = [row[n] - max(table["bm25"][n], table["dense"][n]) for n in zero_shot]
-        mean = float(np.mean([row[n] for n in zero_shot])) if zero_shot else float("nan")
-        summary[cname] = {"worst_gap_zero_shot": min(gaps) if gaps else None, "mean_zero_shot": mean}
-        print(f"{cname:32}" + "".join(f"{row[n]:12.4f}" for n in names)
-              + (f"{min(gaps):11.4f}" if gaps else " " * 11) + f"{mean:9.4f}")
+        print(f"{cname:24}" + "".join(f"{row[n]:{w}.4f}" for n in names))
+        gap = {n: row[n] - max(table["bm25"][n], table["dense"][n]) for n in plain + stress}
+        summary[cname] = {
+            "scifact_dev": row.get("scifact-dev"),
+            "worst_gap_zero_shot": min((gap[n] for n in plain), default=None),
+            "worst_gap_stress": min((gap[n] for n in stress), default=None),
+            "mean_zero_shot": float(np.mean([row[n] for n in plain])) if plain else None,
+            "above_both_on_average": bool(plain) and float(np.mean([row[n] for n in plain])) > max(
+                float(np.mean([table["bm25"][n] for n in plain])), float(np.mean([table["dense"][n] for n in plain]))),
+        }
+    print()
+    print(f"{'fusion':24}{'scifact-dev':>12}{'worst gap (4 zero-shot)':>25}{'worst gap (stress)':>20}{'mean (4)':>10}")
+    for cname, sm in summary.items():
+        f = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+        print(f"{cname:24}{f(sm['scifact_dev']):>12}{f(sm['worst_gap_zero_shot']):>25}{f(sm['worst_gap_stress']):>20}"
+              f"{f(sm['mean_zero_shot']):>10}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"ndcg@10": table, "summary": summary, "depth": DEPTH}, indent=2) + "\n")
     print(f"results written to {args.out}")

@@ -13,7 +13,7 @@ from retr.retrieval.bm25 import BM25Retriever
 from retr.retrieval.dense import DenseRetriever, check_dimension, check_model
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
-from retr.retrieval.fusion import FUSIONS, HybridRetriever
+from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS, HybridRetriever
 from retr.retrieval.models import ModelRef
 from retr.retrieval.protocol import Retriever
 from retr.retrieval.rerank import CrossEncoderReranker, RerankRetriever
@@ -58,7 +58,7 @@ def parse_pipelines(spec: str) -> tuple[PipelineSpec, ...]:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    fusion: str = "rrf"
+    fusion: str = DEFAULT_FUSION
     fusion_depth: int = 100
     rrf_k: int = 60
 

@@ -174,7 +174,7 @@ def test_rank_bm25_agrees_on_top_documents(env):
 
 
 def test_fusion_functions_by_hand():
-    from retr.retrieval.fusion import minmax, rrf
+    from retr.retrieval.fusion import minmax, rrf, zscore
     from retr.retrieval.types import Run
 
     a = Run({"q": [("x", 3.0), ("y", 2.0), ("z", 1.0)]})
@@ -184,6 +184,33 @@ def test_fusion_functions_by_hand():
     assert [h.doc_id for h in fused[1:]] == ["x", "w", "z"]
     mm = minmax([a, b], 10, [0.5, 0.5])["q"]
     assert {h.doc_id: round(h.score, 6) for h in mm} == {"y": 0.75, "x": 0.5, "w": 0.0, "z": 0.0}
+    # depth 2: min and max from each list's top 2 (x: 1.0, y: 0 from a; y: 1.0, w: 0 from b); z is in no head: it
+    # follows, by its unclipped value (a: (1 - 2) / (3 - 2) = -1; b missed it: b's deepest value, 0)
+    mm2 = minmax([a, b], 10, [0.5, 0.5], depth=2)["q"]
+    assert {h.doc_id: round(h.score, 6) for h in mm2} == {"y": 0.5, "x": 0.5, "w": 0.0, "z": -0.5}
+    z = zscore([a, b], 10, [0.5, 0.5])["q"]
+    za = {"x": 1.224745, "y": 0.0, "z": -1.224745}  # (s - 2) / sqrt(2/3)
+    zb = {"y": 1.0, "w": -1.0}
+    want = {d: 0.5 * za.get(d, -1.224745) + 0.5 * zb.get(d, -1.0) for d in "xyzw"}
+    assert {h.doc_id: round(h.score, 5) for h in z} == {d: round(v, 5) for d, v in want.items()}
+
+
+@pytest.mark.parametrize("fusion", ["minmax", "zscore"])
+def test_the_head_of_a_score_fusion_does_not_depend_on_how_deep_the_lists_go(fusion):
+    """A search for 10 fuses lists 100 deep; an eval for 1000 fuses them 1000 deep: their top 10 must agree."""
+    from retr.retrieval.fusion import FUSIONS
+    from retr.retrieval.types import Run
+
+    rng = np.random.default_rng(0)
+    docs = [f"d{i}" for i in range(2000)]
+    for _ in range(20):
+        a = Run({"q": sorted(zip(rng.choice(docs, 1000, replace=False).tolist(), np.sort(rng.random(1000))[::-1]
+                                 .tolist(), strict=True), key=lambda x: -x[1])})
+        b = Run({"q": sorted(zip(rng.choice(docs, 1000, replace=False).tolist(), (rng.random(1000) * 30).tolist(),
+                                 strict=True), key=lambda x: -x[1])})
+        shallow = FUSIONS[fusion]([a.top(100), b.top(100)], 10, 60, None, 100)["q"]
+        deep = FUSIONS[fusion]([a, b], 1000, 60, None, 100)["q"][:10]
+        assert [(h.doc_id, round(h.score, 9)) for h in shallow] == [(h.doc_id, round(h.score, 9)) for h in deep]
 
 
 def test_rerank_reorders_only_the_head(env):

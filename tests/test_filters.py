@@ -11,7 +11,7 @@ from retr.cli.main import main
 from retr.indexes.searcher import Searcher
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
-from retr.retrieval.fusion import rrf
+from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS
 from retr.retrieval.types import Hit, Run
 
 from .conftest import DOCS
@@ -66,12 +66,13 @@ def test_filtered_search_equals_the_unfiltered_ranking_restricted(indexes, kind,
                 assert all(h.id in allowed for h in got.hits)
                 assert all(all(h.metadata.get(f) == v for f, v in cond.items()) for h in got.hits)
                 ids_scores = [(h.id, h.score) for h in got.hits]
-                if mode == "hybrid":  # RRF of the two filtered lists, each the unfiltered one restricted
+                if mode == "hybrid":  # the default fusion of the two filtered lists, each the unfiltered one restricted
                     depth = max(k, 100)
                     dense = _restricted(searchers["flat" if kind == "hnsw-ef1" else kind]
                                         .search(q, n, "dense").hits, allowed, depth)
                     bm25 = _restricted(s.search(q, n, "bm25").hits, allowed, depth)
-                    want = rrf([Run({"q": [Hit(*x) for x in dense]}), Run({"q": [Hit(*x) for x in bm25]})], k)["q"]
+                    want = FUSIONS[DEFAULT_FUSION]([Run({"q": [Hit(*x) for x in dense]}),
+                                                    Run({"q": [Hit(*x) for x in bm25]})], k, 60, None, 100)["q"]
                     assert [h.id for h in got.hits] == [h.doc_id for h in want], (cond, q, k)
                     continue
                 # hnsw-ef1's own unfiltered search is too narrow to be a reference: flat's exact ranking is

@@ -1,0 +1,35 @@
+"""`retr regress`: measure the expected scores of a TOML file again; fail on any drift."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("regress", help="measure expected scores again (benchmarks/expected/*.toml); exit 1 on drift")
+    p.add_argument("file", help="TOML file of [[expect]] entries")
+    p.add_argument("--tier", choices=("ci", "all"), default="all", help="ci: only the entries marked cheap")
+    p.add_argument("--datasets", default=None, help="folder holding the datasets the entries name")
+    p.add_argument("--markdown", action="store_true", help="print the expected figures as a Markdown table, measure "
+                                                           "nothing")
+    p.add_argument("--no-download", action="store_true", help="never download a dataset")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from retr.eval.regress import load_expected, markdown_table, measure, outcome_table
+
+    entries = load_expected(args.file)
+    if args.tier == "ci":
+        entries = [e for e in entries if e.tier == "ci"]
+    if args.markdown:
+        print(markdown_table(entries))
+        return 0
+    outcomes = measure(entries, Path(args.datasets) if args.datasets else None, download=not args.no_download)
+    print(outcome_table(outcomes))
+    drifted = [o for o in outcomes if not o.ok]
+    print(f"\n{len(outcomes) - len(drifted)} of {len(outcomes)} expected scores hold"
+          + (f"; {len(drifted)} drifted" if drifted else ""))
+    return 1 if drifted else 0

@@ -1,0 +1,168 @@
+"""Expected scores as data: a TOML file of (dataset, pipeline, options, metric, value, tolerance) entries, and the
+runner that measures them all again and reports every drift.
+
+    [[expect]]
+    dataset = "adi"              # a folder, a name under --datasets DIR, or a name under $RETR_DATA
+    pipeline = "hybrid"
+    metric = "NDCG@10"
+    value = 0.5248
+    tolerance = 0.0005
+    tier = "ci"                  # cheap enough for every CI run; others run when asked for (--tier all)
+    options = { kind = "flat" }  # eval options: backend, query_backend, model, kind, fusion, fusion_depth, split
+
+Entries sharing a dataset and options are measured in one `retr eval` (every pipeline they name at once).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from retr.retrieval.errors import RetrError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+logger = logging.getLogger(__name__)
+
+OPTIONS = ("backend", "query_backend", "model", "kind", "fusion", "fusion_depth", "split")
+TIERS = ("ci", "full")
+
+
+@dataclass(frozen=True)
+class Expected:
+    dataset: str
+    pipeline: str
+    metric: str
+    value: float
+    tolerance: float
+    tier: str = "full"
+    options: dict = field(default_factory=dict)
+    line: int = 0  # the entry's position in its file, for messages
+
+    @property
+    def group(self) -> tuple:
+        return self.dataset, tuple(sorted(self.options.items()))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    expected: Expected
+    measured: float
+
+    @property
+    def drift(self) -> float:
+        return self.measured - self.expected.value
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.drift) <= self.expected.tolerance
+
+
+def load_expected(path: str | Path) -> list[Expected]:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise RetrError(f"{path}: cannot read ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise RetrError(f"{path}: not valid TOML ({e})") from None
+    entries = data.get("expect")
+    if not isinstance(entries, list) or not entries:
+        raise RetrError(f"{path}: no [[expect]] entries")
+    out = []
+    for i, e in enumerate(entries, start=1):
+        where = f"{path}: [[expect]] #{i}"
+        if not isinstance(e, dict):
+            raise RetrError(f"{where}: not a table")
+        missing = [k for k in ("dataset", "pipeline", "metric", "value", "tolerance") if k not in e]
+        if missing:
+            raise RetrError(f"{where}: missing {', '.join(missing)}")
+        unknown = sorted(set(e) - {"dataset", "pipeline", "metric", "value", "tolerance", "tier", "options"})
+        if unknown:
+            raise RetrError(f"{where}: unknown key {unknown[0]!r}")
+        options = e.get("options", {})
+        bad = sorted(set(options) - set(OPTIONS)) if isinstance(options, dict) else ["(not a table)"]
+        if bad:
+            raise RetrError(f"{where}: unknown option {bad[0]!r} (known: {', '.join(OPTIONS)})")
+        tier = e.get("tier", "full")
+        if tier not in TIERS:
+            raise RetrError(f"{where}: tier {tier!r} is not one of {', '.join(TIERS)}")
+        try:
+            value, tolerance = float(e["value"]), float(e["tolerance"])
+        except (TypeError, ValueError):
+            raise RetrError(f"{where}: value and tolerance must be numbers") from None
+        if tolerance < 0:
+            raise RetrError(f"{where}: tolerance must be >= 0")
+        out.append(Expected(str(e["dataset"]), str(e["pipeline"]), str(e["metric"]), value, tolerance, tier,
+                            dict(options), i))
+    return out
+
+
+def _dataset_spec(name: str, datasets: Path | None) -> str:
+    if datasets is not None and (datasets / name).is_dir():
+        return str(datasets / name)
+    return name
+
+
+def measure(entries: Sequence[Expected], datasets: Path | None = None, download: bool = False) -> list[Outcome]:
+    """Run one eval per (dataset, options) group and read every entry's metric from it."""
+    from retr.eval.data import load_dataset
+    from retr.eval.runner import EvalConfig, run_eval
+    from retr.indexes.dense import DenseIndexConfig
+    from retr.retrieval.backends.registry import DEFAULT_BACKEND
+    from retr.retrieval.bm25 import BM25Config
+    from retr.retrieval.encoder import EncoderConfig
+    from retr.retrieval.pipeline import PipelineConfig, parse_pipelines
+
+    groups: dict[tuple, list[Expected]] = {}
+    for e in entries:
+        groups.setdefault(e.group, []).append(e)
+    outcomes = []
+    for (dataset, _), group in groups.items():
+        o = group[0].options
+        ks = sorted({int(e.metric.rsplit("@", 1)[1]) for e in group if "@" in e.metric} | {10})
+        pipe_defaults = PipelineConfig()
+        cfg = EvalConfig(
+            pipelines=parse_pipelines(",".join(dict.fromkeys(e.pipeline for e in group))), k_values=tuple(ks),
+            encoder=EncoderConfig(model=o.get("model"), backend=o.get("backend", DEFAULT_BACKEND),
+                                  query_backend=o.get("query_backend")),
+            dense=DenseIndexConfig(kind=o.get("kind", "flat")), bm25=BM25Config(),
+            pipeline=PipelineConfig(fusion=o.get("fusion", pipe_defaults.fusion),
+                                    fusion_depth=int(o.get("fusion_depth", pipe_defaults.fusion_depth))),
+            warmup=1)
+        logger.info("measuring %s (%s)", dataset, ", ".join(f"{k}={v}" for k, v in sorted(o.items())) or "defaults")
+        report = run_eval(load_dataset(_dataset_spec(dataset, datasets), o.get("split", "test"), download=download),
+                          cfg)
+        for e in group:
+            metrics = report.pipelines[e.pipeline].metrics
+            if e.metric not in metrics:
+                raise RetrError(f"[[expect]] #{e.line}: metric {e.metric!r} is not measured "
+                                f"(choose from {', '.join(sorted(metrics))})")
+            outcomes.append(Outcome(e, float(metrics[e.metric])))
+    return outcomes
+
+
+def outcome_table(outcomes: Sequence[Outcome]) -> str:
+    from retr.eval.table import grid
+
+    rows = []
+    for o in outcomes:
+        e = o.expected
+        opts = ",".join(f"{k}={v}" for k, v in sorted(e.options.items())) or "-"
+        rows.append([e.dataset, e.pipeline, opts, e.metric, f"{e.value:.4f}", f"{o.measured:.4f}",
+                     f"{o.drift:+.4f}", f"±{e.tolerance:g}", "ok" if o.ok else "DRIFT"])
+    return grid(["dataset", "pipeline", "options", "metric", "expected", "measured", "drift", "tolerance", ""], rows)
+
+
+def markdown_table(entries: Sequence[Expected]) -> str:
+    """The expected figures as the README shows them (generated from the file, never typed by hand)."""
+    lines = ["| dataset | pipeline | options | metric | expected | tolerance |", "|---|---|---|---|---|---|"]
+    for e in entries:
+        opts = ", ".join(f"{k}={v}" for k, v in sorted(e.options.items())) or "defaults"
+        lines.append(f"| {e.dataset} | {e.pipeline} | {opts} | {e.metric} | {e.value:.4f} | ±{e.tolerance:g} |")
+    return "\n".join(lines)

@@ -1,0 +1,76 @@
+"""Expected scores as data: `retr regress` measures them again and fails on drift; the README's table of figures is
+generated from the file; the cheap entries (ADI, CISI with the bundled model) hold in every CI run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from retr.cli.main import main
+from retr.eval.regress import load_expected, markdown_table
+
+from .conftest import REPO, SHARED
+
+SCORES = REPO / "benchmarks" / "expected" / "scores.toml"
+
+
+def _toml(entries) -> str:
+    out = []
+    for e in entries:
+        out.append("[[expect]]\n" + "".join(f"{k} = {json.dumps(v) if not isinstance(v, dict) else v_toml(v)}\n"
+                                            for k, v in e.items()))
+    return "\n".join(out)
+
+
+def v_toml(d: dict) -> str:
+    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in d.items()) + " }"
+
+
+def test_regress_passes_on_measured_scores_and_fails_on_drift(tiny_dataset, tiny_bi_encoder, tmp_path, capsys):
+    report = tmp_path / "r.json"
+    assert main(["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--backend", "onnx",
+                 "--pipelines", "bm25,hybrid", "--k-values", "10", "--warmup", "1", "--out", str(report)]) == 0
+    measured = json.loads(report.read_text())["pipelines"]
+    opts = {"model": str(tiny_bi_encoder), "backend": "onnx"}
+    entries = [{"dataset": str(tiny_dataset), "pipeline": p, "metric": "NDCG@10",
+                "value": measured[p]["metrics"]["NDCG@10"], "tolerance": 1e-9, "options": opts}
+               for p in ("bm25", "hybrid")]
+    good = tmp_path / "good.toml"
+    good.write_text(_toml(entries))
+    capsys.readouterr()
+    assert main(["regress", str(good)]) == 0
+    assert "2 of 2 expected scores hold" in capsys.readouterr().out
+    entries[1]["value"] += 0.01
+    bad = tmp_path / "bad.toml"
+    bad.write_text(_toml(entries))
+    assert main(["regress", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "DRIFT" in out and "1 drifted" in out
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "no [[expect]] entries"),
+    ('[[expect]]\ndataset = "adi"\n', "missing pipeline"),
+    ('[[expect]]\ndataset="a"\npipeline="bm25"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\nopts={}\n', "unknown key"),
+    ('[[expect]]\ndataset="a"\npipeline="bm25"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\noptions={gpu=1}\n',
+     "unknown option 'gpu'"),
+    ("[[expect]\n", "not valid TOML"),
+])
+def test_bad_expected_files_are_refused(tmp_path, capsys, text, message):
+    path = tmp_path / "e.toml"
+    path.write_text(text)
+    assert main(["regress", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(path) in err
+
+
+def test_the_readme_figures_come_from_the_expected_file():
+    table = markdown_table(load_expected(SCORES))
+    assert table in (REPO / "README.md").read_text(), "regenerate it: retr regress benchmarks/expected/scores.toml --markdown"
+
+
+@pytest.mark.skipif(not (SHARED / "adi").is_dir() or not (SHARED / "cisi").is_dir(), reason="shared datasets absent")
+def test_the_cheap_expected_scores_hold(capsys):
+    assert main(["regress", str(SCORES), "--tier", "ci", "--datasets", str(SHARED), "--no-download"]) == 0, \
+        capsys.readouterr().out
