@@ -35,9 +35,10 @@ class Index:
     def build(cls, corpus: str | Path, out: str | Path, *, model: str | None = None, backend: str = DEFAULT_BACKEND,
               bm25: bool = True, kind: str = "flat", id_field: str | None = None, text_field: str | None = None,
               title_field: str | None = None, max_length: int | None = None, use_cache: bool = True,
-              **dense_options) -> Index:
+              query_prompt: str | None = None, doc_prompt: str | None = None, **dense_options) -> Index:
         """Build ``out`` from ``corpus`` (a BEIR folder or a JSONL/CSV/TSV file) and open it. The options are
-        `retr index`'s; ``dense_options`` are ``DenseIndexConfig`` fields (``hnsw_m``, ``ef_search``, ...)."""
+        `retr index`'s (prompts: None takes the model's own); ``dense_options`` are ``DenseIndexConfig`` fields
+        (``hnsw_m``, ``ef_search``, ...)."""
         from retr.indexes.build import IndexConfig, build_index
         from retr.indexes.corpus import CorpusFormat, load_corpus
         from retr.retrieval.bm25 import BM25Config
@@ -48,21 +49,23 @@ class Index:
             dense = DenseIndexConfig(kind=kind, **dense_options)
         except TypeError as e:
             raise RetrError(f"unknown index option: {e}") from None
-        cfg = IndexConfig(dense=dense, encoder=EncoderConfig(model=model, backend=backend, max_length=max_length),
+        cfg = IndexConfig(dense=dense, encoder=EncoderConfig(model=model, backend=backend, max_length=max_length,
+                                                             query_prompt=query_prompt, doc_prompt=doc_prompt),
                           bm25=BM25Config() if bm25 else None, use_cache=use_cache)
         build_index(corpus_, Path(out), cfg)
         return cls.load(out, backend=backend)
 
     @classmethod
     def load(cls, folder: str | Path, *, model: str | None = None, backend: str = DEFAULT_BACKEND,
-             query_backend: str | None = None, fusion: str = DEFAULT_FUSION) -> Index:
+             query_backend: str | None = None, fusion: str = DEFAULT_FUSION, query_prompt: str | None = None) -> Index:
         """Open an index folder (checked against its manifest). ``model``: the query encoder (default: the one
-        that built the index)."""
+        that built the index; ``query_prompt``: the index's unless given, and refused when another)."""
         from retr.indexes.searcher import Searcher
         from retr.retrieval.encoder import EncoderConfig
         from retr.retrieval.pipeline import PipelineConfig
 
-        return cls(Searcher(folder, EncoderConfig(model=model, backend=backend, query_backend=query_backend),
+        return cls(Searcher(folder, EncoderConfig(model=model, backend=backend, query_backend=query_backend,
+                                                  query_prompt=query_prompt),
                             PipelineConfig(fusion=fusion)))
 
     @property
@@ -125,7 +128,8 @@ def evaluate(dataset: str | Path, pipelines: Sequence[str] = ("bm25", "dense", "
              model: str | None = None, backend: str = DEFAULT_BACKEND, query_backend: str | None = None,
              reranker: str | None = None, k_values: Sequence[int] = DEFAULT_K_VALUES, kind: str = "flat",
              fusion: str = DEFAULT_FUSION, warmup: int = 5, download: bool = True, run_dir: str | Path | None = None,
-             out: str | Path | None = None) -> EvalReport:
+             out: str | Path | None = None, query_prompt: str | None = None,
+             doc_prompt: str | None = None) -> EvalReport:
     """`retr eval` from Python: the typed report (written to ``out`` as JSON when given)."""
     from retr.eval.data import load_dataset
     from retr.eval.runner import EvalConfig, run_eval
@@ -134,7 +138,8 @@ def evaluate(dataset: str | Path, pipelines: Sequence[str] = ("bm25", "dense", "
     from retr.retrieval.rerank import RerankConfig
 
     cfg = EvalConfig(pipelines=parse_pipelines(",".join(pipelines)), k_values=tuple(sorted(set(k_values))),
-                     encoder=EncoderConfig(model=model, backend=backend, query_backend=query_backend),
+                     encoder=EncoderConfig(model=model, backend=backend, query_backend=query_backend,
+                                           query_prompt=query_prompt, doc_prompt=doc_prompt),
                      dense=DenseIndexConfig(kind=kind), pipeline=PipelineConfig(fusion=fusion),
                      reranker=RerankConfig(model=reranker) if reranker else None, warmup=warmup)
     report = run_eval(load_dataset(str(dataset), split, download=download), cfg,

@@ -48,6 +48,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=positive_int, default=None, help="encoder max tokens (default: model's)")
     p.add_argument("--batch-size", type=positive_int, default=_ENCODER.batch_size, help="texts per batch (torch)")
     add_backend_arg(p)
+    add_query_prompt_arg(p)
+    p.add_argument("--doc-prompt", default=None,
+                   help="text put before every document (default: the model's own, from its sentence-transformers "
+                        "config; '' for none); recorded in the index")
+
+
+def add_query_prompt_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--query-prompt", default=None,
+                   help="text put before every query (default: the model's own; '' for none); an index refuses "
+                        "queries with another prompt than it was built for")
 
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:
@@ -94,12 +104,14 @@ def dense_config(args) -> DenseIndexConfig:
 
 def encoder_config(args, query_backend: bool = False) -> EncoderConfig:
     return EncoderConfig(model=args.model, max_length=args.max_length, batch_size=args.batch_size,
-                         backend=args.backend, query_backend=args.query_backend if query_backend else None)
+                         backend=args.backend, query_backend=args.query_backend if query_backend else None,
+                         query_prompt=args.query_prompt, doc_prompt=args.doc_prompt)
 
 
 def query_encoder_config(args) -> EncoderConfig:
     """The query encoder of a search over an existing index (search, serve): its model defaults to the index's."""
-    return EncoderConfig(model=args.model, backend=args.backend, query_backend=args.query_backend)
+    return EncoderConfig(model=args.model, backend=args.backend, query_backend=args.query_backend,
+                         query_prompt=args.query_prompt)
 
 
 def rerank_config(args, model: str | None):

@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="query encoder (default: the one that built the index)")
     options.add_backend_arg(p)
     options.add_query_backend_arg(p)
+    options.add_query_prompt_arg(p)
     p.add_argument("--filter", action="append", default=[], metavar="FIELD=VALUE", type=_condition,
                    help="only documents whose record has FIELD equal to VALUE (repeat: all must hold)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -18,6 +18,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="query encoder (default: the one that built the index)")
     options.add_backend_arg(p)
     options.add_query_backend_arg(p)
+    options.add_query_prompt_arg(p)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a request may take")
     p.add_argument("--max-batch", type=options.positive_int, default=64, help="queries per request")
     p.set_defaults(run=run)

@@ -91,7 +91,8 @@ def environment(encoder: BiEncoder | None = None, index_manifest: dict | None = 
     env = {"versions": versions(), "platform": platform.platform(), "cpu_count": os.cpu_count(), "argv": sys.argv,
            "encoder_backend": encoder.backend if encoder else None,
            "corpus_encoder": (dense.get("encode") or {}).get("graph") if encoder else None,
-           "query_encoder": encoder.describe_queries() if encoder else None}
+           "query_encoder": encoder.describe_queries() if encoder else None,
+           "prompts": encoder.prompts.to_dict() if encoder else None}
     if "torch" in sys.modules:  # report torch's threads only where torch was used
         env["torch_threads"] = sys.modules["torch"].get_num_threads()
     if "faiss" in sys.modules:

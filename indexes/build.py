@@ -51,7 +51,8 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
                       cache: EmbeddingCache | None = None) -> tuple[np.ndarray, dict]:
     """Embeddings of ``corpus`` from the cache, or encoded (and then cached)."""
     cache = cache or EmbeddingCache()
-    key = embedding_key(encoder.model_hash, corpus.sha256, encoder.max_length, encoder.backend)
+    key = embedding_key(encoder.model_hash, corpus.sha256, encoder.max_length, encoder.backend,
+                        encoder.prompts.document)
     if use_cache:
         hit = cache.load(key, len(corpus), encoder.dim)
         if hit is not None:
@@ -65,6 +66,7 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
         cache.save(key, encoded.embeddings, {
             "model": encoder.model_id, "model_hash": encoder.model_hash, "backend": encoder.backend,
             "corpus_sha256": corpus.sha256, "max_length": encoder.max_length, "encode_seconds": seconds,
+            "doc_prompt": encoder.prompts.document,
             "graph": encoded.graph})
     # seconds include a first calibration of the corpus graph (openvino-int8), once per model and corpus
     return encoded.embeddings, {"cached": False, "cache_key": key, "encode_seconds": seconds, "graph": encoded.graph,
@@ -144,8 +146,9 @@ def build_index(corpus: Corpus, out: Path, cfg: IndexConfig = IndexConfig(), enc
 def cached_index(name: str, corpus: Corpus, encoder: BiEncoder, cfg: IndexConfig) -> IndexFolder:
     """The index (dense + BM25) of ``corpus`` from retr's cache, or built into it."""
     bm25 = cfg.bm25 or BM25Config()
+    prompts = [encoder.prompts.to_dict()] if encoder.prompts.query or encoder.prompts.document else []
     raw = json.dumps([corpus.sha256, encoder.model_hash, encoder.max_length, encoder.backend, asdict(cfg.dense),
-                      asdict(bm25)], sort_keys=True)
+                      asdict(bm25), *prompts], sort_keys=True)
     folder = cache_home() / "indexes" / f"{name}-{hashlib.sha256(raw.encode()).hexdigest()[:24]}"
     if cfg.use_cache and folder.is_dir():
         try:

@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 NORM_TOLERANCE = 1e-2  # stored vectors are L2-normalised (bf16/int8 graphs included: measured within 1e-3)
 
 
-def embedding_key(model_hash: str, corpus_sha256: str, max_length: int, backend: str) -> str:
-    raw = f"{model_hash}|{corpus_sha256}|{max_length}|{backend}|normalized"
+def embedding_key(model_hash: str, corpus_sha256: str, max_length: int, backend: str, doc_prompt: str = "") -> str:
+    raw = f"{model_hash}|{corpus_sha256}|{max_length}|{backend}|normalized" + (f"|prompt={doc_prompt}" if doc_prompt else "")
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 

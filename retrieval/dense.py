@@ -31,6 +31,16 @@ def check_dimension(index_folder, dense_info: Mapping, encoder: BiEncoder) -> No
                         f"{encoder.model_id} gives {encoder.dim} dims: rebuild the index")
 
 
+def check_prompts(index_folder, dense_info: Mapping, encoder: BiEncoder) -> None:
+    """Refuse a query encoder whose query prompt is not the one the index was built for (an index from before
+    prompts were recorded was built without any)."""
+    recorded = (dense_info["model"].get("prompts") or {}).get("query", "")
+    if encoder.prompts.query != recorded:
+        raise RetrError(f"{index_folder}: built for queries with prompt {recorded!r} but the query encoder puts "
+                        f"{encoder.prompts.query!r} before them: search with --query-prompt {recorded!r}, or rebuild "
+                        f"the index with the prompts you want")
+
+
 def _filtered_search(index, q: np.ndarray, k: int, allowed: np.ndarray):
     """FAISS search restricted to the positions ``allowed`` (sorted int64), returning k of them whenever k exist:
     the selector narrows the index's own search; where an approximate index (HNSW, IVF) still finds fewer, the

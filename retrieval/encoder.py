@@ -49,6 +49,9 @@ class EncoderConfig:
     # queries: None = the default rule (``default_query_backend``); a short query is bound by streaming the weights
     # from memory, so int8 weights (4x fewer bytes) encode it ~2x faster than bf16/fp32 graphs
     query_backend: str | None = None
+    # text put before every query / document; None: the model's own (sentence-transformers' ``prompts``)
+    query_prompt: str | None = None
+    doc_prompt: str | None = None
 
     def __post_init__(self) -> None:
         get_backend(self.backend)
@@ -58,6 +61,32 @@ class EncoderConfig:
     @property
     def resolved_query_backend(self) -> str:
         return self.query_backend or default_query_backend(self.backend)
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """The texts put before queries and documents (empty: none)."""
+    query: str = ""
+    document: str = ""
+
+    @classmethod
+    def resolve(cls, model: ModelRef, query: str | None, document: str | None) -> Prompts:
+        """The given prompts, else the model's: its ``query`` prompt, its ``document``/``passage``/``corpus`` one,
+        else its default prompt (sentence-transformers applies that one to every text)."""
+        named, default = model.named_prompts()
+        fallback = named[default] if default else ""
+        if query is None:
+            query = named.get("query", fallback)
+        if document is None:
+            document = next((named[n] for n in ("document", "passage", "corpus", "doc") if n in named), fallback)
+        return cls(query, document)
+
+    def to_dict(self) -> dict[str, str]:
+        return {"query": self.query, "document": self.document}
+
+
+def _prefixed(prompt: str, texts: list[str]) -> list[str]:
+    return [prompt + t for t in texts] if prompt else texts
 
 
 @dataclass(frozen=True)
@@ -76,6 +105,7 @@ class BiEncoder:
     def __init__(self, config: EncoderConfig = EncoderConfig(), model: ModelRef | None = None):
         self.config = config
         self.ref = model or ModelRef.resolve(config.model)
+        self.prompts = Prompts.resolve(self.ref, config.query_prompt, config.doc_prompt)
         self.max_length = int(config.max_length) if config.max_length else self.ref.max_seq_length()
         if self.max_length is None:  # no sentence_bert_config.json: the model knows
             self.max_length = int(self.model.max_seq_length)
@@ -111,7 +141,8 @@ class BiEncoder:
     def describe(self) -> dict:
         info = graph_info(self.graph)
         return {"id": self.model_id, "hash": self.model_hash, "dim": self.dim, "max_length": self.max_length,
-                "path": str(self.ref.path), "backend": self.backend, "precision": info["precision"]}
+                "path": str(self.ref.path), "backend": self.backend, "precision": info["precision"],
+                "prompts": self.prompts.to_dict()}
 
     # -- torch --------------------------------------------------------------------------------------------------
     @functools.cached_property
@@ -153,6 +184,7 @@ class BiEncoder:
         """The documents of a corpus to index. With a calibrated backend and at least ``calibration_min_docs``
         texts they go through a static int8 graph calibrated on a fixed-seed sample of them (cached per model and
         sample; refused, with a warning, when it strays from torch); otherwise, as ``encode`` does."""
+        texts = _prefixed(self.prompts.document, texts)
         backend = get_backend(self.config.backend)
         if self.graph is None or not backend.calibrated or len(texts) < self.config.calibration_min_docs:
             return CorpusEncoding(self.encode(texts, show_progress=show_progress), graph_info(self.graph))
@@ -173,6 +205,7 @@ class BiEncoder:
         """Texts through the graph that encoded an index's documents (``recorded``: that graph's info), so that
         documents added to the index sit with the ones already there. Where that graph was calibrated on the
         index's corpus and is no longer in this machine's cache, the base graph stands in, with a warning."""
+        texts = _prefixed(self.prompts.document, texts)
         digest = recorded.get("calibration")
         if self.graph is not None and recorded.get("backend") != self.graph.variant and recorded.get("backend") \
                 in BACKENDS and get_backend(recorded["backend"]).calibrated:
@@ -213,6 +246,7 @@ class BiEncoder:
 
     def encode_queries(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
         """Queries, shape (n, dim), through the query graph."""
+        texts = _prefixed(self.prompts.query, texts)
         graph = self.query_graph
         if graph is None or not texts:
             return self.encode(texts, show_progress=show_progress)

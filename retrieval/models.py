@@ -129,6 +129,18 @@ class ModelRef:
                             f"once where the hub is reachable, or pass a local folder")
         return cls(name, snap, hash_model_dir(snap))
 
+    def named_prompts(self) -> tuple[dict[str, str], str | None]:
+        """sentence-transformers' ``prompts`` (name -> text) and ``default_prompt_name`` from the model's
+        config_sentence_transformers.json (empty and None where it has none)."""
+        try:
+            cfg = json.loads((self.path / "config_sentence_transformers.json").read_text())
+        except (OSError, ValueError):
+            return {}, None
+        prompts = cfg.get("prompts") if isinstance(cfg, dict) else None
+        prompts = {str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {}
+        default = cfg.get("default_prompt_name") if isinstance(cfg, dict) else None
+        return prompts, default if isinstance(default, str) and default in prompts else None
+
     def max_seq_length(self) -> int | None:
         """The model's max sequence length without loading it: sentence_bert_config.json's ``max_seq_length``
         (sentence-transformers < 6), else the tokenizer's ``model_max_length`` (where sentence-transformers 6

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from retr.retrieval.bm25 import BM25Retriever
-from retr.retrieval.dense import DenseRetriever, check_dimension, check_model
+from retr.retrieval.dense import DenseRetriever, check_dimension, check_model, check_prompts
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS, HybridRetriever
@@ -71,7 +71,8 @@ _DEFAULT_ENCODER = EncoderConfig()
 
 
 def encoder_for_index(index, config: EncoderConfig = _DEFAULT_ENCODER) -> BiEncoder:
-    """The query encoder for ``index``: ``config.model`` if given, else the model recorded in its manifest.
+    """The query encoder for ``index``: ``config.model`` if given, else the model recorded in its manifest; its
+    prompts are the index's unless given.
     The model's identity is checked against the index before any graph is loaded or exported."""
     built = index.dense_info["model"]
     chosen = config.model is not None
@@ -80,8 +81,13 @@ def encoder_for_index(index, config: EncoderConfig = _DEFAULT_ENCODER) -> BiEnco
         model = built["path"] if built.get("path") and Path(built["path"]).is_dir() else built["id"]
     ref = ModelRef.resolve(model)
     check_model(index.folder, index.dense_info, ref, chosen)
+    # prompts: the ones the index was built with, unless given (a query prompt given must be the index's)
+    recorded = built.get("prompts") or {}
+    config = replace(config, query_prompt=recorded.get("query", "") if config.query_prompt is None else config.query_prompt,
+                     doc_prompt=recorded.get("document", "") if config.doc_prompt is None else config.doc_prompt)
     encoder = BiEncoder(replace(config, model=model, max_length=config.max_length or built.get("max_length")), ref)
     check_dimension(index.folder, index.dense_info, encoder)
+    check_prompts(index.folder, index.dense_info, encoder)
     return encoder
 
 
