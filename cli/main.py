@@ -16,14 +16,14 @@ logger = logging.getLogger("retr")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from retr.cli import compare, index, regress, search, serve, train, update
+    from retr.cli import compare, index, regress, report, search, serve, train, update
     from retr.cli import eval as eval_cmd
 
     parser = argparse.ArgumentParser(prog="retr", description="Build, search and measure retrieval pipelines.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (index, update, search, eval_cmd, compare, regress, train, serve):
+    for command in (index, update, search, eval_cmd, compare, report, regress, train, serve):
         command.add_parser(sub)
     return parser
 

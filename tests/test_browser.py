@@ -76,3 +76,22 @@ def test_the_search_page_finds_highlights_and_links(tiny_dataset, tiny_bi_encode
         assert "empty" in browser.find_element(By.ID, "error").text
     finally:
         server.stop()
+
+
+def test_the_html_report_renders_with_its_figures(tiny_dataset, tiny_bi_encoder, tmp_path, browser):
+    """`retr report`'s page in the browser: the summary table is there and every embedded figure decodes."""
+    from selenium.webdriver.common.by import By
+
+    report = tmp_path / "r.json"
+    assert main(["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--backend", "onnx",
+                 "--pipelines", "bm25,dense,hybrid", "--k-values", "1,3,10", "--warmup", "1", "--out", str(report)]) == 0
+    page = tmp_path / "report.html"
+    assert main(["report", str(report), "--out", str(page)]) == 0
+    browser.get(page.as_uri())
+    rows = browser.find_elements(By.CSS_SELECTOR, "#summary tr")
+    assert len(rows) == 4 and "hybrid" in rows[-1].text
+    images = browser.find_elements(By.TAG_NAME, "img")
+    assert len(images) == 3
+    sizes = [browser.execute_script("return [arguments[0].complete, arguments[0].naturalWidth, "
+                                    "arguments[0].naturalHeight]", img) for img in images]
+    assert all(done and w > 200 and h > 100 for done, w, h in sizes), sizes

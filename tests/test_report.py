@@ -1,0 +1,49 @@
+"""`retr report`: a self-contained HTML page from eval reports (rendered in a browser by tests/test_browser.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from retr.cli.main import main
+from retr.eval.visual import pareto
+
+
+def test_pareto_front_by_hand():
+    # (latency, quality): b is beaten by a (faster and better); d by c; e ties a on latency and is worse
+    points = [(1.0, 0.6), (2.0, 0.5), (5.0, 0.7), (6.0, 0.65), (1.0, 0.4), (9.0, 0.8)]
+    assert pareto(points) == [0, 2, 5]
+    assert pareto([(1.0, 0.5), (1.0, 0.5)]) == [0, 1]  # equal points: neither beats the other
+
+
+@pytest.fixture(scope="module")
+def reports(tiny_dataset, tiny_bi_encoder, tmp_path_factory):
+    root = tmp_path_factory.mktemp("reports")
+    out = []
+    for name, pipelines in (("a", "bm25,dense"), ("b", "hybrid")):
+        path = root / f"{name}.json"
+        assert main(["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--backend", "onnx",
+                     "--pipelines", pipelines, "--k-values", "1,3,10", "--warmup", "1", "--out", str(path)]) == 0
+        out.append(path)
+    return out
+
+
+def test_report_page_holds_the_table_and_every_figure(reports, tmp_path, capsys):
+    page = tmp_path / "report.html"
+    assert main(["report", *map(str, reports), "--out", str(page), "--pair", "a:bm25", "b:hybrid"]) == 0
+    assert "3 figures embedded" in capsys.readouterr().out  # quality/latency, Recall@k, the one dataset's deltas
+    text = page.read_text()
+    assert text.count("<tr>") == 1 + 3  # header + three pipelines
+    assert "a:bm25" in text and "b:hybrid" in text and 'id=pareto' in text and 'id=recall' in text
+    assert "src=\"http" not in text and "<script src" not in text  # self-contained
+
+
+def test_report_refuses_an_unknown_pair_and_a_non_report(reports, tmp_path, capsys):
+    assert main(["report", *map(str, reports), "--out", str(tmp_path / "r.html"), "--pair", "a:bm25", "nope"]) == 2
+    assert "--pair a:bm25 nope" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "something-else"}))
+    assert main(["report", str(bad), "--out", str(tmp_path / "r.html")]) == 2
+    assert "not a retr eval report" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
