@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from retr.retrieval.artifacts import read_text
 from retr.retrieval.errors import RetrError
 
 try:
@@ -66,9 +67,7 @@ class Outcome:
 def load_expected(path: str | Path) -> list[Expected]:
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise RetrError(f"{path}: cannot read ({e.strerror})") from None
+        data = tomllib.loads(read_text(path))
     except tomllib.TOMLDecodeError as e:
         raise RetrError(f"{path}: not valid TOML ({e})") from None
     entries = data.get("expect")

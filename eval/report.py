@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from retr.retrieval.artifacts import atomic_write_text
+from retr.retrieval.artifacts import atomic_write_text, read_text
 from retr.retrieval.errors import RetrError
 
 REPORT_FORMAT = "retr-eval-report"
@@ -116,12 +116,7 @@ class EvalReport:
 
     @classmethod
     def read(cls, path: str | Path) -> EvalReport:
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise RetrError(f"{path}: cannot read ({e.strerror})") from None
-        return cls.from_json(text, str(path))
+        return cls.from_json(read_text(Path(path)), str(path))
 
 
 SUITE_FORMAT = "retr-eval-suite"
@@ -144,10 +139,8 @@ def read_reports(path: str | Path) -> list[EvalReport]:
     """The reports in a JSON file written by `retr eval`: one dataset's report, or a suite of several."""
     path = Path(path)
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise RetrError(f"{path}: cannot read ({e.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        d = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
         raise RetrError(f"{path}: unreadable JSON ({e})") from None
     if isinstance(d, dict) and d.get("format") == SUITE_FORMAT:
         if d.get("format_version") != REPORT_VERSION or not isinstance(d.get("reports"), list):

@@ -223,5 +223,15 @@ def check_checksums(folder: Path, recorded: dict[str, dict[str, Any]], hash_up_t
     return None
 
 
+def read_text(path: Path) -> str:
+    """A text file's content, or a one-line ``RetrError`` naming it (missing, unreadable, not UTF-8)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise RetrError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise RetrError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 def write_json(path: Path, obj: Any) -> None:
     Path(path).write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
