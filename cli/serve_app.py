@@ -41,8 +41,8 @@ class ServeConfig:
     max_k: int = 1000
     max_batch: int = 64
     max_body_bytes: int = 1 << 20
-    # searches in flight at once, each on a thread of its own (default: the cores, at most 4); a fixed pool keeps
-    # each thread's inference state warm, where a pool that rotates its threads costs ~2 ms per hybrid search
+    # searches in flight at once, each on a thread of its own (default: the cores, at most 4): with one-thread
+    # query graphs, one search per core
     search_threads: int = 0
     timeout_s: float = 30.0
     encoder: EncoderConfig = EncoderConfig()

@@ -84,9 +84,10 @@ def systems_from(paths: Sequence[str | Path], qrels: Qrels | None = None, qrels_
 
     out: list[System] = []
     for path in map(Path, paths):
-        head = path.read_bytes()[:1] if path.is_file() else b""
         if not path.is_file():
             raise RetrError(f"{path}: no such file")
+        with path.open("rb") as fh:
+            head = fh.read(1)
         if head == b"{":
             for report in read_reports(path):
                 for name, p in report.pipelines.items():

@@ -33,7 +33,8 @@ class IndexFolder:
         stored = self.manifest.get("stored_docs", self.manifest["num_docs"])
         if len(self.stored_ids) != stored:
             raise RetrError(f"{self.folder}: id list has {len(self.stored_ids)} entries, manifest says {stored} stored")
-        dead = read_tombstones(self.folder, stored)
+        self.tombstones = read_tombstones(self.folder, stored)  # deleted positions, sorted
+        dead = self.tombstones
         if len(dead) != self.manifest.get("tombstones", 0):
             raise RetrError(f"{self.folder}: {len(dead)} tombstones, manifest says {self.manifest.get('tombstones', 0)}")
         # rows: the live positions in order; every part but the doc store and the id list holds rows only

@@ -34,7 +34,7 @@ from retr.indexes.dense import DenseIndexConfig, build_faiss, live_vectors, save
 from retr.indexes.docstore import DOCS, IDS, OFFSETS, TOMBSTONES, write_docstore
 from retr.indexes.folder import IndexFolder
 from retr.indexes.manifest import write_manifest
-from retr.retrieval.artifacts import atomic_dir, checksums, versions, writer_lock
+from retr.retrieval.artifacts import atomic_dir, checksums, read_text, versions, writer_lock
 from retr.retrieval.bm25 import BM25_DIR, BM25Config
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
@@ -98,7 +98,7 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
     folder = index.folder
     stored = len(index.stored_ids)
     rows = index.rows if index.rows is not None else np.arange(stored)
-    dead = np.union1d(np.setdiff1d(np.arange(stored), rows), rows[~keep]).astype(np.int64)
+    dead = np.union1d(index.tombstones, rows[~keep]).astype(np.int64)
     live = int(keep.sum()) + len(docs)
     if live == 0:
         raise RetrError(f"{folder}: the change would leave the index empty: build a new one instead")
@@ -178,13 +178,8 @@ def add_documents(folder: str | Path, corpus: Corpus, encoder: EncoderConfig | N
 
 def read_id_list(path: str | Path) -> dict[str, int]:
     """Ids, one per line (blank lines skipped), each with the line it was first read from."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise RetrError(f"{path}: unreadable id list ({e})") from None
     out: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(read_text(Path(path)).splitlines(), start=1):
         if line.strip():
             out.setdefault(line.strip(), lineno)
     return out

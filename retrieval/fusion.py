@@ -92,11 +92,7 @@ def _peak(hits) -> float:
     """How far a run's top score stands out of its list for a query (its z-score; 0 when flat): a retriever that
     found something distinctive for this query has an outlying first hit."""
     s = [h.score for h in hits]
-    if len(s) < 2:
-        return 0.0
-    mean = sum(s) / len(s)
-    std = (sum((x - mean) ** 2 for x in s) / len(s)) ** 0.5
-    return max(0.0, (s[0] - mean) / std) if std > 0 else 0.0
+    return max(0.0, _zscore_of(s)(s[0])) if len(s) > 1 else 0.0
 
 
 def adaptive(runs: Sequence[Run], k: int, method=None) -> Run:
