@@ -35,14 +35,17 @@ class Index:
     def build(cls, corpus: str | Path, out: str | Path, *, model: str | None = None, backend: str = DEFAULT_BACKEND,
               bm25: bool = True, kind: str = "flat", id_field: str | None = None, text_field: str | None = None,
               title_field: str | None = None, max_length: int | None = None, use_cache: bool = True,
-              query_prompt: str | None = None, doc_prompt: str | None = None, **dense_options) -> Index:
+              query_prompt: str | None = None, doc_prompt: str | None = None, passages: str | None = None,
+              aggregate: str = "maxp", **dense_options) -> Index:
         """Build ``out`` from ``corpus`` (a BEIR folder or a JSONL/CSV/TSV file) and open it. The options are
-        `retr index`'s (prompts: None takes the model's own); ``dense_options`` are ``DenseIndexConfig`` fields
-        (``hnsw_m``, ``ef_search``, ...)."""
+        `retr index`'s (prompts: None takes the model's own; ``passages``: ``"N[:STRIDE]"`` indexes passages and
+        ranks documents by their ``aggregate``); ``dense_options`` are ``DenseIndexConfig`` fields (``hnsw_m``,
+        ``ef_search``, ...)."""
         from retr.indexes.build import IndexConfig, build_index
         from retr.indexes.corpus import CorpusFormat, load_corpus
         from retr.retrieval.bm25 import BM25Config
         from retr.retrieval.encoder import EncoderConfig
+        from retr.retrieval.passages import PassageConfig
 
         corpus_ = load_corpus(Path(corpus), CorpusFormat(id_field, text_field, title_field))
         try:
@@ -51,7 +54,8 @@ class Index:
             raise RetrError(f"unknown index option: {e}") from None
         cfg = IndexConfig(dense=dense, encoder=EncoderConfig(model=model, backend=backend, max_length=max_length,
                                                              query_prompt=query_prompt, doc_prompt=doc_prompt),
-                          bm25=BM25Config() if bm25 else None, use_cache=use_cache)
+                          bm25=BM25Config() if bm25 else None, use_cache=use_cache,
+                          passages=PassageConfig.parse(passages, aggregate) if passages else None)
         build_index(corpus_, Path(out), cfg)
         return cls.load(out, backend=backend)
 
@@ -129,11 +133,12 @@ def evaluate(dataset: str | Path, pipelines: Sequence[str] = ("bm25", "dense", "
              reranker: str | None = None, k_values: Sequence[int] = DEFAULT_K_VALUES, kind: str = "flat",
              fusion: str = DEFAULT_FUSION, warmup: int = 5, download: bool = True, run_dir: str | Path | None = None,
              out: str | Path | None = None, query_prompt: str | None = None,
-             doc_prompt: str | None = None) -> EvalReport:
+             doc_prompt: str | None = None, passages: str | None = None, aggregate: str = "maxp") -> EvalReport:
     """`retr eval` from Python: the typed report (written to ``out`` as JSON when given)."""
     from retr.eval.data import load_dataset
     from retr.eval.runner import EvalConfig, run_eval
     from retr.retrieval.encoder import EncoderConfig
+    from retr.retrieval.passages import PassageConfig
     from retr.retrieval.pipeline import PipelineConfig, parse_pipelines
     from retr.retrieval.rerank import RerankConfig
 
@@ -141,7 +146,8 @@ def evaluate(dataset: str | Path, pipelines: Sequence[str] = ("bm25", "dense", "
                      encoder=EncoderConfig(model=model, backend=backend, query_backend=query_backend,
                                            query_prompt=query_prompt, doc_prompt=doc_prompt),
                      dense=DenseIndexConfig(kind=kind), pipeline=PipelineConfig(fusion=fusion),
-                     reranker=RerankConfig(model=reranker) if reranker else None, warmup=warmup)
+                     reranker=RerankConfig(model=reranker) if reranker else None, warmup=warmup,
+                     passages=PassageConfig.parse(passages, aggregate) if passages else None)
     report = run_eval(load_dataset(str(dataset), split, download=download), cfg,
                       Path(run_dir) if run_dir else None)
     if out is not None:

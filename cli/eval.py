@@ -33,6 +33,7 @@ def add_parser(sub) -> None:
     options.add_model_args(p)
     options.add_query_backend_arg(p)
     options.add_index_args(p)
+    options.add_passage_args(p)
     p.set_defaults(run=run)
 
 
@@ -49,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = EvalConfig(
         pipelines=parse_pipelines(args.pipelines), k_values=args.k_values,
         encoder=options.encoder_config(args, query_backend=True), dense=options.dense_config(args),
-        bm25=BM25Config(), pipeline=PipelineConfig(fusion=args.fusion, fusion_depth=args.fusion_depth),
+        bm25=BM25Config(), pipeline=options.pipeline_config(args),
         reranker=options.rerank_config(args, args.reranker), ignore_identical_ids=args.ignore_identical_ids,
-        warmup=max(0, args.warmup), use_cache=not args.no_cache,
+        warmup=max(0, args.warmup), use_cache=not args.no_cache, passages=options.passage_config(args),
     )
     specs = dataset_specs(args.dataset)
     datasets = [load_dataset(s, args.split, download=not args.no_download) for s in specs]  # all checked first

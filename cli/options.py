@@ -10,6 +10,7 @@ from retr.indexes.dense import KINDS, DenseIndexConfig
 from retr.retrieval.backends.registry import DEFAULT_BACKEND, DEFAULT_RERANK_BACKEND, SCORING, choices
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.fusion import FUSIONS
+from retr.retrieval.passages import AGGREGATES, DEFAULT_AGGREGATE
 from retr.retrieval.pipeline import PipelineConfig
 from retr.retrieval.rerank import DEFAULT_RERANK_DEPTH, DEFAULT_RERANK_MAX_LENGTH
 
@@ -82,6 +83,27 @@ def add_rerank_args(p: argparse.ArgumentParser) -> None:
 
 def add_fusion_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fusion", choices=FUSIONS, default=_PIPELINE.fusion)
+    p.add_argument("--passage-aggregate", choices=AGGREGATES, default=None,
+                   help="an index of passages: how passage scores make a document's (default: the index's own)")
+
+
+def add_passage_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--passages", default=None, metavar="N[:STRIDE]",
+                   help="index passages of N tokens, a new one every STRIDE (default N/2), and rank documents by "
+                        "them (long documents are otherwise cut at the encoder's max length)")
+    p.add_argument("--aggregate", choices=AGGREGATES, default=DEFAULT_AGGREGATE,
+                   help="with --passages: a document's score from its passages' (maxp: the best)")
+
+
+def passage_config(args):
+    from retr.retrieval.passages import PassageConfig
+
+    return PassageConfig.parse(args.passages, args.aggregate) if args.passages else None
+
+
+def pipeline_config(args) -> PipelineConfig:
+    return PipelineConfig(fusion=args.fusion, passage_aggregate=args.passage_aggregate,
+                          **({"fusion_depth": args.fusion_depth} if hasattr(args, "fusion_depth") else {}))
 
 
 def add_index_args(p: argparse.ArgumentParser) -> None:

@@ -38,10 +38,9 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from retr.indexes.searcher import Searcher
-    from retr.retrieval.pipeline import PipelineConfig
 
     searcher = Searcher(args.index, options.query_encoder_config(args),
-                        PipelineConfig(fusion=args.fusion), options.rerank_config(args, args.rerank))
+                        options.pipeline_config(args), options.rerank_config(args, args.rerank))
     try:
         result = searcher.search(args.query, args.k, args.mode, args.rerank, dict(args.filter) or None)
     finally:

@@ -34,10 +34,9 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise RetrError(f"retr serve needs fastapi and uvicorn ({e.name} is missing): "
                         f"pip install 'retr[serve]'") from None
-    from retr.retrieval.pipeline import PipelineConfig
 
     cfg = ServeConfig(encoder=options.query_encoder_config(args),
-                      pipeline=PipelineConfig(fusion=args.fusion), rerank=options.rerank_config(args, args.reranker),
+                      pipeline=options.pipeline_config(args), rerank=options.rerank_config(args, args.reranker),
                       timeout_s=args.timeout, max_batch=args.max_batch)
     app = create_app(args.index, cfg)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -23,6 +23,7 @@ from retr.retrieval.artifacts import versions
 from retr.retrieval.bm25 import BM25Config
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
+from retr.retrieval.passages import PassageConfig
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
@@ -42,6 +43,7 @@ class EvalConfig:
     bm25: BM25Config = field(default_factory=BM25Config)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     reranker: RerankConfig | None = None  # needed by +rerank pipelines
+    passages: PassageConfig | None = None  # index passages of documents (None: documents cut at max length)
     ignore_identical_ids: bool = False
     warmup: int = 5
     use_cache: bool = True
@@ -110,7 +112,8 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
     needs_dense = any(p.uses_dense for p in cfg.pipelines)
     encoder = BiEncoder(cfg.encoder)
     index = cached_index(dataset.name, dataset.corpus, encoder,
-                         IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache))
+                         IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache,
+                                     passages=cfg.passages))
     reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
     factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
     k = max(cfg.k_values)

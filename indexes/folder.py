@@ -17,6 +17,7 @@ from retr.indexes.docstore import DocStore, read_ids, read_tombstones
 from retr.indexes.manifest import read_manifest
 from retr.retrieval.artifacts import check_checksums
 from retr.retrieval.errors import RetrError
+from retr.retrieval.passages import PassageMap
 
 INDEX_KIND = "retr-index"
 HASH_ON_OPEN_BYTES = 64 << 20  # parts up to this size are hashed on every open; larger ones are checked by size
@@ -56,9 +57,10 @@ class IndexFolder:
     def faiss_index(self):
         info = self.dense_info
         index = load_faiss(self.folder / info["file"])
-        if index.ntotal != len(self.ids):
-            raise RetrError(f"{self.folder / info['file']}: holds {index.ntotal} vectors, "
-                            f"manifest says {len(self.ids)} documents")
+        rows = len(self.passages) if self.passages is not None else len(self.ids)
+        if index.ntotal != rows:
+            raise RetrError(f"{self.folder / info['file']}: holds {index.ntotal} vectors, manifest says {rows} "
+                            f"{'passages' if self.passages is not None else 'documents'}")
         if index.d != info["dim"]:
             raise RetrError(f"{self.folder / info['file']}: dimension {index.d}, manifest says {info['dim']}")
         try:
@@ -66,6 +68,24 @@ class IndexFolder:
         except (KeyError, TypeError, ValueError) as e:
             raise RetrError(f"{self.folder}: manifest's dense params are incomplete ({e}): rebuild the index") from None
         return index
+
+    @cached_property
+    def passages(self) -> PassageMap | None:
+        """Which document each vector belongs to, for an index of passages (None: one vector per document)."""
+        info = self.dense_info.get("passages")
+        if not info:
+            return None
+        try:
+            docs = np.load(self.folder / info["docs_file"], mmap_mode="r")
+            spans = np.load(self.folder / info["spans_file"], mmap_mode="r")
+        except (OSError, ValueError, KeyError) as e:
+            raise RetrError(f"{self.folder}: passage map unreadable ({e}): rebuild the index") from None
+        if docs.shape != (info["count"],) or spans.shape != (info["count"], 2) or \
+                (len(docs) and (int(docs[0]) != 0 or int(docs[-1]) != len(self.ids) - 1
+                                or bool((np.diff(docs) < 0).any()))):
+            raise RetrError(f"{self.folder / info['docs_file']}: does not map {info['count']} passages onto "
+                            f"{len(self.ids)} documents in order: rebuild the index")
+        return PassageMap(docs, spans, info.get("aggregate", "maxp"), len(self.ids))
 
     @cached_property
     def docstore(self) -> DocStore:

@@ -153,6 +153,12 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
                   encode_seconds, seconds)
 
 
+def _check_changeable(index: IndexFolder) -> None:
+    if index.dense_info.get("passages"):
+        raise RetrError(f"{index.folder}: an index of passages cannot change yet (add, delete and compact keep one "
+                        f"vector per document): rebuild it with `retr index --passages`")
+
+
 def add_documents(folder: str | Path, corpus: Corpus, encoder: EncoderConfig | None = None) -> Change:
     """Add ``corpus``'s documents to the index at ``folder``; one whose id is live already replaces it."""
     folder = Path(folder)
@@ -161,6 +167,7 @@ def add_documents(folder: str | Path, corpus: Corpus, encoder: EncoderConfig | N
     with writer_lock(folder):
         index = IndexFolder(folder)
         try:
+            _check_changeable(index)
             built = index.dense_info["model"]
             enc = encoder_for_index(index, encoder or EncoderConfig(backend=built.get("backend") or "torch"))
             t0 = time.perf_counter()
@@ -198,6 +205,7 @@ def delete_documents(folder: str | Path, ids: Sequence[str] | Mapping[str, int],
     with writer_lock(folder):
         index = IndexFolder(folder)
         try:
+            _check_changeable(index)
             live = set(index.ids)
             missing = [i for i in wanted if i not in live]
             if missing and not missing_ok:
@@ -221,6 +229,7 @@ def compact_index(folder: str | Path) -> Change:
     with writer_lock(folder):
         index = IndexFolder(folder)
         try:
+            _check_changeable(index)
             m = index.manifest
             generation = int(m.get("generation", 0))
             if index.rows is None:

@@ -1,4 +1,5 @@
-"""Dense retrieval: encode the query with the bi-encoder, search the FAISS index."""
+"""Dense retrieval: encode the query with the bi-encoder, search the FAISS index (of documents, or of passages
+folded back into documents)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 from retr.retrieval.encoder import BiEncoder
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
+from retr.retrieval.passages import PassageMap
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.types import Hit, Run
 
@@ -75,16 +77,22 @@ def _filtered_search(index, q: np.ndarray, k: int, allowed: np.ndarray):
     return scores, positions
 
 
+PASSAGE_DEPTH = 100  # passages searched per query at least (4k where larger); deepened until k documents come
+
+
 class DenseRetriever:
     name = "dense"
     stages = ("encode", "ann")
 
-    def __init__(self, index, ids: Sequence[str], encoder: BiEncoder, allowed: np.ndarray | None = None):
-        """``allowed``: the only positions that may be returned (a metadata filter), or None for all."""
+    def __init__(self, index, ids: Sequence[str], encoder: BiEncoder, allowed: np.ndarray | None = None,
+                 passages: PassageMap | None = None):
+        """``allowed``: the only document positions that may be returned (a metadata filter), or None for all;
+        ``passages``: the index holds passages, these documents' (else one vector per document)."""
         self.index = index
         self.ids = list(ids)
         self.encoder = encoder
         self.allowed = allowed
+        self.passages = passages
 
     def search(self, queries: Mapping[str, str], k: int, timer: StageTimer | None = None) -> Run:
         timer = timer or StageTimer()
@@ -95,14 +103,34 @@ class DenseRetriever:
             q = self.encoder.encode_queries([queries[x] for x in qids], show_progress=len(qids) > 1000)
         with timer.stage("ann"):
             q = np.ascontiguousarray(q, dtype=np.float32)
-            if self.allowed is None:
-                scores, positions = self.index.search(q, min(k, len(self.ids)))
-            elif len(self.allowed) == 0:
+            if self.allowed is not None and len(self.allowed) == 0:
                 return Run({qid: [] for qid in qids})
+            if self.passages is not None:
+                found = self._passage_search(q, k)
+            elif self.allowed is None:
+                found = self.index.search(q, min(k, len(self.ids)))
             else:
-                scores, positions = _filtered_search(self.index, q, min(k, len(self.allowed)), self.allowed)
+                found = _filtered_search(self.index, q, min(k, len(self.allowed)), self.allowed)
             ids = self.ids
-            run = {qid: [Hit(ids[p], s) for p, s in zip(positions[i].tolist(), scores[i].tolist(), strict=True)
+            run = {qid: [Hit(ids[p], s) for p, s in zip(found[1][i].tolist(), found[0][i].tolist(), strict=True)
                          if p >= 0]
                    for i, qid in enumerate(qids)}
         return Run(run)
+
+    def _passage_search(self, q: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each query's top-k documents by their passages' aggregate: passages searched ``PASSAGE_DEPTH`` (or
+        4k) deep, deeper while a query has fewer than k documents and passages remain."""
+        pm = self.passages
+        rows = pm.rows_of(self.allowed)
+        total = self.index.ntotal if rows is None else len(rows)
+        want = min(k, pm.num_docs if self.allowed is None else len(self.allowed))
+        depth = min(total, max(4 * k, PASSAGE_DEPTH))
+        while True:
+            if rows is None:
+                scores, hits = self.index.search(q, depth)
+            else:
+                scores, hits = _filtered_search(self.index, q, depth, rows)
+            folded = [pm.fold(scores[i], hits[i], k) for i in range(len(q))]
+            if depth >= total or all(len(d) >= want for d, _ in folded):
+                return [s for _, s in folded], [d for d, _ in folded]
+            depth = min(total, depth * 4)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from retr.retrieval.artifacts import cache_home
-from retr.retrieval.backends.batching import fast_tokenizer, run_sorted
+from retr.retrieval.backends.batching import TOKENIZE_CHUNK, fast_tokenizer, plain_tokenizer, run_sorted
 from retr.retrieval.backends.export import EMBEDDING, Calibration
 from retr.retrieval.backends.graphs import Graph, find_cached, graph_info, open_graph
 from retr.retrieval.backends.registry import (
@@ -168,6 +168,45 @@ class BiEncoder:
             return self._fast_ids(texts)
         return self.model.tokenizer(texts, truncation=True, max_length=self.max_length, padding=False,
                                     return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+
+    # -- tokens -------------------------------------------------------------------------------------------------
+    @functools.cached_property
+    def _plain(self):
+        return plain_tokenizer(self.ref.path)
+
+    def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
+        """Each text's tokens as character ``(start, end)`` offsets, untruncated, no special tokens."""
+        if self._plain is not None:
+            out = []
+            for i in range(0, len(texts), TOKENIZE_CHUNK):
+                out.extend(e.offsets for e in self._plain.encode_batch(texts[i:i + TOKENIZE_CHUNK],
+                                                                       add_special_tokens=False))
+            return out
+        enc = self.model.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
+        return [list(map(tuple, o)) for o in enc["offset_mapping"]]
+
+    def token_counts(self, texts: list[str], special: bool = True) -> np.ndarray:
+        """Untruncated token counts (with special tokens where ``special``)."""
+        if self._plain is not None:
+            out = []
+            for i in range(0, len(texts), TOKENIZE_CHUNK):
+                out.extend(len(e.ids) for e in self._plain.encode_batch(texts[i:i + TOKENIZE_CHUNK],
+                                                                        add_special_tokens=special))
+            return np.asarray(out, dtype=np.int64)
+        ids = self.model.tokenizer(texts, add_special_tokens=special, truncation=False)["input_ids"]
+        return np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+
+    def truncation(self, texts: list[str]) -> dict:
+        """How much of ``texts`` (documents or passages, before the document prompt) the encoder never sees: the
+        texts longer than its max length and the share of all tokens cut off."""
+        counts = self.token_counts(_prefixed(self.prompts.document, texts))
+        over = counts > self.max_length
+        dropped = int((counts[over] - self.max_length).sum())
+        tokens = int(counts.sum())
+        return {"max_length": self.max_length, "texts": len(texts), "truncated": int(over.sum()),
+                "share_truncated": float(over.mean()) if len(texts) else 0.0, "tokens": tokens,
+                "tokens_dropped": dropped, "share_tokens_dropped": dropped / tokens if tokens else 0.0,
+                "longest": int(counts.max()) if len(texts) else 0}
 
     # -- encoding -----------------------------------------------------------------------------------------------
     def encode(self, texts: list[str], show_progress: bool = False, batch_size: int | None = None) -> np.ndarray:

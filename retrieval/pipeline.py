@@ -6,6 +6,7 @@ stages it times, which build costs it carries) asks the spec.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS, HybridRetriever
 from retr.retrieval.models import ModelRef
+from retr.retrieval.passages import AGGREGATES, PassageMap
 from retr.retrieval.protocol import Retriever
 from retr.retrieval.rerank import CrossEncoderReranker, RerankRetriever
 
@@ -61,10 +63,14 @@ class PipelineConfig:
     fusion: str = DEFAULT_FUSION
     fusion_depth: int = 100
     rrf_k: int = 60
+    passage_aggregate: str | None = None  # an index of passages: None takes the one it was built with
 
     def __post_init__(self) -> None:
         if self.fusion not in FUSIONS:
             raise RetrError(f"unknown fusion {self.fusion!r}: choose one of {', '.join(FUSIONS)}")
+        if self.passage_aggregate is not None and self.passage_aggregate not in AGGREGATES:
+            raise RetrError(f"unknown passage aggregate {self.passage_aggregate!r}: choose one of "
+                            f"{', '.join(AGGREGATES)}")
 
 
 _DEFAULT_ENCODER = EncoderConfig()
@@ -110,8 +116,15 @@ class PipelineFactory:
             self._encoder = encoder_for_index(self.index, self.encoder_config)
         return self._encoder
 
+    @functools.cached_property
+    def passages(self) -> PassageMap | None:
+        found = getattr(self.index, "passages", None)
+        if found is not None and self.config.passage_aggregate:
+            return found.with_aggregate(self.config.passage_aggregate)
+        return found
+
     def dense(self, allowed=None) -> DenseRetriever:
-        return DenseRetriever(self.index.faiss_index, self.index.ids, self.encoder, allowed)
+        return DenseRetriever(self.index.faiss_index, self.index.ids, self.encoder, allowed, self.passages)
 
     def bm25(self, allowed=None) -> BM25Retriever:
         if self._bm25 is None:
@@ -137,4 +150,4 @@ class PipelineFactory:
             raise RetrError(f"pipeline {spec.name!r} needs a cross-encoder: pass --reranker DIR")
         if self._positions is None:
             self._positions = {d: i for i, d in enumerate(self.index.ids)}
-        return RerankRetriever(first, reranker, self.index.docstore, self._positions)
+        return RerankRetriever(first, reranker, self.index.docstore, self._positions, self.passages)

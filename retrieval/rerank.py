@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
 from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND, get_backend
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
+from retr.retrieval.passages import PassageMap
 from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.types import Hit, Run
 
@@ -148,10 +150,21 @@ class CrossEncoderReranker:
                 "precision": graph_info(self.graph)["precision"]}
 
 
-class RerankRetriever:
-    """Reranks the first stage's top ``depth``; hits below it keep their order, after them."""
+PASSAGES_PER_DOC = 2  # an index of passages: the cross-encoder scores this many of each candidate's passages
 
-    def __init__(self, first: Retriever, reranker: CrossEncoderReranker, docstore, positions: Mapping[str, int]):
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"\w+", text.lower()))
+
+
+class RerankRetriever:
+    """Reranks the first stage's top ``depth``; hits below it keep their order, after them. Over an index of
+    passages, a document's score is the best of its ``PASSAGES_PER_DOC`` passages sharing most words with the
+    query (the whole of a long document never fits the cross-encoder)."""
+
+    def __init__(self, first: Retriever, reranker: CrossEncoderReranker, docstore, positions: Mapping[str, int],
+                 passages: PassageMap | None = None):
+        self.passages = passages
         self.first = first
         self.reranker = reranker
         self.docstore = docstore
@@ -167,8 +180,13 @@ class RerankRetriever:
         with timer.stage("rerank"):
             for qid, hits in first.items():
                 head, tail = hits[: self.depth], hits[self.depth:]
-                texts = [self.docstore.get(self.positions[h.doc_id]).full_text() for h in head]
-                scores = interpolate(self.reranker.score(queries[qid], texts),
+                texts, owner = self._texts(queries[qid], head)
+                ce = self.reranker.score(queries[qid], texts)
+                if len(owner) != len(head):  # passages: each document's best
+                    best = np.full(len(head), -np.inf, dtype=np.float32)
+                    np.maximum.at(best, owner, ce)
+                    ce = best
+                scores = interpolate(ce,
                                      np.fromiter((h.score for h in head), dtype=np.float32, count=len(head)),
                                      self.reranker.interpolation)
                 order = np.argsort(-scores, kind="stable")
@@ -177,3 +195,25 @@ class RerankRetriever:
                 ranked += [Hit(h.doc_id, floor - 1.0 - j) for j, h in enumerate(tail)]
                 out[qid] = ranked[:k]
         return Run(out)
+
+    def _texts(self, query: str, head) -> tuple[list[str], np.ndarray]:
+        """The texts the cross-encoder reads for ``head``, and the hit each belongs to."""
+        docs = [(self.positions[h.doc_id], self.docstore.get(self.positions[h.doc_id])) for h in head]
+        if self.passages is None:
+            return [d.full_text() for _, d in docs], np.arange(len(docs))
+        terms = _words(query)
+        texts, owner = [], []
+        starts = self.passages.row_starts
+        for i, (pos, doc) in enumerate(docs):
+            a, b = int(starts[pos]), int(starts[pos + 1])
+            if b - a <= 1:
+                texts.append(doc.full_text())
+                owner.append(i)
+                continue
+            title = doc.title.strip()
+            pieces = [doc.text[int(s):int(e)] for s, e in self.passages.spans[a:b]]
+            overlap = np.asarray([len(terms & _words(x)) for x in pieces])
+            for j in np.argsort(-overlap, kind="stable")[:PASSAGES_PER_DOC]:
+                texts.append(f"{title} {pieces[j]}".strip() if title else pieces[j])
+                owner.append(i)
+        return texts, np.asarray(owner, dtype=np.int64)

@@ -24,6 +24,14 @@ def _fast_tokenizer_file(model_path: Path | None, max_length: int):
     return tok
 
 
+def plain_tokenizer(model_path: Path | None):
+    """The model's tokenizer.json with neither truncation nor padding (to count and place tokens), or None."""
+    tok = _fast_tokenizer_file(model_path, 1)
+    if tok is not None:
+        tok.no_truncation()
+    return tok
+
+
 def fast_tokenizer(model_path: Path | None, max_length: int):
     """A ``texts -> token ids`` function from the model's tokenizer.json, or None."""
     tok = _fast_tokenizer_file(model_path, max_length)
