@@ -52,7 +52,9 @@ def add_parser(sub) -> None:
     t = tsub.add_parser("mlm", help="domain-adaptive masked-language modelling (BERT's 80/10/10 rule)")
     t.add_argument("--corpus", required=True, help="BEIR folder or corpus file")
     t.add_argument("--whole-word", action="store_true", help="mask all word-pieces of a word together")
-    t.add_argument("--mask-prob", type=float, default=mlm.mask_prob)
+    t.add_argument("--mask-prob", type=float, default=mlm.mask_prob,
+                   help="share of tokens chosen for prediction (default: the backbone's recipe: BERT 0.15, "
+                        "ModernBERT 0.30)")
     _add_common(t, mlm, "BERT folder (default: bundled MiniLM; an MLM head is added)")
     t.set_defaults(run=run_mlm)
 

@@ -140,7 +140,8 @@ class BiEncoder:
 
     def describe(self) -> dict:
         info = graph_info(self.graph)
-        return {"id": self.model_id, "hash": self.model_hash, "dim": self.dim, "max_length": self.max_length,
+        return {"id": self.model_id, "hash": self.model_hash, "architecture": self.ref.architecture(),
+                "dim": self.dim, "max_length": self.max_length,
                 "path": str(self.ref.path), "backend": self.backend, "precision": info["precision"],
                 "prompts": self.prompts.to_dict()}
 

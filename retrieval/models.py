@@ -100,6 +100,18 @@ def _hub_snapshot(model_id: str) -> Path | None:
     return None
 
 
+def model_architecture(path: Path) -> str | None:
+    """The backbone's ``model_type`` from its config.json (``bert``, ``modernbert``, ...), or None."""
+    for candidate in (path / "config.json", *sorted(path.glob("*/config.json"))):
+        try:
+            value = json.loads(candidate.read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, str):
+            return value
+    return None
+
+
 @dataclass(frozen=True)
 class ModelRef:
     """A model resolved to a local folder, with the identity an index, a cache entry or a graph records."""
@@ -140,6 +152,9 @@ class ModelRef:
         prompts = {str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {}
         default = cfg.get("default_prompt_name") if isinstance(cfg, dict) else None
         return prompts, default if isinstance(default, str) and default in prompts else None
+
+    def architecture(self) -> str | None:
+        return model_architecture(self.path)
 
     def max_seq_length(self) -> int | None:
         """The model's max sequence length without loading it: sentence_bert_config.json's ``max_seq_length``

@@ -124,6 +124,26 @@ def tiny_bi_encoder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_modernbert(tmp_path_factory) -> Path:
+    """A random 3-layer ModernBERT (RoPE, GeGLU, local attention every other layer) with the fixture's WordPiece
+    vocabulary, saved as a plain transformers folder (what `retr train --base` takes)."""
+    import torch
+    from transformers import ModernBertConfig, ModernBertModel
+
+    torch.manual_seed(2)
+    out = tmp_path_factory.mktemp("tiny-modernbert")
+    tok = _tokenizer(out)
+    cfg = ModernBertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                           intermediate_size=48, max_position_embeddings=128, global_attn_every_n_layers=2,
+                           local_attention=16, pad_token_id=tok.pad_token_id, cls_token_id=tok.cls_token_id,
+                           sep_token_id=tok.sep_token_id, bos_token_id=tok.cls_token_id,
+                           eos_token_id=tok.sep_token_id)
+    ModernBertModel(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_cross_encoder(tmp_path_factory) -> Path:
     """A random 2-layer BERT with a one-logit head (a cross-encoder folder)."""
     import torch

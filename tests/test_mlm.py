@@ -81,6 +81,8 @@ def test_tiny_mlm_run_adds_a_tied_head_and_writes_a_bert_folder(tiny_bi_encoder,
                   load_corpus(tiny_dataset))
     assert m["loss_history"][-1] < m["loss_history"][0]
     assert m["dev_mlm_loss"] <= m["dev_mlm_loss_before"]
+    assert m["recipe"] == {"architecture": "bert", "mask_prob": 0.15, "mask": 0.8, "random": 0.1, "keep": 0.1}
+    assert m["architecture"] == "bert"
     mlm = AutoModelForMaskedLM.from_pretrained(out)
     assert mlm.get_output_embeddings().weight.data_ptr() == mlm.get_input_embeddings().weight.data_ptr()
     assert AutoModel.from_pretrained(out).config.hidden_size == 32  # usable as --base
@@ -92,3 +94,18 @@ def test_mask_prob_extremes(prob):
     ids, special = _batch(4, 16)
     _, labels = mask_tokens(ids, special, MASK, torch.arange(5, 1000), prob, torch.Generator().manual_seed(0))
     assert int((labels != -100).sum()) == (0 if prob == 0.0 else int((~special).sum()))
+
+
+@pytest.mark.parametrize("architecture,share", [("bert", 0.15), ("modernbert", 0.30), ("unknown", 0.15)])
+def test_each_backbone_masks_by_its_own_recipe(architecture, share):
+    from retr.train.mlm import recipe_for
+
+    name, recipe = recipe_for(architecture, None)
+    assert recipe.mask_prob == share and name == architecture
+    ids, special = _batch(256, 128)
+    inputs, labels = mask_tokens(ids, special, MASK, torch.arange(5, 1000), recipe.mask_prob,
+                                 torch.Generator().manual_seed(0), mask_share=recipe.mask, random_share=recipe.random)
+    chosen = labels != -100
+    assert abs(float(chosen.sum()) / float((~special).sum()) - share) < 0.01
+    assert abs(float((inputs[chosen] == MASK).float().mean()) - 0.8) < 0.02
+    assert recipe_for("modernbert", 0.5)[1].mask_prob == 0.5, "--mask-prob overrides the recipe"

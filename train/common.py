@@ -12,7 +12,7 @@ from retr.eval.metrics import evaluate
 from retr.retrieval.artifacts import atomic_dir, new_manifest, write_json
 from retr.retrieval.backends.runners import cpu_has_bf16
 from retr.retrieval.errors import RetrError
-from retr.retrieval.models import DEFAULT_MODEL
+from retr.retrieval.models import DEFAULT_MODEL, model_architecture
 from retr.retrieval.types import Hit, Qrels, Run
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ def write_output(out: Path, save_model: Callable[[Path], None], kind: str, confi
     """Save the model and its manifest into ``out`` atomically; then drop the checkpoints."""
     with atomic_dir(out) as tmp:
         save_model(tmp)
-        manifest = new_manifest(kind, config=asdict(config), **extra)
+        architecture = model_architecture(tmp)
+        manifest = new_manifest(kind, config=asdict(config), architecture=architecture, **extra)
         write_json(tmp / "retr_manifest.json", manifest)
     shutil.rmtree(checkpoint_dir(out), ignore_errors=True)
     logger.info("%s written to %s", kind, out)
