@@ -49,7 +49,19 @@ def main_table(report: EvalReport) -> str:
     d = report.dataset
     scored = next(iter(report.pipelines.values())).num_queries_scored if report.pipelines else 0
     title = f"{d.name} ({d.split}): {d.num_docs} docs, {scored} queries scored; latency per single warm query"
-    return title + "\n" + grid(header, rows)
+    return title + truncation_line(report.index.get("manifest", {}).get("dense") or {}) + "\n" + grid(header, rows)
+
+
+def truncation_line(dense: dict) -> str:
+    """What the dense side never saw, as the index recorded it ('' for an index from before it did)."""
+    t = dense.get("truncation")
+    if not t:
+        return ""
+    unit = "passages" if dense.get("passages") else "documents"
+    parts = f"; as {dense['passages']['count']} passages of <= {dense['passages']['size']} tokens " \
+            f"({dense['passages']['aggregate']})" if dense.get("passages") else ""
+    return (f"\ntruncated at {t['max_length']} tokens: {t['truncated']} of {t['texts']} {unit} "
+            f"({100 * t['share_truncated']:.1f}%), {100 * t['share_tokens_dropped']:.1f}% of tokens dropped{parts}")
 
 
 def detail_table(report: EvalReport) -> str:

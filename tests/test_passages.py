@@ -23,7 +23,8 @@ from retr.retrieval.passages import PassageConfig, PassageMap, split_passages, w
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
-from .conftest import DOCS
+from .conftest import DOCS, QRELS, write_beir
+from .conftest import QUERIES as FIXTURE_QUERIES
 
 SENTENCES = [f"{t} {x}" for _, t, x in DOCS if x]
 QUERIES = {"q1": "solar panels electricity", "q2": "wolves in the tundra", "q3": "bread baked in an oven",
@@ -239,3 +240,21 @@ def test_cli_passages_eval_report_and_refusals(corpus_file, tiny_bi_encoder, tmp
     PassageMap(np.zeros(3, dtype=np.int32), None)  # one document of three passages
     with pytest.raises(RetrError, match="unknown passage aggregate"):
         PipelineConfig(passage_aggregate="mean")
+
+
+def test_eval_reports_truncation_and_scores_documents_over_passages(tiny_bi_encoder, tmp_path, capsys):
+    data = write_beir(tmp_path / "long", _long_docs(), FIXTURE_QUERIES, QRELS)
+    common = ["eval", "--dataset", str(data), "--model", str(tiny_bi_encoder), "--backend", "onnx", "--no-download",
+              "--pipelines", "dense,hybrid", "--warmup", "0", "--no-cache"]
+    assert main([*common, "--out", str(tmp_path / "docs.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "truncated at 64 tokens: 6 of 22 documents (27.3%)" in printed
+    assert main([*common, "--passages", "20:10", "--out", str(tmp_path / "passages.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "truncated at 64 tokens: 0 of" in printed and "passages of <= 20 tokens (maxp)" in printed
+    report = json.loads((tmp_path / "passages.json").read_text())
+    dense = report["index"]["manifest"]["dense"]
+    assert dense["passages"]["count"] > 22 and dense["truncation"]["truncated"] == 0
+    run = (tmp_path / "passages-runs" / "long.test.dense.trec").read_text().split("\n")
+    ranked = [line.split()[2] for line in run if line.startswith("q1 ")]
+    assert len(ranked) == len(set(ranked)) == 22, "documents are scored, each once"
