@@ -34,10 +34,11 @@ def run(args: argparse.Namespace) -> int:
     corpus = load_corpus(Path(args.corpus), CorpusFormat(args.id_field, args.text_field, args.title_field))
     cfg = IndexConfig(dense=options.dense_config(args), encoder=options.encoder_config(args),
                       bm25=BM25Config() if args.bm25 else None, use_cache=not args.no_cache,
-                      passages=options.passage_config(args))
+                      passages=options.passage_config(args), shards=args.shards)
     m = build_index(corpus, Path(args.out), cfg)
     d = m["dense"]
     parts = f" as {d['passages']['count']} passages" if d.get("passages") else ""
+    parts += f" in {len(m['shards'])} shards" if m.get("shards") else ""
     print(f"indexed {m['num_docs']} documents{parts} into {args.out}: {d['kind']} {d['dim']}-d ({d['model']['id']}), "
           f"{d['docs_per_second']:.1f} docs/s{', + bm25' if m['bm25'] else ''}"
           f"{f', {corpus.empty_docs} empty' if corpus.empty_docs else ''}")

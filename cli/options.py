@@ -116,6 +116,9 @@ def add_index_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pq-nbits", type=positive_int, default=_DENSE.pq_nbits)
     p.add_argument("--nprobe", type=positive_int, default=_DENSE.nprobe)
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
+    p.add_argument("--shards", type=positive_int, default=1,
+                   help="partition the documents by a stable hash of their id into N shard indexes; a search fans "
+                        "out over them and merges (BM25 keeps the whole collection's statistics)")
 
 
 def dense_config(args) -> DenseIndexConfig:

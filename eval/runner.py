@@ -44,6 +44,7 @@ class EvalConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     reranker: RerankConfig | None = None  # needed by +rerank pipelines
     passages: PassageConfig | None = None  # index passages of documents (None: documents cut at max length)
+    shards: int = 1  # > 1: the index is that many shards, each query fanned out and merged
     ignore_identical_ids: bool = False
     warmup: int = 5
     use_cache: bool = True
@@ -113,7 +114,7 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
     encoder = BiEncoder(cfg.encoder)
     index = cached_index(dataset.name, dataset.corpus, encoder,
                          IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache,
-                                     passages=cfg.passages))
+                                     passages=cfg.passages, shards=cfg.shards))
     reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
     factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
     k = max(cfg.k_values)

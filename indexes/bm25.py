@@ -86,13 +86,45 @@ class RowTokens:
         return cls([flat_list[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], vocab)
 
 
-def write_bm25(tokens: RowTokens, folder: Path, cfg: BM25Config = _DEFAULT) -> dict:
-    """Index ``tokens`` (row i = document row i) into ``folder``; return build stats."""
+def index_bm25(tokens: RowTokens, cfg: BM25Config = _DEFAULT):
+    """A bm25s model over ``tokens`` (its statistics: these rows')."""
     import bm25s
 
-    t0 = time.perf_counter()
     model = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
     model.index((tokens.rows, {w: i for i, w in enumerate(tokens.vocab)}), show_progress=len(tokens) > 10_000)
+    return model
+
+
+def write_bm25(tokens: RowTokens, folder: Path, cfg: BM25Config = _DEFAULT, model=None) -> dict:
+    """Index ``tokens`` (row i = document row i) into ``folder`` (``model``: already indexed); return build
+    stats."""
+    t0 = time.perf_counter()
+    model = model if model is not None else index_bm25(tokens, cfg)
+    return _save_bm25(model, tokens, folder, cfg, t0)
+
+
+def bm25_rows(model, rows: np.ndarray):
+    """The bm25s model of the documents ``rows`` (sorted) cut out of ``model``: every score stays what it is in
+    the whole (a shard keeps the collection's idf and average length, not its own)."""
+    import bm25s
+
+    data, indices, indptr = (np.asarray(model.scores[k]) for k in ("data", "indices", "indptr"))
+    local = np.full(int(model.scores["num_docs"]), -1, dtype=np.int64)
+    local[rows] = np.arange(len(rows))
+    kept = local[indices] >= 0
+    column = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+    counts = np.bincount(column[kept], minlength=len(indptr) - 1)
+    part = bm25s.BM25(k1=model.k1, b=model.b, delta=model.delta, method=model.method, idf_method=model.idf_method,
+                      dtype=model.dtype, int_dtype=model.int_dtype)
+    part.scores = {"data": data[kept], "indices": local[indices[kept]].astype(indices.dtype),
+                   "indptr": np.concatenate([[0], np.cumsum(counts)]).astype(indptr.dtype), "num_docs": len(rows)}
+    part.vocab_dict = model.vocab_dict
+    part.unique_token_ids_set = set(model.vocab_dict.values())
+    part.nonoccurrence_array = getattr(model, "nonoccurrence_array", None)
+    return part
+
+
+def _save_bm25(model, tokens: RowTokens, folder: Path, cfg: BM25Config, t0: float) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     model.save(str(folder), show_progress=False)
     (folder / CONFIG).write_text(json.dumps(asdict(cfg), indent=2))

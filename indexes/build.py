@@ -12,12 +12,13 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from retr.indexes.bm25 import build_bm25
+from retr.indexes.bm25 import RowTokens, bm25_rows, build_bm25, index_bm25, write_bm25
 from retr.indexes.cache import EmbeddingCache, embedding_key
 from retr.indexes.corpus import Corpus
 from retr.indexes.dense import (
@@ -29,9 +30,10 @@ from retr.indexes.dense import (
     save_faiss,
 )
 from retr.indexes.docstore import write_docstore
-from retr.indexes.folder import INDEX_KIND, IndexFolder
+from retr.indexes.folder import INDEX_KIND
 from retr.indexes.manifest import is_index_folder, write_manifest
-from retr.retrieval.artifacts import atomic_dir, cache_home, checksums, new_manifest, writer_lock
+from retr.indexes.shards import SHARD_DIR, SHARD_PARTITION, SHARDED_KIND, open_index
+from retr.retrieval.artifacts import MANIFEST, atomic_dir, cache_home, checksums, new_manifest, writer_lock
 from retr.retrieval.bm25 import BM25_DIR, BM25Config
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
@@ -47,6 +49,11 @@ class IndexConfig:
     bm25: BM25Config | None = None
     use_cache: bool = True
     passages: PassageConfig | None = None  # None: one vector per document (cut at the encoder's max length)
+    shards: int = 1  # > 1: documents partitioned by a stable hash of their id into this many indexes
+
+    def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise RetrError(f"--shards must be >= 1, got {self.shards}")
 
 
 PASSAGE_DOCS_FILE = "passage_docs.npy"  # (p,) int32: each vector row's document
@@ -141,82 +148,188 @@ def check_out(out: Path, corpus: Corpus) -> None:
         return
     if not out.is_dir():
         raise RetrError(f"{out}: exists and is not a folder: refusing to replace it; choose another --out")
-    if any(out.iterdir()) and not is_index_folder(out, INDEX_KIND):
+    if any(out.iterdir()) and not (is_index_folder(out, INDEX_KIND) or is_index_folder(out, SHARDED_KIND)):
         raise RetrError(f"{out}: exists and is not a retr index folder (no retr manifest): refusing to replace it; "
                         f"choose another --out, or remove it yourself")
 
 
+def shard_of(doc_ids: Sequence[str], shards: int) -> np.ndarray:
+    """Each id's shard: a stable hash of the id (sha256, first 8 bytes) modulo ``shards``, the same on every
+    machine and in every run."""
+    return np.fromiter((int.from_bytes(hashlib.sha256(d.encode("utf-8")).digest()[:8], "big") % shards
+                        for d in doc_ids), dtype=np.int64, count=len(doc_ids))
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A corpus made ready for the dense side: its texts (documents or passages) and their vectors."""
+    texts: IndexTexts
+    emb: np.ndarray
+    info: dict
+    truncation: dict
+
+
+def encode_for_index(encoder: BiEncoder, corpus: Corpus, cfg: IndexConfig,
+                     cache: EmbeddingCache | None = None) -> Encoded:
+    texts = index_texts(encoder, corpus, cfg.passages)
+    truncation = truncation_report(encoder, texts.texts, "passages" if texts.passages else "documents")
+    emb, info = corpus_embeddings(encoder, corpus, cfg.use_cache, cache, texts)
+    return Encoded(texts, emb, info, truncation)
+
+
+def _write_index(tmp: Path, corpus: Corpus, rows: np.ndarray | None, enc: Encoded, cfg: IndexConfig,
+                 encoder: BiEncoder, write_bm25_part, t_all: float, shard: dict | None = None) -> dict:
+    """One index folder in ``tmp`` of the corpus's documents ``rows`` (None: all of them)."""
+    docs = corpus.docs if rows is None else [corpus.docs[i] for i in rows.tolist()]
+    write_docstore(tmp, docs)
+    emb, split = enc.emb, enc.texts.passages
+    if rows is not None:
+        if split is None:
+            emb = enc.emb[rows]
+        else:  # the passages of these documents, their document numbers renumbered within the shard
+            local = np.full(len(corpus), -1, dtype=np.int64)
+            local[rows] = np.arange(len(rows))
+            keep = np.flatnonzero(local[split.docs] >= 0)
+            emb = enc.emb[keep]
+            split = Passages([], local[split.docs[keep]].astype(np.int32), split.spans[keep])
+    t0 = time.perf_counter()
+    index, params = build_faiss(emb, cfg.dense)
+    faiss_seconds = time.perf_counter() - t0
+    faiss_bytes = save_faiss(index, tmp / FAISS_FILE)
+    dense_files = keep_vectors(emb, cfg.dense, tmp)
+    passages = None
+    if split is not None:
+        np.save(tmp / PASSAGE_DOCS_FILE, split.docs)
+        np.save(tmp / PASSAGE_SPANS_FILE, split.spans)
+        per_doc = np.bincount(split.docs, minlength=len(docs))
+        passages = {**asdict(cfg.passages), "count": len(split.docs), "docs_file": PASSAGE_DOCS_FILE,
+                    "spans_file": PASSAGE_SPANS_FILE, "max_per_doc": int(per_doc.max()) if len(docs) else 0,
+                    "mean_per_doc": float(per_doc.mean()) if len(docs) else 0.0}
+    dense = {
+        "kind": cfg.dense.kind, "metric": "inner_product", "normalized": True, "params": params,
+        "file": FAISS_FILE, **dense_files, "dim": encoder.dim, "model": encoder.describe(),
+        "passages": passages, "truncation": enc.truncation,
+        "encode": enc.info, "faiss_build_seconds": faiss_seconds,
+        "build_seconds": enc.info["encode_seconds"] + faiss_seconds, "bytes": faiss_bytes,
+        "docs_per_second": (len(corpus) / (enc.info["encode_seconds"] + faiss_seconds)),
+    }
+    bm25 = None
+    if write_bm25_part is not None:
+        bm25 = write_bm25_part(tmp / BM25_DIR, docs, rows)
+        bm25["dir"] = BM25_DIR
+        bm25["docs_per_second"] = len(docs) / bm25["build_seconds"] if bm25["build_seconds"] > 0 else None
+    manifest = new_manifest(
+        INDEX_KIND,
+        num_docs=len(docs),
+        corpus={"source": str(corpus.source), "sha256": corpus.sha256, "num_docs": len(corpus),
+                "empty_docs": corpus.empty_docs, "fields": corpus.fields},
+        dense=dense,
+        bm25=bm25,
+        shard=shard,
+        build_seconds=time.perf_counter() - t_all,
+        config=asdict(cfg),
+        files=checksums(tmp),
+    )
+    write_manifest(tmp, manifest)
+    return manifest
+
+
 def build_index(corpus: Corpus, out: Path, cfg: IndexConfig = IndexConfig(), encoder: BiEncoder | None = None,
                 cache: EmbeddingCache | None = None) -> dict:
-    """Write the index for ``corpus`` to ``out``. A failure leaves no ``out`` (or the old one)."""
+    """Write the index for ``corpus`` to ``out`` (``cfg.shards`` > 1: a folder of shard indexes). A failure
+    leaves no ``out`` (or the old one)."""
     out = Path(out)
     check_out(out, corpus)
     encoder = encoder or BiEncoder(cfg.encoder)
     with writer_lock(out), atomic_dir(out) as tmp:
         t_all = time.perf_counter()
-        write_docstore(tmp, corpus.docs)
-        texts = index_texts(encoder, corpus, cfg.passages)
-        truncation = truncation_report(encoder, texts.texts, "passages" if texts.passages else "documents")
-        emb, enc_info = corpus_embeddings(encoder, corpus, cfg.use_cache, cache, texts)
-        t0 = time.perf_counter()
-        index, params = build_faiss(emb, cfg.dense)
-        faiss_seconds = time.perf_counter() - t0
-        faiss_bytes = save_faiss(index, tmp / FAISS_FILE)
-        dense_files = keep_vectors(emb, cfg.dense, tmp)
-        passages = None
-        if texts.passages is not None:
-            np.save(tmp / PASSAGE_DOCS_FILE, texts.passages.docs)
-            np.save(tmp / PASSAGE_SPANS_FILE, texts.passages.spans)
-            per_doc = np.bincount(texts.passages.docs, minlength=len(corpus))
-            passages = {**asdict(cfg.passages), "count": len(texts.texts), "docs_file": PASSAGE_DOCS_FILE,
-                        "spans_file": PASSAGE_SPANS_FILE, "max_per_doc": int(per_doc.max()),
-                        "mean_per_doc": float(per_doc.mean())}
-        dense = {
-            "kind": cfg.dense.kind, "metric": "inner_product", "normalized": True, "params": params,
-            "file": FAISS_FILE, **dense_files, "dim": encoder.dim, "model": encoder.describe(),
-            "passages": passages, "truncation": truncation,
-            "encode": enc_info, "faiss_build_seconds": faiss_seconds,
-            "build_seconds": enc_info["encode_seconds"] + faiss_seconds, "bytes": faiss_bytes,
-            "docs_per_second": (len(corpus) / (enc_info["encode_seconds"] + faiss_seconds)),
-        }
-        bm25 = None
-        if cfg.bm25 is not None:
-            bm25 = build_bm25([d.full_text() for d in corpus.docs], tmp / BM25_DIR, cfg.bm25)
-            bm25["dir"] = BM25_DIR
-            bm25["docs_per_second"] = len(corpus) / bm25["build_seconds"]
-        manifest = new_manifest(
-            INDEX_KIND,
-            num_docs=len(corpus),
-            corpus={"source": str(corpus.source), "sha256": corpus.sha256, "num_docs": len(corpus),
-                    "empty_docs": corpus.empty_docs, "fields": corpus.fields},
-            dense=dense,
-            bm25=bm25,
-            build_seconds=time.perf_counter() - t_all,
-            config=asdict(cfg),
-            files=checksums(tmp),
-        )
-        write_manifest(tmp, manifest)
-    logger.info("index written to %s (%d docs, %s%s)", out, len(corpus), cfg.dense.kind, " + bm25" if bm25 else "")
+        enc = encode_for_index(encoder, corpus, cfg, cache)
+        if cfg.shards > 1:
+            manifest = _write_sharded(tmp, corpus, enc, cfg, encoder, t_all)
+        else:
+            part = None
+            if cfg.bm25 is not None:
+                def part(folder, docs, _rows):
+                    return build_bm25([d.full_text() for d in docs], folder, cfg.bm25)
+            manifest = _write_index(tmp, corpus, None, enc, cfg, encoder, part, t_all)
+    logger.info("index written to %s (%d docs, %s%s%s)", out, len(corpus), cfg.dense.kind,
+                " + bm25" if cfg.bm25 else "", f", {cfg.shards} shards" if cfg.shards > 1 else "")
     return manifest
 
 
-def cached_index(name: str, corpus: Corpus, encoder: BiEncoder, cfg: IndexConfig) -> IndexFolder:
-    """The index (dense + BM25) of ``corpus`` from retr's cache, or built into it."""
+def _write_sharded(tmp: Path, corpus: Corpus, enc: Encoded, cfg: IndexConfig, encoder: BiEncoder,
+                   t_all: float) -> dict:
+    """``cfg.shards`` index folders (``shard-000`` ...), documents partitioned by ``shard_of`` their id, and a
+    manifest listing them. BM25 is indexed once over the whole corpus and cut into shards, so that every shard
+    scores with the collection's statistics (idf, average length) and a merged ranking equals the unsharded one."""
+    n = cfg.shards
+    owner = shard_of(corpus.ids, n)
+    part = None
+    if cfg.bm25 is not None:
+        t0 = time.perf_counter()
+        tokens = RowTokens.of([d.full_text() for d in corpus.docs], cfg.bm25, show_progress=len(corpus) > 10_000)
+        whole = index_bm25(tokens, cfg.bm25)
+        shared = time.perf_counter() - t0
+
+        def part(folder, _docs, rows):
+            stats = write_bm25(tokens.select(np.isin(np.arange(len(corpus)), rows)), folder, cfg.bm25,
+                               model=bm25_rows(whole, rows))
+            stats["build_seconds"] += shared / n
+            return stats
+    shards, parts = [], []
+    for i in range(n):
+        rows = np.flatnonzero(owner == i)
+        if not len(rows):
+            raise RetrError(f"--shards {n}: shard {i} would hold no document ({len(corpus)} documents): use fewer "
+                            f"shards")
+        name = SHARD_DIR.format(i)
+        (tmp / name).mkdir()
+        m = _write_index(tmp / name, corpus, rows, enc, cfg, encoder, part, t_all,
+                         shard={"index": i, "of": n, "partition": SHARD_PARTITION})
+        parts.append(m)
+        shards.append({"dir": name, "num_docs": m["num_docs"], "manifest_sha256": _sha256(tmp / name / MANIFEST)})
+    first = parts[0]["dense"]
+    faiss_seconds = sum(m["dense"]["faiss_build_seconds"] for m in parts)
+    dense = {**{k: first[k] for k in ("kind", "dim", "model", "truncation", "encode", "params")},
+             "passages": {**first["passages"], "count": len(enc.texts.texts)} if first["passages"] else None,
+             "faiss_build_seconds": faiss_seconds, "build_seconds": enc.info["encode_seconds"] + faiss_seconds,
+             "bytes": sum(m["dense"]["bytes"] for m in parts)}
+    bm25 = None
+    if cfg.bm25 is not None:
+        bm25 = {"params": asdict(cfg.bm25), "statistics": "whole collection",
+                "build_seconds": sum(m["bm25"]["build_seconds"] for m in parts),
+                "bytes": sum(m["bm25"]["bytes"] for m in parts)}
+    manifest = new_manifest(
+        SHARDED_KIND, num_docs=len(corpus), shards=shards, partition=SHARD_PARTITION, corpus=parts[0]["corpus"],
+        dense=dense, bm25=bm25, build_seconds=time.perf_counter() - t_all, config=asdict(cfg),
+        files={s["dir"] + "/" + MANIFEST: {"sha256": s["manifest_sha256"]} for s in shards})
+    manifest["dense"]["docs_per_second"] = len(corpus) / manifest["build_seconds"]
+    write_manifest(tmp, manifest)
+    return manifest
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def cached_index(name: str, corpus: Corpus, encoder: BiEncoder, cfg: IndexConfig):
+    """The index (dense + BM25; an ``IndexFolder``, or a ``ShardedIndex`` with ``cfg.shards`` > 1) of ``corpus``
+    from retr's cache, or built into it."""
     bm25 = cfg.bm25 or BM25Config()
     prompts = [encoder.prompts.to_dict()] if encoder.prompts.query or encoder.prompts.document else []
     passages = [asdict(cfg.passages)] if cfg.passages else []
+    shards = [{"shards": cfg.shards}] if cfg.shards > 1 else []
     raw = json.dumps([corpus.sha256, encoder.model_hash, encoder.max_length, encoder.backend, asdict(cfg.dense),
-                      asdict(bm25), *prompts, *passages], sort_keys=True)
+                      asdict(bm25), *prompts, *passages, *shards], sort_keys=True)
     folder = cache_home() / "indexes" / f"{name}-{hashlib.sha256(raw.encode()).hexdigest()[:24]}"
     if cfg.use_cache and folder.is_dir():
         try:
-            index = IndexFolder(folder)
+            index = open_index(folder)
             if index.manifest["corpus"]["sha256"] == corpus.sha256 and index.has_bm25:
                 logger.info("index cache used: %s", folder)
                 return index
         except RetrError as e:
             logger.warning("cached index %s unusable (%s): rebuilding", folder, e)
             shutil.rmtree(folder, ignore_errors=True)  # retr's own cache entry: a damaged manifest is no reason to keep it
-    build_index(corpus, folder, IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=bm25, use_cache=cfg.use_cache,
-                                            passages=cfg.passages), encoder=encoder)
-    return IndexFolder(folder)
+    build_index(corpus, folder, replace(cfg, bm25=bm25), encoder=encoder)
+    return open_index(folder)

@@ -28,6 +28,21 @@ INDEX_SCHEMA: dict[str, tuple[type, ...]] = {
 }
 
 
+# a folder of shard indexes: each shard is checked as an index of its own when opened
+SHARDED_SCHEMA: dict[str, tuple[type, ...]] = {
+    "num_docs": (int,),
+    "shards": (list,),
+    "corpus": (dict,),
+    "corpus.sha256": (str,),
+    "dense": (dict,),
+    "dense.dim": (int,),
+    "dense.model": (dict,),
+    "dense.model.hash": (str,),
+    "bm25": (dict, type(None)),
+    "files": (dict,),
+}
+
+
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     write_json(Path(folder) / MANIFEST, manifest)
 
@@ -60,7 +75,7 @@ def check_schema(manifest: Any, path: Path, schema: dict[str, tuple[type, ...]] 
                             f"rebuild the index with `retr index`")
 
 
-def read_manifest(folder: Path, kind: str) -> dict[str, Any]:
+def read_manifest(folder: Path, kind: str, schema: dict[str, tuple[type, ...]] = INDEX_SCHEMA) -> dict[str, Any]:
     folder = Path(folder)
     path = folder / MANIFEST
     what = kind.removeprefix("retr-").replace("-", " ")  # "retr-index" -> "index"
@@ -79,7 +94,7 @@ def read_manifest(folder: Path, kind: str) -> dict[str, Any]:
     if manifest.get("format_version") != FORMAT_VERSION:
         raise RetrError(f"{path}: format version {manifest.get('format_version')} is not supported "
                         f"(this retr reads {FORMAT_VERSION}); rebuild it with `retr index`")
-    check_schema(manifest, path)
+    check_schema(manifest, path, schema)
     return manifest
 
 

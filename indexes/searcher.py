@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retr.indexes.folder import IndexFolder
+from retr.indexes.shards import open_index
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
@@ -57,7 +57,7 @@ class Searcher:
         """``encoder``: the query encoder's options (its model defaults to the one that built the index);
         ``rerank``: the options (depth, length, backend, weight) of the cross-encoders asked for by folder in
         ``search(rerank=...)``."""
-        self.index = IndexFolder(folder)
+        self.index = open_index(folder)
         self._options = (encoder, pipeline, rerank)
         self._factory = PipelineFactory(self.index, config=pipeline or PipelineConfig(),
                                         encoder_config=encoder or EncoderConfig())

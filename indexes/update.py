@@ -33,7 +33,8 @@ from retr.indexes.corpus import Corpus
 from retr.indexes.dense import DenseIndexConfig, build_faiss, live_vectors, save_faiss
 from retr.indexes.docstore import DOCS, IDS, OFFSETS, TOMBSTONES, write_docstore
 from retr.indexes.folder import IndexFolder
-from retr.indexes.manifest import write_manifest
+from retr.indexes.manifest import is_index_folder, write_manifest
+from retr.indexes.shards import SHARDED_KIND
 from retr.retrieval.artifacts import atomic_dir, checksums, read_text, versions, writer_lock
 from retr.retrieval.bm25 import BM25_DIR, BM25Config
 from retr.retrieval.encoder import EncoderConfig
@@ -153,7 +154,17 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
                   encode_seconds, seconds)
 
 
+def _open_changeable(folder: Path) -> IndexFolder:
+    if is_index_folder(folder, SHARDED_KIND):
+        raise RetrError(f"{folder}: a sharded index cannot change yet (add, delete and compact work on one index "
+                        f"folder): rebuild it with `retr index --shards`")
+    return IndexFolder(folder)
+
+
 def _check_changeable(index: IndexFolder) -> None:
+    if index.manifest.get("shard"):
+        raise RetrError(f"{index.folder}: a shard of a sharded index cannot change on its own (its BM25 holds the "
+                        f"whole collection's statistics): rebuild the index with `retr index --shards`")
     if index.dense_info.get("passages"):
         raise RetrError(f"{index.folder}: an index of passages cannot change yet (add, delete and compact keep one "
                         f"vector per document): rebuild it with `retr index --passages`")
@@ -165,7 +176,7 @@ def add_documents(folder: str | Path, corpus: Corpus, encoder: EncoderConfig | N
     if not len(corpus):
         raise RetrError(f"{corpus.source}: no documents to add")
     with writer_lock(folder):
-        index = IndexFolder(folder)
+        index = _open_changeable(folder)
         try:
             _check_changeable(index)
             built = index.dense_info["model"]
@@ -203,7 +214,7 @@ def delete_documents(folder: str | Path, ids: Sequence[str] | Mapping[str, int],
     if not wanted:
         raise RetrError(f"{source}: no ids to delete")
     with writer_lock(folder):
-        index = IndexFolder(folder)
+        index = _open_changeable(folder)
         try:
             _check_changeable(index)
             live = set(index.ids)
@@ -227,7 +238,7 @@ def compact_index(folder: str | Path) -> Change:
     folder = Path(folder)
     t0 = time.perf_counter()
     with writer_lock(folder):
-        index = IndexFolder(folder)
+        index = _open_changeable(folder)
         try:
             _check_changeable(index)
             m = index.manifest

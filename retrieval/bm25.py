@@ -15,7 +15,7 @@ import numpy as np
 
 from retr.retrieval.errors import RetrError
 from retr.retrieval.protocol import StageTimer
-from retr.retrieval.types import Hit, Run
+from retr.retrieval.types import Hit, Run, trec_sorted
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,14 @@ class BM25Retriever:
                 scores = self.model.get_scores_from_ids(token_ids)
                 if self.mask is not None:
                     scores = np.where(self.mask, scores, 0.0)
-                top = np.argpartition(-scores, k_eff - 1)[:k_eff] if k_eff < len(scores) else np.arange(len(scores))
+                if k_eff < len(scores):
+                    top = np.argpartition(-scores, k_eff - 1)[:k_eff]
+                    # every document tied with the k-th joins, and trec order (score, then id) picks among them:
+                    # the cut never depends on the partition's order, so a sharded index cuts where this one does
+                    top = np.union1d(top, np.flatnonzero(scores == scores[top].min()))
+                else:
+                    top = np.arange(len(scores))
                 top = top[scores[top] > 0]
-                out[qid] = [Hit(ids[d], s) for d, s in zip(top.tolist(), scores[top].tolist(), strict=True)]
+                out[qid] = trec_sorted(Hit(ids[d], s) for d, s in zip(top.tolist(), scores[top].tolist(),
+                                                                       strict=True))[:k_eff]
         return Run(out)

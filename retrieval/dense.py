@@ -102,20 +102,23 @@ class DenseRetriever:
         with timer.stage("encode"):
             q = self.encoder.encode_queries([queries[x] for x in qids], show_progress=len(qids) > 1000)
         with timer.stage("ann"):
-            q = np.ascontiguousarray(q, dtype=np.float32)
-            if self.allowed is not None and len(self.allowed) == 0:
-                return Run({qid: [] for qid in qids})
-            if self.passages is not None:
-                found = self._passage_search(q, k)
-            elif self.allowed is None:
-                found = self.index.search(q, min(k, len(self.ids)))
-            else:
-                found = _filtered_search(self.index, q, min(k, len(self.allowed)), self.allowed)
-            ids = self.ids
-            run = {qid: [Hit(ids[p], s) for p, s in zip(found[1][i].tolist(), found[0][i].tolist(), strict=True)
-                         if p >= 0]
-                   for i, qid in enumerate(qids)}
-        return Run(run)
+            return self.search_vectors(qids, q, k)
+
+    def search_vectors(self, qids: list[str], q: np.ndarray, k: int) -> Run:
+        """The top ``k`` for query vectors ``q`` (one per id in ``qids``)."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        if self.allowed is not None and len(self.allowed) == 0:
+            return Run({qid: [] for qid in qids})
+        if self.passages is not None:
+            found = self._passage_search(q, k)
+        elif self.allowed is None:
+            found = self.index.search(q, min(k, len(self.ids)))
+        else:
+            found = _filtered_search(self.index, q, min(k, len(self.allowed)), self.allowed)
+        ids = self.ids
+        return Run({qid: [Hit(ids[p], s) for p, s in zip(found[1][i].tolist(), found[0][i].tolist(), strict=True)
+                          if p >= 0]
+                    for i, qid in enumerate(qids)})
 
     def _passage_search(self, q: np.ndarray, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Each query's top-k documents by their passages' aggregate: passages searched ``PASSAGE_DEPTH`` (or

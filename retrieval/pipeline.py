@@ -19,6 +19,7 @@ from retr.retrieval.models import ModelRef
 from retr.retrieval.passages import AGGREGATES, PassageMap
 from retr.retrieval.protocol import Retriever
 from retr.retrieval.rerank import CrossEncoderReranker, RerankRetriever
+from retr.retrieval.shards import Merged, ShardedDense, split_positions
 
 FIRST_STAGES = ("bm25", "dense", "hybrid")
 RERANK_SUFFIX = "+rerank"
@@ -107,7 +108,7 @@ class PipelineFactory:
         self.reranker = reranker
         self.config = config
         self.encoder_config = encoder_config  # how the encoder is made when none is given and one is needed
-        self._bm25: BM25Retriever | None = None
+        self._bm25: BM25Retriever | list[BM25Retriever] | None = None
         self._positions: dict[str, int] | None = None
 
     @property
@@ -123,12 +124,28 @@ class PipelineFactory:
             return found.with_aggregate(self.config.passage_aggregate)
         return found
 
-    def dense(self, allowed=None) -> DenseRetriever:
-        return DenseRetriever(self.index.faiss_index, self.index.ids, self.encoder, allowed, self.passages)
+    @property
+    def _shards(self):
+        return getattr(self.index, "shards", None)  # a sharded index: each shard's own parts, searched and merged
 
-    def bm25(self, allowed=None) -> BM25Retriever:
+    def dense(self, allowed=None) -> Retriever:
+        shards = self._shards
+        if shards is None:
+            return DenseRetriever(self.index.faiss_index, self.index.ids, self.encoder, allowed, self.passages)
+        aggregate = self.config.passage_aggregate
+        return ShardedDense([DenseRetriever(s.faiss_index, s.ids, self.encoder, part,
+                                            s.passages.with_aggregate(aggregate) if s.passages is not None and aggregate
+                                            else s.passages)
+                             for s, part in zip(shards, split_positions(allowed, self.index.offsets), strict=True)])
+
+    def bm25(self, allowed=None) -> Retriever:
         if self._bm25 is None:
-            self._bm25 = BM25Retriever(self.index.bm25_folder, self.index.ids)
+            shards = self._shards
+            self._bm25 = ([BM25Retriever(s.bm25_folder, s.ids) for s in shards] if shards is not None
+                          else BM25Retriever(self.index.bm25_folder, self.index.ids))
+        if isinstance(self._bm25, list):
+            return Merged([r.restricted(part) for r, part in
+                           zip(self._bm25, split_positions(allowed, self.index.offsets), strict=True)])
         return self._bm25.restricted(allowed)
 
     def make(self, spec: PipelineSpec | str, reranker: CrossEncoderReranker | None = None,

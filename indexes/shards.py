@@ -1,0 +1,111 @@
+"""Open a folder of shard indexes as one index: the shards' ids end to end (shard 0's first), one doc store and
+passage map over them, and each shard's own parts for a search to fan out over (``retrieval.shards``).
+
+A sharded folder holds ``shard-000/`` ... (each a complete retr index of the documents whose id hashes to it,
+with the collection's BM25 statistics) and a manifest listing them with each one's manifest checksum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from retr.indexes.folder import IndexFolder
+from retr.indexes.manifest import SHARDED_SCHEMA, is_index_folder, read_manifest
+from retr.retrieval.artifacts import MANIFEST
+from retr.retrieval.errors import RetrError
+from retr.retrieval.passages import PassageMap
+from retr.retrieval.types import Document
+
+SHARDED_KIND = "retr-sharded-index"
+SHARD_DIR = "shard-{:03d}"
+SHARD_PARTITION = "sha256(id)[:8] mod shards"
+
+
+def open_index(folder: str | Path):
+    """The index at ``folder``: an ``IndexFolder``, or a ``ShardedIndex`` for a folder of shards."""
+    return ShardedIndex(folder) if is_index_folder(Path(folder), SHARDED_KIND) else IndexFolder(folder)
+
+
+class ShardedDocStore:
+    """The shards' doc stores as one, by position in the sharded index's id order."""
+
+    def __init__(self, shards: list[IndexFolder], offsets: np.ndarray):
+        self.shards = shards
+        self.offsets = offsets  # (n_shards + 1,): shard i holds positions offsets[i]:offsets[i + 1]
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def get(self, position: int) -> Document:
+        i = int(np.searchsorted(self.offsets, position, side="right")) - 1
+        return self.shards[i].docstore.get(position - int(self.offsets[i]))
+
+    def positions_where(self, conditions: dict[str, str]) -> tuple[np.ndarray, set[str]]:
+        found, have = [], set()
+        for shard, offset in zip(self.shards, self.offsets.tolist(), strict=False):
+            positions, fields = shard.docstore.positions_where(conditions)
+            found.append(positions + offset)
+            have |= fields
+        return np.concatenate(found).astype(np.int64), have
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
+
+
+class ShardedIndex:
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder, SHARDED_KIND, SHARDED_SCHEMA)
+        self.shards: list[IndexFolder] = []
+        for entry in self.manifest["shards"]:
+            path = self.folder / entry["dir"]
+            want = self.manifest["files"].get(f"{entry['dir']}/{MANIFEST}", {}).get("sha256")
+            try:
+                got = hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest()
+            except OSError:
+                raise RetrError(f"{path}: shard missing: rebuild the index with `retr index --shards`") from None
+            if got != want:
+                raise RetrError(f"{path / MANIFEST}: not the shard this index was built with: rebuild it")
+            shard = IndexFolder(path)
+            if shard.manifest.get("shard", {}).get("index") != len(self.shards) or \
+                    shard.manifest["dense"]["model"]["hash"] != self.dense_info["model"]["hash"]:
+                raise RetrError(f"{path}: shard {len(self.shards)} of another index: rebuild it")
+            self.shards.append(shard)
+        counts = [len(s.ids) for s in self.shards]
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.ids = [d for s in self.shards for d in s.ids]
+        if len(self.ids) != self.manifest["num_docs"]:
+            raise RetrError(f"{self.folder}: shards hold {len(self.ids)} documents, manifest says "
+                            f"{self.manifest['num_docs']}")
+
+    @property
+    def dense_info(self) -> dict:
+        return self.manifest["dense"]
+
+    @property
+    def has_bm25(self) -> bool:
+        return bool(self.manifest.get("bm25"))
+
+    @cached_property
+    def docstore(self) -> ShardedDocStore:
+        return ShardedDocStore(self.shards, self.offsets)
+
+    @cached_property
+    def passages(self) -> PassageMap | None:
+        """One passage map over the shards' (document numbers in this index's position order)."""
+        parts = [s.passages for s in self.shards]
+        if parts[0] is None:
+            return None
+        docs = np.concatenate([np.asarray(p.docs, dtype=np.int64) + o for p, o in zip(parts, self.offsets.tolist(),
+                                                                                        strict=False)])
+        spans = np.concatenate([np.asarray(p.spans) for p in parts])
+        return PassageMap(docs, spans, parts[0].aggregate, len(self.ids))
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
