@@ -23,7 +23,20 @@ INDEX_KIND = "retr-index"
 HASH_ON_OPEN_BYTES = 64 << 20  # parts up to this size are hashed on every open; larger ones are checked by size
 
 
-class IndexFolder:
+class ManifestView:
+    """What an index says about itself through its manifest (a folder, or a folder of shards)."""
+    manifest: dict
+
+    @property
+    def dense_info(self) -> dict:
+        return self.manifest["dense"]
+
+    @property
+    def has_bm25(self) -> bool:
+        return bool(self.manifest.get("bm25"))
+
+
+class IndexFolder(ManifestView):
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder, INDEX_KIND)
@@ -44,14 +57,6 @@ class IndexFolder:
         n = self.manifest["num_docs"]
         if len(self.ids) != n:
             raise RetrError(f"{self.folder}: id list has {len(self.ids)} live entries, manifest says {n} documents")
-
-    @property
-    def dense_info(self) -> dict:
-        return self.manifest["dense"]
-
-    @property
-    def has_bm25(self) -> bool:
-        return bool(self.manifest.get("bm25"))
 
     @cached_property
     def faiss_index(self):

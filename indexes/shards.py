@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retr.indexes.folder import IndexFolder
+from retr.indexes.folder import IndexFolder, ManifestView
 from retr.indexes.manifest import SHARDED_SCHEMA, is_index_folder, read_manifest
 from retr.retrieval.artifacts import MANIFEST
 from retr.retrieval.errors import RetrError
@@ -57,7 +57,7 @@ class ShardedDocStore:
             shard.close()
 
 
-class ShardedIndex:
+class ShardedIndex(ManifestView):
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder, SHARDED_KIND, SHARDED_SCHEMA)
@@ -82,14 +82,6 @@ class ShardedIndex:
         if len(self.ids) != self.manifest["num_docs"]:
             raise RetrError(f"{self.folder}: shards hold {len(self.ids)} documents, manifest says "
                             f"{self.manifest['num_docs']}")
-
-    @property
-    def dense_info(self) -> dict:
-        return self.manifest["dense"]
-
-    @property
-    def has_bm25(self) -> bool:
-        return bool(self.manifest.get("bm25"))
 
     @cached_property
     def docstore(self) -> ShardedDocStore:

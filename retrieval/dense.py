@@ -77,6 +77,19 @@ def _filtered_search(index, q: np.ndarray, k: int, allowed: np.ndarray):
     return scores, positions
 
 
+def encoded_search(encoder: BiEncoder, queries: Mapping[str, str], k: int, timer: StageTimer | None,
+                   search_vectors) -> Run:
+    """Encode the queries (stage ``encode``), then ``search_vectors(qids, vectors, k)`` (stage ``ann``)."""
+    timer = timer or StageTimer()
+    qids = list(queries)
+    if not qids:
+        return Run({})
+    with timer.stage("encode"):
+        q = encoder.encode_queries([queries[x] for x in qids], show_progress=len(qids) > 1000)
+    with timer.stage("ann"):
+        return search_vectors(qids, q, k)
+
+
 PASSAGE_DEPTH = 100  # passages searched per query at least (4k where larger); deepened until k documents come
 
 
@@ -95,14 +108,7 @@ class DenseRetriever:
         self.passages = passages
 
     def search(self, queries: Mapping[str, str], k: int, timer: StageTimer | None = None) -> Run:
-        timer = timer or StageTimer()
-        qids = list(queries)
-        if not qids:
-            return Run({})
-        with timer.stage("encode"):
-            q = self.encoder.encode_queries([queries[x] for x in qids], show_progress=len(qids) > 1000)
-        with timer.stage("ann"):
-            return self.search_vectors(qids, q, k)
+        return encoded_search(self.encoder, queries, k, timer, self.search_vectors)
 
     def search_vectors(self, qids: list[str], q: np.ndarray, k: int) -> Run:
         """The top ``k`` for query vectors ``q`` (one per id in ``qids``)."""

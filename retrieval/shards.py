@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from retr.retrieval.dense import DenseRetriever
+from retr.retrieval.dense import DenseRetriever, encoded_search
 from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.types import Run, trec_sorted
 
@@ -42,14 +42,10 @@ class ShardedDense:
         self.encoder = self.parts[0].encoder
 
     def search(self, queries: Mapping[str, str], k: int, timer: StageTimer | None = None) -> Run:
-        timer = timer or StageTimer()
-        qids = list(queries)
-        if not qids:
-            return Run({})
-        with timer.stage("encode"):
-            q = self.encoder.encode_queries([queries[x] for x in qids], show_progress=len(qids) > 1000)
-        with timer.stage("ann"):
-            return merge_runs([p.search_vectors(qids, q, k) for p in self.parts], k)
+        return encoded_search(self.encoder, queries, k, timer, self.search_vectors)
+
+    def search_vectors(self, qids: list[str], q: np.ndarray, k: int) -> Run:
+        return merge_runs([p.search_vectors(qids, q, k) for p in self.parts], k)
 
 
 class Merged:

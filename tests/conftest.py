@@ -191,3 +191,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_train(tmp_path_factory) -> Path:
+    """The fixture corpus with a train split (four more judged queries) for the trainers."""
+    qrels = {**QRELS, "q7": {"d3": 1}, "q8": {"d14": 1}, "q9": {"d6": 1}, "q10": {"d10": 1}}
+    queries = {**QUERIES, "q7": "dams and turbines", "q8": "baking in an oven", "q9": "bread dough with yeast",
+               "q10": "rivers flow to the sea"}
+    return write_beir(tmp_path_factory.mktemp("train") / "tiny", DOCS, queries, qrels, split="train")

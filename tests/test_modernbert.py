@@ -13,29 +13,19 @@ from retr.indexes.corpus import load_corpus
 from retr.indexes.searcher import Searcher
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
-from .conftest import DOCS, QRELS, QUERIES, write_beir
-
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    qrels = {**QRELS, "q7": {"d3": 1}, "q8": {"d14": 1}, "q9": {"d6": 1}, "q10": {"d10": 1}}
-    queries = {**QUERIES, "q7": "dams and turbines", "q8": "baking in an oven", "q9": "bread dough with yeast",
-               "q10": "rivers flow to the sea"}
-    return write_beir(tmp_path_factory.mktemp("mb-train") / "tiny", DOCS, queries, qrels, split="train")
-
-
-@pytest.fixture(scope="module")
-def trained(tiny_modernbert, data, tmp_path_factory):
+def trained(tiny_modernbert, tiny_train, tmp_path_factory):
     from retr.train.bi_encoder import BiEncoderTrainConfig, train_bi_encoder
     from retr.train.mlm import MLMTrainConfig, train_mlm
 
     root = tmp_path_factory.mktemp("mb-models")
     mlm = train_mlm(root / "mlm", MLMTrainConfig(base=str(tiny_modernbert), epochs=3, batch_size=4, learning_rate=5e-3,
-                                                 max_length=32, dev_fraction=0.2), load_corpus(data))
+                                                 max_length=32, dev_fraction=0.2), load_corpus(tiny_train))
     cfg = BiEncoderTrainConfig(base=str(root / "mlm"), epochs=2, batch_size=4, mini_batch_size=2, learning_rate=1e-3,
                                max_length=32, num_negatives=1, negative_depth=5, dev_fraction=0.3, dev_candidates=5,
                                seed=0)
-    bi = train_bi_encoder(root / "bi", cfg, dataset=load_dataset(str(data), "train", download=False))
+    bi = train_bi_encoder(root / "bi", cfg, dataset=load_dataset(str(tiny_train), "train", download=False))
     return root, mlm, bi
 
 
@@ -47,14 +37,14 @@ def test_mlm_follows_modernberts_recipe(trained):
     assert config["model_type"] == "modernbert"
 
 
-def test_bi_encoder_exports_checked_indexes_and_searches(trained, data, tmp_path, capsys):
+def test_bi_encoder_exports_checked_indexes_and_searches(trained, tiny_train, tmp_path, capsys):
     from retr.cli.main import main
 
     root, _, bi = trained
     assert json.loads((root / "bi" / "config.json").read_text())["model_type"] == "modernbert"
     for backend in ("onnx", "openvino-int8"):
         out = tmp_path / backend
-        assert main(["index", "--corpus", str(data), "--out", str(out), "--model", str(root / "bi"),
+        assert main(["index", "--corpus", str(tiny_train), "--out", str(out), "--model", str(root / "bi"),
                      "--backend", backend]) == 0
         m = json.loads((out / "manifest.json").read_text())
         model = m["dense"]["model"]
@@ -69,7 +59,7 @@ def test_bi_encoder_exports_checked_indexes_and_searches(trained, data, tmp_path
         s.close()
 
 
-def test_cross_encoder_from_modernbert(trained, data, tiny_modernbert, tmp_path):
+def test_cross_encoder_from_modernbert(trained, tiny_train, tiny_modernbert, tmp_path):
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
     from retr.train.cross_encoder import CrossEncoderTrainConfig, train_cross_encoder
 
@@ -77,7 +67,7 @@ def test_cross_encoder_from_modernbert(trained, data, tiny_modernbert, tmp_path)
     cfg = CrossEncoderTrainConfig(base=str(tiny_modernbert), first_stage_model=str(root / "bi"), epochs=1,
                                   batch_size=4, learning_rate=1e-3, max_length=32, num_negatives=2, negative_depth=8,
                                   dev_fraction=0.3, dev_depth=6, seed=0)
-    m = train_cross_encoder(tmp_path / "ce", cfg, load_dataset(str(data), "train", download=False))
+    m = train_cross_encoder(tmp_path / "ce", cfg, load_dataset(str(tiny_train), "train", download=False))
     assert m["loss_history"]
     for backend in ("torch", "onnx"):
         reranker = CrossEncoderReranker(RerankConfig(model=str(tmp_path / "ce"), max_length=32, backend=backend))

@@ -11,16 +11,6 @@ from retr.retrieval.errors import RetrError
 from retr.train.bi_encoder import BiEncoderTrainConfig, train_bi_encoder
 from retr.train.data import self_supervised_pairs, split_dev
 
-from .conftest import DOCS, QRELS, QUERIES, write_beir
-
-
-@pytest.fixture(scope="module")
-def tiny_train(tmp_path_factory):
-    qrels = {**QRELS, "q7": {"d3": 1}, "q8": {"d14": 1}, "q9": {"d6": 1}, "q10": {"d10": 1}}
-    queries = {**QUERIES, "q7": "dams and turbines", "q8": "baking in an oven", "q9": "bread dough with yeast",
-               "q10": "rivers flow to the sea"}
-    return write_beir(tmp_path_factory.mktemp("train") / "tiny", DOCS, queries, qrels, split="train")
-
 
 def test_negative_mining_never_takes_a_judged_or_near_duplicate_document(tmp_path):
     from retr.retrieval.types import Qrels
