@@ -272,8 +272,9 @@ def _write_sharded(tmp: Path, corpus: Corpus, enc: Encoded, cfg: IndexConfig, en
         shared = time.perf_counter() - t0
 
         def part(folder, _docs, rows):
-            stats = write_bm25(tokens.select(np.isin(np.arange(len(corpus)), rows)), folder, cfg.bm25,
-                               model=bm25_rows(whole, rows))
+            mine = np.zeros(len(corpus), dtype=bool)
+            mine[rows] = True
+            stats = write_bm25(tokens.select(mine), folder, cfg.bm25, model=bm25_rows(whole, rows))
             stats["build_seconds"] += shared / n
             return stats
     shards, parts = [], []

@@ -175,25 +175,22 @@ class BiEncoder:
     def _plain(self):
         return plain_tokenizer(self.ref.path)
 
+    def _encodings(self, texts: list[str], special: bool):
+        """The tokenizer.json's untruncated encodings of ``texts``, in chunks."""
+        for i in range(0, len(texts), TOKENIZE_CHUNK):
+            yield from self._plain.encode_batch(texts[i:i + TOKENIZE_CHUNK], add_special_tokens=special)
+
     def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
         """Each text's tokens as character ``(start, end)`` offsets, untruncated, no special tokens."""
         if self._plain is not None:
-            out = []
-            for i in range(0, len(texts), TOKENIZE_CHUNK):
-                out.extend(e.offsets for e in self._plain.encode_batch(texts[i:i + TOKENIZE_CHUNK],
-                                                                       add_special_tokens=False))
-            return out
+            return [e.offsets for e in self._encodings(texts, special=False)]
         enc = self.model.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
         return [list(map(tuple, o)) for o in enc["offset_mapping"]]
 
     def token_counts(self, texts: list[str], special: bool = True) -> np.ndarray:
         """Untruncated token counts (with special tokens where ``special``)."""
         if self._plain is not None:
-            out = []
-            for i in range(0, len(texts), TOKENIZE_CHUNK):
-                out.extend(len(e.ids) for e in self._plain.encode_batch(texts[i:i + TOKENIZE_CHUNK],
-                                                                        add_special_tokens=special))
-            return np.asarray(out, dtype=np.int64)
+            return np.fromiter((len(e.ids) for e in self._encodings(texts, special)), dtype=np.int64, count=len(texts))
         ids = self.model.tokenizer(texts, add_special_tokens=special, truncation=False)["input_ids"]
         return np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
 

@@ -57,6 +57,11 @@ class Passages:
     spans: np.ndarray  # (p, 2) int64: character start and end in the document's body
 
 
+def passage_text(title: str, piece: str) -> str:
+    """A passage as it is encoded and reranked: its document's title, then its piece of the body."""
+    return f"{title} {piece}".strip() if title else piece
+
+
 def _sentence_starts(body: str, offsets: Sequence[tuple[int, int]]) -> np.ndarray:
     """Token positions where a sentence (or a line) begins: after a token ending in . ! ? ; or a line break."""
     starts = [0]
@@ -118,8 +123,7 @@ def split_passages(titles: Sequence[str], bodies: Sequence[str], cfg: PassageCon
             starts = _sentence_starts(body, offsets)
             for a, b in windows(len(offsets), starts, budget, stride):
                 c0, c1 = offsets[a][0], offsets[b - 1][1]
-                piece = body[c0:c1]
-                texts.append(f"{title} {piece}".strip() if title else piece)
+                texts.append(passage_text(title, body[c0:c1]))
                 docs.append(lo + j)
                 spans.append((c0, c1))
     return Passages(texts, np.asarray(docs, dtype=np.int32), np.asarray(spans, dtype=np.int64).reshape(-1, 2))

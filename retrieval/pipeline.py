@@ -117,12 +117,19 @@ class PipelineFactory:
             self._encoder = encoder_for_index(self.index, self.encoder_config)
         return self._encoder
 
-    @functools.cached_property
-    def passages(self) -> PassageMap | None:
-        found = getattr(self.index, "passages", None)
+    def _aggregated(self, found: PassageMap | None) -> PassageMap | None:
         if found is not None and self.config.passage_aggregate:
             return found.with_aggregate(self.config.passage_aggregate)
         return found
+
+    @functools.cached_property
+    def passages(self) -> PassageMap | None:
+        return self._aggregated(getattr(self.index, "passages", None))
+
+    @functools.cached_property
+    def _shard_passages(self) -> list[PassageMap | None]:
+        """Each shard's passage map (made once: a map keeps its row tables for every search)."""
+        return [self._aggregated(s.passages) for s in self._shards]
 
     @property
     def _shards(self):
@@ -132,11 +139,9 @@ class PipelineFactory:
         shards = self._shards
         if shards is None:
             return DenseRetriever(self.index.faiss_index, self.index.ids, self.encoder, allowed, self.passages)
-        aggregate = self.config.passage_aggregate
-        return ShardedDense([DenseRetriever(s.faiss_index, s.ids, self.encoder, part,
-                                            s.passages.with_aggregate(aggregate) if s.passages is not None and aggregate
-                                            else s.passages)
-                             for s, part in zip(shards, split_positions(allowed, self.index.offsets), strict=True)])
+        return ShardedDense([DenseRetriever(s.faiss_index, s.ids, self.encoder, part, passages)
+                             for s, part, passages in zip(shards, split_positions(allowed, self.index.offsets),
+                                                          self._shard_passages, strict=True)])
 
     def bm25(self, allowed=None) -> Retriever:
         if self._bm25 is None:

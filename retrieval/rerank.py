@@ -19,7 +19,7 @@ from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
 from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND, get_backend
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
-from retr.retrieval.passages import PassageMap
+from retr.retrieval.passages import PassageMap, passage_text
 from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.types import Hit, Run
 
@@ -214,6 +214,6 @@ class RerankRetriever:
             pieces = [doc.text[int(s):int(e)] for s, e in self.passages.spans[a:b]]
             overlap = np.asarray([len(terms & _words(x)) for x in pieces])
             for j in np.argsort(-overlap, kind="stable")[:PASSAGES_PER_DOC]:
-                texts.append(f"{title} {pieces[j]}".strip() if title else pieces[j])
+                texts.append(passage_text(title, pieces[j]))
                 owner.append(i)
         return texts, np.asarray(owner, dtype=np.int64)
