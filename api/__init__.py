@@ -36,13 +36,15 @@ class Index:
               bm25: bool = True, kind: str = "flat", id_field: str | None = None, text_field: str | None = None,
               title_field: str | None = None, max_length: int | None = None, use_cache: bool = True,
               query_prompt: str | None = None, doc_prompt: str | None = None, passages: str | None = None,
-              aggregate: str = "maxp", **dense_options) -> Index:
+              aggregate: str = "maxp", shards: int = 1, executor: str = "local", ray_address: str | None = None,
+              ray_actors: int = 2, **dense_options) -> Index:
         """Build ``out`` from ``corpus`` (a BEIR folder or a JSONL/CSV/TSV file) and open it. The options are
         `retr index`'s (prompts: None takes the model's own; ``passages``: ``"N[:STRIDE]"`` indexes passages and
-        ranks documents by their ``aggregate``); ``dense_options`` are ``DenseIndexConfig`` fields (``hnsw_m``,
-        ``ef_search``, ...)."""
+        ranks documents by their ``aggregate``; ``executor="ray"`` encodes on a Ray cluster); ``dense_options``
+        are ``DenseIndexConfig`` fields (``hnsw_m``, ``ef_search``, ...)."""
         from retr.indexes.build import IndexConfig, build_index
         from retr.indexes.corpus import CorpusFormat, load_corpus
+        from retr.indexes.executors import ExecutorConfig
         from retr.retrieval.bm25 import BM25Config
         from retr.retrieval.encoder import EncoderConfig
         from retr.retrieval.passages import PassageConfig
@@ -55,7 +57,8 @@ class Index:
         cfg = IndexConfig(dense=dense, encoder=EncoderConfig(model=model, backend=backend, max_length=max_length,
                                                              query_prompt=query_prompt, doc_prompt=doc_prompt),
                           bm25=BM25Config() if bm25 else None, use_cache=use_cache,
-                          passages=PassageConfig.parse(passages, aggregate) if passages else None)
+                          passages=PassageConfig.parse(passages, aggregate) if passages else None, shards=shards,
+                          executor=ExecutorConfig(name=executor, address=ray_address, actors=ray_actors))
         build_index(corpus_, Path(out), cfg)
         return cls.load(out, backend=backend)
 

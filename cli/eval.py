@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         bm25=BM25Config(), pipeline=options.pipeline_config(args),
         reranker=options.rerank_config(args, args.reranker), ignore_identical_ids=args.ignore_identical_ids,
         warmup=max(0, args.warmup), use_cache=not args.no_cache, passages=options.passage_config(args),
-        shards=args.shards,
+        shards=args.shards, executor=options.executor_config(args),
     )
     specs = dataset_specs(args.dataset)
     datasets = [load_dataset(s, args.split, download=not args.no_download) for s in specs]  # all checked first

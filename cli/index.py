@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     corpus = load_corpus(Path(args.corpus), CorpusFormat(args.id_field, args.text_field, args.title_field))
     cfg = IndexConfig(dense=options.dense_config(args), encoder=options.encoder_config(args),
                       bm25=BM25Config() if args.bm25 else None, use_cache=not args.no_cache,
-                      passages=options.passage_config(args), shards=args.shards)
+                      passages=options.passage_config(args), shards=args.shards,
+                      executor=options.executor_config(args))
     m = build_index(corpus, Path(args.out), cfg)
     d = m["dense"]
     parts = f" as {d['passages']['count']} passages" if d.get("passages") else ""

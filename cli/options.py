@@ -7,6 +7,7 @@ import argparse
 
 from retr.eval.metrics import DEFAULT_K_VALUES
 from retr.indexes.dense import KINDS, DenseIndexConfig
+from retr.indexes.executors import EXECUTORS, ExecutorConfig
 from retr.retrieval.backends.registry import DEFAULT_BACKEND, DEFAULT_RERANK_BACKEND, SCORING, choices
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.fusion import FUSIONS
@@ -15,6 +16,7 @@ from retr.retrieval.pipeline import PipelineConfig
 from retr.retrieval.rerank import DEFAULT_RERANK_DEPTH, DEFAULT_RERANK_MAX_LENGTH
 
 _DENSE = DenseIndexConfig()
+_EXECUTOR = ExecutorConfig()
 _ENCODER = EncoderConfig()
 _PIPELINE = PipelineConfig()
 
@@ -119,6 +121,20 @@ def add_index_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", type=positive_int, default=1,
                    help="partition the documents by a stable hash of their id into N shard indexes; a search fans "
                         "out over them and merges (BM25 keeps the whole collection's statistics)")
+    p.add_argument("--executor", choices=tuple(EXECUTORS), default=_EXECUTOR.name,
+                   help="where the documents are encoded: this process, or a Ray cluster (pip install 'retr[ray]')")
+    p.add_argument("--ray-address", default=None,
+                   help="--executor ray: the cluster to join (auto, or HOST:PORT of its head); default: a Ray "
+                        "started on this machine for the build")
+    p.add_argument("--ray-actors", type=positive_int, default=_EXECUTOR.actors,
+                   help="--executor ray: encoder actors (each loads the graph once)")
+    p.add_argument("--ray-cpus-per-actor", type=positive_int, default=_EXECUTOR.cpus_per_actor,
+                   help="--executor ray: CPUs each actor reserves (its inference threads)")
+
+
+def executor_config(args) -> ExecutorConfig:
+    return ExecutorConfig(name=args.executor, address=args.ray_address, actors=args.ray_actors,
+                          cpus_per_actor=args.ray_cpus_per_actor)
 
 
 def dense_config(args) -> DenseIndexConfig:

@@ -18,6 +18,7 @@ from retr.eval.report import DatasetInfo, EvalReport, Percentiles, PipelineResul
 from retr.eval.trec import write_trec
 from retr.indexes.build import IndexConfig, cached_index
 from retr.indexes.dense import DenseIndexConfig
+from retr.indexes.executors import ExecutorConfig
 from retr.indexes.folder import IndexFolder
 from retr.retrieval.artifacts import versions
 from retr.retrieval.bm25 import BM25Config
@@ -45,6 +46,7 @@ class EvalConfig:
     reranker: RerankConfig | None = None  # needed by +rerank pipelines
     passages: PassageConfig | None = None  # index passages of documents (None: documents cut at max length)
     shards: int = 1  # > 1: the index is that many shards, each query fanned out and merged
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # where a new index's documents are encoded
     ignore_identical_ids: bool = False
     warmup: int = 5
     use_cache: bool = True
@@ -114,7 +116,7 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
     encoder = BiEncoder(cfg.encoder)
     index = cached_index(dataset.name, dataset.corpus, encoder,
                          IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache,
-                                     passages=cfg.passages, shards=cfg.shards))
+                                     passages=cfg.passages, shards=cfg.shards, executor=cfg.executor))
     reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
     factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
     k = max(cfg.k_values)

@@ -30,6 +30,7 @@ from retr.indexes.dense import (
     save_faiss,
 )
 from retr.indexes.docstore import write_docstore
+from retr.indexes.executors import EXECUTORS, ExecutorConfig
 from retr.indexes.folder import INDEX_KIND
 from retr.indexes.manifest import is_index_folder, write_manifest
 from retr.indexes.shards import SHARD_DIR, SHARD_PARTITION, SHARDED_KIND, open_index
@@ -50,6 +51,7 @@ class IndexConfig:
     use_cache: bool = True
     passages: PassageConfig | None = None  # None: one vector per document (cut at the encoder's max length)
     shards: int = 1  # > 1: documents partitioned by a stable hash of their id into this many indexes
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # where the documents are encoded
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -98,9 +100,10 @@ def truncation_report(encoder: BiEncoder, texts: list[str], what: str) -> dict:
 
 
 def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True,
-                      cache: EmbeddingCache | None = None, texts: IndexTexts | None = None) -> tuple[np.ndarray, dict]:
-    """Embeddings of ``corpus`` (or of ``texts`` made from it: its passages) from the cache, or encoded (and then
-    cached)."""
+                      cache: EmbeddingCache | None = None, texts: IndexTexts | None = None,
+                      executor: ExecutorConfig | None = None) -> tuple[np.ndarray, dict]:
+    """Embeddings of ``corpus`` (or of ``texts`` made from it: its passages) from the cache, or encoded by
+    ``executor`` (and then cached: where they were encoded does not change what they are)."""
     cache = cache or EmbeddingCache()
     texts = texts or IndexTexts([d.full_text() for d in corpus.docs], corpus.sha256)
     key = embedding_key(encoder.model_hash, texts.sha256, encoder.max_length, encoder.backend,
@@ -112,7 +115,8 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
     logger.info("encoding %d %s with %s (max length %d, %s backend)", len(texts.texts),
                 "passages" if texts.passages else "documents", encoder.model_id, encoder.max_length, encoder.backend)
     t0 = time.perf_counter()
-    encoded = encoder.encode_corpus(texts.texts, show_progress=True)
+    executor = executor or ExecutorConfig()
+    encoded = EXECUTORS[executor.name](encoder, texts.texts, executor)
     seconds = time.perf_counter() - t0
     if use_cache:
         cache.save(key, encoded.embeddings, {
@@ -122,6 +126,7 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
             "graph": encoded.graph})
     # seconds include a first calibration of the corpus graph (openvino-int8), once per model and corpus
     return encoded.embeddings, {"cached": False, "cache_key": key, "encode_seconds": seconds, "graph": encoded.graph,
+                                "executor": encoded.executor,
                                 "docs_per_second": len(corpus) / seconds if seconds > 0 else None,
                                 "texts_per_second": len(texts.texts) / seconds if seconds > 0 else None}
 
@@ -173,7 +178,7 @@ def encode_for_index(encoder: BiEncoder, corpus: Corpus, cfg: IndexConfig,
                      cache: EmbeddingCache | None = None) -> Encoded:
     texts = index_texts(encoder, corpus, cfg.passages)
     truncation = truncation_report(encoder, texts.texts, "passages" if texts.passages else "documents")
-    emb, info = corpus_embeddings(encoder, corpus, cfg.use_cache, cache, texts)
+    emb, info = corpus_embeddings(encoder, corpus, cfg.use_cache, cache, texts, cfg.executor)
     return Encoded(texts, emb, info, truncation)
 
 

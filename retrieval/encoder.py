@@ -93,6 +93,16 @@ def _prefixed(prompt: str, texts: list[str]) -> list[str]:
 class CorpusEncoding:
     embeddings: np.ndarray  # (n, dim) float32, normalised
     graph: dict  # how they were encoded: backend, precision, agreement with torch
+    executor: dict | None = None  # where, when not in this process (retr.indexes.executors)
+
+
+@dataclass(frozen=True)
+class CorpusPlan:
+    """Documents ready to encode: their texts (document prompt applied), the graph they go through and its token
+    ids (graph and tokens None: torch encodes the texts)."""
+    texts: list[str]
+    graph: Graph | None
+    tokens: list | None
 
 
 class BiEncoder:
@@ -221,11 +231,21 @@ class BiEncoder:
         """The documents of a corpus to index. With a calibrated backend and at least ``calibration_min_docs``
         texts they go through a static int8 graph calibrated on a fixed-seed sample of them (cached per model and
         sample; refused, with a warning, when it strays from torch); otherwise, as ``encode`` does."""
+        plan = self.corpus_plan(texts)
+        if plan.graph is None:
+            return CorpusEncoding(self.encode(plan.texts, show_progress=show_progress), graph_info(None))
+        return CorpusEncoding(self._run(plan.graph, plan.tokens, show_progress), plan.graph.info())
+
+    def corpus_plan(self, texts: list[str]) -> CorpusPlan:
+        """What ``encode_corpus`` runs: the documents' graph (the calibrated one where it applies) and their token
+        ids, for an executor that runs the batches elsewhere (``retr.indexes.executors``)."""
         texts = _prefixed(self.prompts.document, texts)
+        if self.graph is None:
+            return CorpusPlan(texts, None, None)
         backend = get_backend(self.config.backend)
-        if self.graph is None or not backend.calibrated or len(texts) < self.config.calibration_min_docs:
-            return CorpusEncoding(self.encode(texts, show_progress=show_progress), graph_info(self.graph))
         tok = self._token_ids(texts)
+        if not backend.calibrated or len(texts) < self.config.calibration_min_docs:
+            return CorpusPlan(texts, self.graph, tok)
         calibration = Calibration.sample(tok)
         if calibration.digest not in self._calibrated:  # the last corpus's graph, or its refusal, stays in memory
             try:
@@ -235,8 +255,7 @@ class BiEncoder:
                                self.graph.variant)
                 graph = None
             self._calibrated = {calibration.digest: graph}
-        used = self._calibrated[calibration.digest] or self.graph
-        return CorpusEncoding(self._run(used, tok, show_progress), used.info())
+        return CorpusPlan(texts, self._calibrated[calibration.digest] or self.graph, tok)
 
     def encode_like(self, texts: list[str], recorded: dict, show_progress: bool = False) -> np.ndarray:
         """Texts through the graph that encoded an index's documents (``recorded``: that graph's info), so that

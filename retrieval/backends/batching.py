@@ -72,8 +72,13 @@ def length_batches(lengths: np.ndarray, token_budget: int):
         width = int(lengths[order[start]])  # longest in this batch (sorted descending)
         size = max(1, min(budget // max(width, 1), len(order) - start))
         idx = order[start:start + size]
-        yield idx, width, (np.arange(width)[None, :] < lengths[idx][:, None]).astype(np.int64)
+        yield idx, width, attention_mask(lengths[idx], width)
         start += size
+
+
+def attention_mask(lengths: np.ndarray, width: int) -> np.ndarray:
+    """(len(lengths), width) int64: 1 over each row's tokens, 0 over its padding."""
+    return (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
 
 
 def padded(rows: list, idx: np.ndarray, width: int, lengths: np.ndarray, fill: int = 0) -> np.ndarray:
