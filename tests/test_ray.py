@@ -42,6 +42,12 @@ def _ray_node(*args: str, env: dict) -> subprocess.Popen:
 def ray_cluster():
     """The head's address; the cluster stops (its process groups terminated) when the module's tests end."""
     port = _free_port()
+    # one auth mode for the nodes and this process (the driver). A local `ray.init()` leaves ~/.ray/auth_token, and
+    # `ray start` then turns token auth on, while this process read its mode when it imported ray (at collection,
+    # before any fixture could set a token): they never connect. The cluster lives for this module's tests only.
+    auth = {"RAY_AUTH_MODE": "disabled"}
+    saved = {k: os.environ.get(k) for k in auth}
+    os.environ.update(auth)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_raylet_start_wait_time_s": "120"}
     nodes = [_ray_node("--head", "--port", str(port), "--num-cpus", "0", "--include-dashboard", "false", env=env)]
     address = f"127.0.0.1:{port}"
@@ -55,7 +61,14 @@ def ray_cluster():
                 assert nodes[0].poll() is None, f"ray head died: {nodes[0].stderr.read()[-2000:]}"
                 assert time.time() < deadline, "ray head did not start"
                 time.sleep(0.5)
-        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+        while True:  # the port answers before the GCS serves: join once it does
+            try:
+                ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+                break
+            except (RuntimeError, ConnectionError):
+                assert nodes[0].poll() is None, f"ray head died: {nodes[0].stderr.read()[-2000:]}"
+                assert time.time() < deadline, "the ray head's GCS did not answer"
+                time.sleep(1)
         try:
             for want in (2, 3):  # one worker at a time: two raylets starting at once overload two cores
                 nodes.append(_ray_node("--address", address, "--num-cpus", "1", env=env))
@@ -80,6 +93,11 @@ def ray_cluster():
         current = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
         if current.is_file() and current.read_text().strip().endswith(f":{port}"):
             current.unlink()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _corpus(folder: Path, n: int = 160) -> Path:
