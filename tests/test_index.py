@@ -79,8 +79,8 @@ def test_failed_build_leaves_no_folder_and_keeps_old_one(tiny_dataset, tiny_bi_e
 def test_embedding_cache_skips_encoding(tiny_dataset, tiny_bi_encoder, encoder, tmp_path, monkeypatch, caplog):
     corpus = load_corpus(tiny_dataset)
     calls = []
-    real = encoder.encode
-    monkeypatch.setattr(encoder, "encode", lambda texts, **k: calls.append(len(texts)) or real(texts, **k))
+    real = encoder.encode_corpus  # what a local index build encodes its documents with
+    monkeypatch.setattr(encoder, "encode_corpus", lambda texts, **k: calls.append(len(texts)) or real(texts, **k))
     build_index(corpus, tmp_path / "a", _cfg(tiny_bi_encoder), encoder=encoder)
     assert calls == [16]
     caplog.set_level("INFO")
