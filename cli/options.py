@@ -109,14 +109,20 @@ def pipeline_config(args) -> PipelineConfig:
 
 
 def add_index_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kind", choices=KINDS, default=_DENSE.kind, help="FAISS index kind")
+    p.add_argument("--kind", choices=KINDS, default=_DENSE.kind,
+                   help="FAISS index kind (lean: 4-bit IVF-PQ codes in RAM, re-scored from memory-mapped fp16 vectors)")
     p.add_argument("--hnsw-m", type=positive_int, default=_DENSE.hnsw_m)
     p.add_argument("--ef-construction", type=positive_int, default=_DENSE.ef_construction)
     p.add_argument("--ef-search", type=positive_int, default=_DENSE.ef_search, help="HNSW search breadth")
     p.add_argument("--nlist", type=int, default=_DENSE.nlist, help="IVF lists (0: ~4*sqrt(N))")
     p.add_argument("--pq-m", type=int, default=_DENSE.pq_m, help="PQ sub-quantizers (0: dim/8)")
     p.add_argument("--pq-nbits", type=positive_int, default=_DENSE.pq_nbits)
-    p.add_argument("--nprobe", type=positive_int, default=_DENSE.nprobe)
+    p.add_argument("--nprobe", type=positive_int, default=_DENSE.nprobe, help="IVF-PQ lists probed")
+    p.add_argument("--lean-m", type=int, default=_DENSE.lean_m,
+                   help="lean: 4-bit sub-quantizers, lean-m/2 bytes of code a vector (0: up to 64)")
+    p.add_argument("--lean-nprobe", type=positive_int, default=_DENSE.lean_nprobe, help="lean: lists probed")
+    p.add_argument("--k-factor", type=positive_int, default=_DENSE.k_factor,
+                   help="lean: candidates re-scored from the fp16 vectors per hit asked for")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the embedding cache")
     p.add_argument("--shards", type=positive_int, default=1,
                    help="partition the documents by a stable hash of their id into N shard indexes; a search fans "
@@ -140,7 +146,8 @@ def executor_config(args) -> ExecutorConfig:
 def dense_config(args) -> DenseIndexConfig:
     return DenseIndexConfig(kind=args.kind, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
                             ef_search=args.ef_search, nlist=args.nlist, pq_m=args.pq_m, pq_nbits=args.pq_nbits,
-                            nprobe=args.nprobe)
+                            nprobe=args.nprobe, lean_m=args.lean_m, lean_nprobe=args.lean_nprobe,
+                            k_factor=args.k_factor)
 
 
 def encoder_config(args, query_backend: bool = False) -> EncoderConfig:

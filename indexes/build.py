@@ -21,14 +21,7 @@ import numpy as np
 from retr.indexes.bm25 import RowTokens, bm25_rows, build_bm25, index_bm25, write_bm25
 from retr.indexes.cache import EmbeddingCache, embedding_key
 from retr.indexes.corpus import Corpus
-from retr.indexes.dense import (
-    FAISS_FILE,
-    LOSSY_KINDS,
-    VECTORS_FILE,
-    DenseIndexConfig,
-    build_faiss,
-    save_faiss,
-)
+from retr.indexes.dense import DenseIndexConfig, build_faiss, save_dense
 from retr.indexes.docstore import write_docstore
 from retr.indexes.executors import EXECUTORS, ExecutorConfig
 from retr.indexes.folder import INDEX_KIND
@@ -131,14 +124,6 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
                                 "texts_per_second": len(texts.texts) / seconds if seconds > 0 else None}
 
 
-def keep_vectors(emb: np.ndarray, cfg: DenseIndexConfig, folder: Path) -> dict:
-    """Keep the full vectors beside a lossy index (so that it can change and compact); the manifest's entry."""
-    if cfg.kind not in LOSSY_KINDS:
-        return {}
-    np.save(folder / VECTORS_FILE, np.ascontiguousarray(emb, dtype=np.float32))
-    return {"vectors": VECTORS_FILE}
-
-
 def check_out(out: Path, corpus: Corpus) -> None:
     """Refuse an ``out`` whose replacement would destroy anything but an older retr index."""
     out = Path(out).absolute().resolve()
@@ -200,8 +185,7 @@ def _write_index(tmp: Path, corpus: Corpus, rows: np.ndarray | None, enc: Encode
     t0 = time.perf_counter()
     index, params = build_faiss(emb, cfg.dense)
     faiss_seconds = time.perf_counter() - t0
-    faiss_bytes = save_faiss(index, tmp / FAISS_FILE)
-    dense_files = keep_vectors(emb, cfg.dense, tmp)
+    saved = save_dense(index, emb, cfg.dense.kind, tmp)
     passages = None
     if split is not None:
         np.save(tmp / PASSAGE_DOCS_FILE, split.docs)
@@ -212,10 +196,10 @@ def _write_index(tmp: Path, corpus: Corpus, rows: np.ndarray | None, enc: Encode
                     "mean_per_doc": float(per_doc.mean()) if len(docs) else 0.0}
     dense = {
         "kind": cfg.dense.kind, "metric": "inner_product", "normalized": True, "params": params,
-        "file": FAISS_FILE, **dense_files, "dim": encoder.dim, "model": encoder.describe(),
+        **saved, "dim": encoder.dim, "model": encoder.describe(),
         "passages": passages, "truncation": enc.truncation,
         "encode": enc.info, "faiss_build_seconds": faiss_seconds,
-        "build_seconds": enc.info["encode_seconds"] + faiss_seconds, "bytes": faiss_bytes,
+        "build_seconds": enc.info["encode_seconds"] + faiss_seconds,
         "docs_per_second": (len(corpus) / (enc.info["encode_seconds"] + faiss_seconds)),
     }
     bm25 = None

@@ -1,4 +1,8 @@
-"""FAISS indexes over normalised embeddings (inner product = cosine): flat, HNSW, IVF-PQ."""
+"""FAISS indexes over normalised embeddings (inner product = cosine): flat, HNSW, IVF-PQ, and lean.
+
+lean: 4-bit IVF-PQ fast-scan codes (32 bytes a vector at 384 dims) held in RAM, and the vectors themselves as
+fp16 in a second file that is memory-mapped, never read whole: each query's ``k * k_factor`` best candidates by
+code are re-scored from their fp16 vectors (FAISS IndexRefine)."""
 
 from __future__ import annotations
 
@@ -13,8 +17,9 @@ from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("flat", "hnsw", "ivfpq")
+KINDS = ("flat", "hnsw", "ivfpq", "lean")
 FAISS_FILE = "dense.faiss"
+REFINE_FILE = "refine.faiss"  # lean: the fp16 vectors its candidates are re-scored from (memory-mapped)
 VECTORS_FILE = "vectors.npy"  # the full vectors, kept beside an index whose codes are lossy (IVF-PQ)
 LOSSY_KINDS = ("ivfpq",)
 
@@ -31,17 +36,24 @@ class DenseIndexConfig:
     pq_m: int = 0
     pq_nbits: int = 8
     nprobe: int = 16
+    # lean (nlist as above; 0 = chosen from the corpus size)
+    lean_m: int = 0  # 4-bit sub-quantizers, lean_m / 2 bytes of code a vector (0: the largest even divisor of the
+    # dimension up to 64, i.e. <= 32 bytes)
+    lean_nprobe: int = 32
+    k_factor: int = 40  # candidates re-scored from the fp16 vectors per hit asked for
     train_sample: int = 100_000
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise RetrError(f"unknown index kind {self.kind!r}: choose one of {', '.join(KINDS)}")
+        if self.lean_m < 0 or self.lean_m % 2:
+            raise RetrError(f"--lean-m {self.lean_m}: must be an even number (two 4-bit codes a byte), or 0 for auto")
 
 
 def _ivfpq_shape(n: int, dim: int, cfg: DenseIndexConfig) -> tuple[int, int, int]:
     """nlist ~ 4·sqrt(n) with >= 39 training points per list; pq_m divides dim; nbits fit n."""
-    nlist = cfg.nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
+    nlist = _nlist(n, cfg)
     if cfg.pq_m:
         if dim % cfg.pq_m:
             raise RetrError(f"--pq-m {cfg.pq_m} must divide the embedding dimension {dim}")
@@ -52,9 +64,63 @@ def _ivfpq_shape(n: int, dim: int, cfg: DenseIndexConfig) -> tuple[int, int, int
     return nlist, pq_m, nbits
 
 
+def _nlist(n: int, cfg: DenseIndexConfig) -> int:
+    return cfg.nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
+
+
+def _train_sample(emb: np.ndarray, cfg: DenseIndexConfig, nlist: int) -> np.ndarray:
+    """A seeded sample of >= 64 points per list (all of ``emb`` when smaller), in row order."""
+    n = len(emb)
+    n_train = max(cfg.train_sample, 64 * nlist)  # k-means wants >= 39 points per list
+    if n <= n_train:
+        return np.ascontiguousarray(emb, dtype=np.float32)
+    rng = np.random.default_rng(cfg.seed)
+    return np.ascontiguousarray(emb[np.sort(rng.choice(n, n_train, replace=False))], dtype=np.float32)
+
+
+LEAN_ADD_BLOCK = 65_536
+
+
+def _build_lean(emb: np.ndarray, cfg: DenseIndexConfig):
+    """IVF-PQ fast-scan codes re-scored from fp16 vectors. Everything is built from the fp16-rounded vectors, the
+    ones the index keeps: rebuilding from what the index holds (add/delete) gives what a fresh build gives."""
+    import faiss
+
+    n, dim = emb.shape
+    if cfg.lean_m and dim % cfg.lean_m:
+        raise RetrError(f"--lean-m {cfg.lean_m} must divide the embedding dimension {dim}")
+    m = cfg.lean_m or max((m for m in range(2, min(64, dim) + 1, 2) if dim % m == 0), default=0)
+    if not m:
+        raise RetrError(f"the lean kind needs an even embedding dimension, this model gives {dim}")
+    nlist = _nlist(n, cfg)
+    refine = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+
+    def rounded(x: np.ndarray) -> np.ndarray:  # what the fp16 part will hold, as FAISS rounds it
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        return refine.sa_decode(refine.sa_encode(x)) if len(x) else x
+
+    base = faiss.IndexIVFPQFastScan(faiss.IndexFlatIP(dim), dim, nlist, m, 4, faiss.METRIC_INNER_PRODUCT)
+    base.cp.seed = cfg.seed
+    base.pq.cp.seed = cfg.seed
+    sample = rounded(_train_sample(emb, cfg, nlist))
+    if len(sample) < 256:  # 16 centroids per sub-quantizer: a tiny corpus is repeated (k-means needs >= 16 points)
+        sample = np.tile(sample, (-(-256 // max(1, len(sample))), 1))
+    logger.info("training lean IVF%d,PQ%dx4fs on %d of %d vectors", nlist, m, len(sample), n)
+    base.train(sample)
+    base.nprobe = min(cfg.lean_nprobe, nlist)
+    index = faiss.IndexRefine(base, refine)
+    index.k_factor = float(cfg.k_factor)
+    for start in range(0, n, LEAN_ADD_BLOCK):
+        index.add(rounded(emb[start:start + LEAN_ADD_BLOCK]))
+    return index, {"nlist": nlist, "lean_m": m, "pq_nbits": 4, "nprobe": base.nprobe,
+                   "k_factor": cfg.k_factor, "refine": "fp16", "train_sample": int(min(len(emb), len(sample)))}
+
+
 def build_faiss(emb: np.ndarray, cfg: DenseIndexConfig):
     import faiss
 
+    if cfg.kind == "lean":
+        return _build_lean(emb, cfg)
     n, dim = emb.shape
     emb = np.ascontiguousarray(emb, dtype=np.float32)
     if cfg.kind == "flat":
@@ -69,9 +135,7 @@ def build_faiss(emb: np.ndarray, cfg: DenseIndexConfig):
         nlist, pq_m, nbits = _ivfpq_shape(n, dim, cfg)
         quantizer = faiss.IndexFlatIP(dim)
         index = faiss.IndexIVFPQ(quantizer, dim, nlist, pq_m, nbits, faiss.METRIC_INNER_PRODUCT)
-        rng = np.random.default_rng(cfg.seed)
-        n_train = max(cfg.train_sample, 64 * nlist)  # k-means wants >= 39 points per list
-        sample = emb if n <= n_train else emb[np.sort(rng.choice(n, n_train, replace=False))]
+        sample = _train_sample(emb, cfg, nlist)
         index.cp.seed = cfg.seed
         index.pq.cp.seed = cfg.seed if hasattr(index.pq, "cp") else 0
         logger.info("training IVF%d,PQ%dx%d on %d of %d vectors", nlist, pq_m, nbits, len(sample), n)
@@ -88,27 +152,61 @@ def configure_search(index, kind: str, params: dict) -> None:
 
     if kind == "hnsw":
         faiss.downcast_index(index).hnsw.efSearch = int(params["efSearch"])
-    elif kind == "ivfpq":
+    elif kind in ("ivfpq", "lean"):
         faiss.extract_index_ivf(index).nprobe = int(params["nprobe"])
+    if kind == "lean":
+        faiss.downcast_index(index).k_factor = float(params["k_factor"])
 
 
-def save_faiss(index, path: Path) -> int:
+def save_dense(index, emb: np.ndarray, kind: str, folder: Path) -> dict:
+    """Write ``index`` (and, for a lossy kind, the full vectors ``emb``) into ``folder``; the manifest's entries:
+    the files, their bytes, and the bytes a search keeps in RAM (the rest is memory-mapped and read on demand)."""
     import faiss
 
-    faiss.write_index(index, str(path))
-    return path.stat().st_size
+    if kind == "lean":
+        lean = faiss.downcast_index(index)
+        faiss.write_index(lean.base_index, str(folder / FAISS_FILE))
+        faiss.write_index(lean.refine_index, str(folder / REFINE_FILE))
+        resident = (folder / FAISS_FILE).stat().st_size
+        return {"file": FAISS_FILE, "refine_file": REFINE_FILE, "resident_bytes": resident,
+                "bytes": resident + (folder / REFINE_FILE).stat().st_size}
+    faiss.write_index(index, str(folder / FAISS_FILE))
+    out = {"file": FAISS_FILE, "bytes": (folder / FAISS_FILE).stat().st_size}
+    if kind in LOSSY_KINDS:  # kept so that the index can change and compact
+        np.save(folder / VECTORS_FILE, np.ascontiguousarray(emb, dtype=np.float32))
+        out["vectors"] = VECTORS_FILE
+    return out
 
 
-def load_faiss(path: Path, mmap: bool = True):
+def dense_files(info: dict) -> list[str]:
+    """The files of a dense part, from its manifest entry."""
+    return [info[key] for key in ("file", "refine_file", "vectors") if info.get(key)]
+
+
+def _read(path: Path, flags: int):
     import faiss
 
     if not path.is_file():
         raise RetrError(f"{path}: missing from the index folder")
-    flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
     try:
         return faiss.read_index(str(path), flags)
     except RuntimeError as e:
         raise RetrError(f"{path}: not a readable FAISS index ({str(e).splitlines()[0][:120]})") from None
+
+
+def load_faiss(folder: Path, info: dict):
+    """The dense part of the index in ``folder``: IVF lists memory-mapped; a lean index's codes read into RAM
+    and its fp16 vectors memory-mapped."""
+    import faiss
+
+    if info.get("refine_file"):
+        base = _read(folder / info["file"], 0)
+        refine = _read(folder / info["refine_file"], faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+        if refine.ntotal != base.ntotal or refine.d != base.d:
+            raise RetrError(f"{folder / info['refine_file']}: holds {refine.ntotal} x {refine.d}, its codes "
+                            f"{base.ntotal} x {base.d}: rebuild the index")
+        return faiss.IndexRefine(base, refine)  # the wrapper keeps both parts alive
+    return _read(folder / info["file"], faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
 
 
 def live_vectors(folder: Path, info: dict, index) -> np.ndarray:

@@ -61,7 +61,7 @@ class IndexFolder(ManifestView):
     @cached_property
     def faiss_index(self):
         info = self.dense_info
-        index = load_faiss(self.folder / info["file"])
+        index = load_faiss(self.folder, info)
         rows = len(self.passages) if self.passages is not None else len(self.ids)
         if index.ntotal != rows:
             raise RetrError(f"{self.folder / info['file']}: holds {index.ntotal} vectors, manifest says {rows} "

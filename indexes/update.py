@@ -30,7 +30,7 @@ import numpy as np
 
 from retr.indexes.bm25 import RowTokens, write_bm25
 from retr.indexes.corpus import Corpus
-from retr.indexes.dense import DenseIndexConfig, build_faiss, live_vectors, save_faiss
+from retr.indexes.dense import DenseIndexConfig, build_faiss, dense_files, live_vectors, save_dense
 from retr.indexes.docstore import DOCS, IDS, OFFSETS, TOMBSTONES, write_docstore
 from retr.indexes.folder import IndexFolder
 from retr.indexes.manifest import is_index_folder, write_manifest
@@ -122,13 +122,9 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
         t_faiss = time.perf_counter()
         faiss_index, params = build_faiss(emb, dense_cfg)
         faiss_seconds = time.perf_counter() - t_faiss
-        dense_names = [info["file"]]
-        new["dense"].update(params=params, faiss_build_seconds=faiss_seconds,
-                            bytes=save_faiss(faiss_index, tmp / info["file"]))
-        if info.get("vectors"):
-            np.save(tmp / info["vectors"], np.ascontiguousarray(emb))
-            dense_names.append(info["vectors"])
-        files.update(checksums(tmp, dense_names))
+        saved = save_dense(faiss_index, emb, dense_cfg.kind, tmp)
+        new["dense"].update(params=params, faiss_build_seconds=faiss_seconds, **saved)
+        files.update(checksums(tmp, dense_files(saved)))
 
         if index.has_bm25:
             cfg = _config(BM25Config, m["bm25"].get("params"))

@@ -51,19 +51,25 @@ def _filtered_search(index, q: np.ndarray, k: int, allowed: np.ndarray):
 
     sel = faiss.IDSelectorBatch(allowed)
     ivf = faiss.try_extract_index_ivf(index)
-    hnsw = isinstance(faiss.downcast_index(index), faiss.IndexHNSW)
+    top = faiss.downcast_index(index)
+    refine = top if isinstance(top, faiss.IndexRefine) else None  # lean: the selector goes to its codes' search
+
+    def wrapped(params):
+        return params if refine is None else \
+            faiss.IndexRefineSearchParameters(k_factor=refine.k_factor, base_index_params=params)
+
     if ivf is not None:
         params = faiss.SearchParametersIVF(sel=sel, nprobe=ivf.nprobe)
-    elif hnsw:
-        params = faiss.SearchParametersHNSW(sel=sel, efSearch=faiss.downcast_index(index).hnsw.efSearch)
+    elif isinstance(top, faiss.IndexHNSW):
+        params = faiss.SearchParametersHNSW(sel=sel, efSearch=top.hnsw.efSearch)
     else:
         params = faiss.SearchParameters(sel=sel)
-    scores, positions = index.search(q, k, params=params)
+    scores, positions = index.search(q, k, params=wrapped(params))
     want = min(k, len(allowed))
     short = [i for i in range(len(q)) if int((positions[i] >= 0).sum()) < want]
     if short and ivf is not None:
         full = faiss.SearchParametersIVF(sel=sel, nprobe=ivf.nlist)
-        s2, p2 = index.search(q[short], k, params=full)
+        s2, p2 = index.search(q[short], k, params=wrapped(full))
         scores[short], positions[short] = s2, p2
     elif short:
         vectors = index.reconstruct_batch(allowed)  # (m, dim): exact scores over the allowed documents

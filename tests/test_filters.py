@@ -35,7 +35,7 @@ def indexes(tiny_bi_encoder, tmp_path_factory):
     corpus = root / "c.jsonl"
     corpus.write_text("".join(json.dumps(_record(i, *d)) + "\n" for i, d in enumerate(DOCS)))
     out = {}
-    for kind, extra in (("flat", []), ("hnsw", []), ("ivfpq", []), ("hnsw-ef1", ["--ef-search", "1"])):
+    for kind, extra in (("flat", []), ("hnsw", []), ("ivfpq", []), ("lean", []), ("hnsw-ef1", ["--ef-search", "1"])):
         folder = root / kind
         assert main(["index", "--corpus", str(corpus), "--out", str(folder), "--model", str(tiny_bi_encoder),
                      "--backend", "onnx", "--bm25", "--kind", kind.split("-")[0], *extra]) == 0
@@ -51,7 +51,7 @@ def _restricted(hits, allowed: set[str], k: int) -> list[tuple[str, float]]:
     return [(h.id, h.score) for h in hits if h.id in allowed][:k]
 
 
-@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivfpq", "hnsw-ef1"])
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivfpq", "lean", "hnsw-ef1"])
 @pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])
 def test_filtered_search_equals_the_unfiltered_ranking_restricted(indexes, kind, mode):
     _, searchers = indexes

@@ -14,7 +14,7 @@ from retr.retrieval.encoder import EncoderConfig
 
 from .conftest import DOCS, QUERIES
 
-KINDS = ["flat", "hnsw", "ivfpq"]
+KINDS = ["flat", "hnsw", "ivfpq", "lean"]
 MODES = ["bm25", "dense", "hybrid"]
 BASE = DOCS[:12]
 UPDATED = ("d3", "Hydro power", "Reservoirs behind dams release water through turbines to make electricity at night.")
