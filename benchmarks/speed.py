@@ -354,21 +354,24 @@ def section_bm25(ds, n_queries: int) -> dict:
     return {k: {"ms_per_query": v} for k, v in res.items()}
 
 
-def synthetic_vectors(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
-    """n unit vectors shaped like real embeddings: each is a random mix of two real embeddings
+def synthetic_blocks(base: np.ndarray, n: int, seed: int = 0, block: int = 100_000):
+    """n unit vectors shaped like real embeddings, ``block`` at a time: each is a random mix of two real embeddings
     (weights 0.5-1.0 / rest) plus Gaussian noise at a third of the mean nearest-neighbour distance,
     renormalised. They keep the anisotropy and cluster structure of the real ones."""
     rng = np.random.default_rng(seed)
-    out = np.empty((n, base.shape[1]), dtype=np.float32)
     nn_dist = float(np.sqrt(np.maximum(0, 2 - 2 * np.sort(base[:500] @ base.T, axis=1)[:, -2])).mean())
-    for start in range(0, n, 100_000):
-        m = min(100_000, n - start)
+    for start in range(0, n, block):
+        m = min(block, n - start)
         i, j = rng.integers(0, len(base), m), rng.integers(0, len(base), m)
         w = rng.uniform(0.5, 1.0, (m, 1)).astype(np.float32)
         v = w * base[i] + (1 - w) * base[j]
         v += rng.normal(0, nn_dist / 3 / np.sqrt(base.shape[1]), v.shape).astype(np.float32)
-        out[start:start + m] = v / np.linalg.norm(v, axis=1, keepdims=True)
-    return out
+        yield (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+
+
+def synthetic_vectors(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+    """``synthetic_blocks`` in one array."""
+    return np.concatenate(list(synthetic_blocks(base, n, seed)))
 
 
 def section_ann(ds, n: int, png: Path | None, hnsw_ms: tuple[int, ...] = (32,), ef_construction: int = 200,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retr.indexes.dense import row_blocks
 from retr.retrieval.artifacts import atomic_dir, cache_home, file_sha256, write_json
 
 logger = logging.getLogger(__name__)
@@ -29,8 +30,7 @@ def embedding_key(model_hash: str, corpus_sha256: str, max_length: int, backend:
 
 def check_vectors(emb: np.ndarray, block: int = 65536) -> str | None:
     """Why ``emb`` is not a matrix of finite unit vectors, or None (read in blocks: bounded memory)."""
-    for start in range(0, len(emb), block):
-        part = np.asarray(emb[start:start + block], dtype=np.float32)
+    for start, part in zip(range(0, len(emb), block), row_blocks(emb, block), strict=True):
         if not np.isfinite(part).all():
             return f"row {start + int(np.argwhere(~np.isfinite(part))[0][0])} holds NaN or inf"
         norms = np.linalg.norm(part, axis=1)

@@ -40,7 +40,7 @@ class DenseIndexConfig:
     lean_m: int = 0  # 4-bit sub-quantizers, lean_m / 2 bytes of code a vector (0: the largest even divisor of the
     # dimension up to 64, i.e. <= 32 bytes)
     lean_nprobe: int = 32
-    k_factor: int = 40  # candidates re-scored from the fp16 vectors per hit asked for
+    k_factor: int = 80  # candidates re-scored from the fp16 vectors per hit asked for (1M: recall@10 0.960)
     train_sample: int = 100_000
     seed: int = 0
 
@@ -64,6 +64,23 @@ def _ivfpq_shape(n: int, dim: int, cfg: DenseIndexConfig) -> tuple[int, int, int
     return nlist, pq_m, nbits
 
 
+BLOCK_ROWS = 65_536
+
+
+def row_blocks(emb: np.ndarray, block_rows: int = BLOCK_ROWS):
+    """``emb`` as contiguous float32 blocks of rows. Where ``emb`` is memory-mapped, the pages of each block are
+    dropped from this process's resident set once the next is asked for (they stay in the page cache), so that
+    reading a large file through never holds it in RSS besides the copy the caller builds."""
+    import mmap
+
+    # read-only mappings only: dropping a writable mapping's pages could lose what was written to them
+    pages = getattr(emb, "_mmap", None) if isinstance(emb, np.memmap) and emb.mode == "r" else None
+    for start in range(0, len(emb), block_rows):
+        yield np.ascontiguousarray(emb[start:start + block_rows], dtype=np.float32)
+        if pages is not None and not pages.closed:
+            pages.madvise(mmap.MADV_DONTNEED)
+
+
 def _nlist(n: int, cfg: DenseIndexConfig) -> int:
     return cfg.nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
 
@@ -76,9 +93,6 @@ def _train_sample(emb: np.ndarray, cfg: DenseIndexConfig, nlist: int) -> np.ndar
         return np.ascontiguousarray(emb, dtype=np.float32)
     rng = np.random.default_rng(cfg.seed)
     return np.ascontiguousarray(emb[np.sort(rng.choice(n, n_train, replace=False))], dtype=np.float32)
-
-
-LEAN_ADD_BLOCK = 65_536
 
 
 def _build_lean(emb: np.ndarray, cfg: DenseIndexConfig):
@@ -110,8 +124,8 @@ def _build_lean(emb: np.ndarray, cfg: DenseIndexConfig):
     base.nprobe = min(cfg.lean_nprobe, nlist)
     index = faiss.IndexRefine(base, refine)
     index.k_factor = float(cfg.k_factor)
-    for start in range(0, n, LEAN_ADD_BLOCK):
-        index.add(rounded(emb[start:start + LEAN_ADD_BLOCK]))
+    for block in row_blocks(emb):
+        index.add(rounded(block))
     return index, {"nlist": nlist, "lean_m": m, "pq_nbits": 4, "nprobe": base.nprobe,
                    "k_factor": cfg.k_factor, "refine": "fp16", "train_sample": int(min(len(emb), len(sample)))}
 
@@ -122,7 +136,6 @@ def build_faiss(emb: np.ndarray, cfg: DenseIndexConfig):
     if cfg.kind == "lean":
         return _build_lean(emb, cfg)
     n, dim = emb.shape
-    emb = np.ascontiguousarray(emb, dtype=np.float32)
     if cfg.kind == "flat":
         index = faiss.IndexFlatIP(dim)
         params = {}
@@ -143,7 +156,8 @@ def build_faiss(emb: np.ndarray, cfg: DenseIndexConfig):
         index.nprobe = min(cfg.nprobe, nlist)
         params = {"nlist": nlist, "pq_m": pq_m, "pq_nbits": nbits, "nprobe": index.nprobe,
                   "train_sample": int(len(sample))}
-    index.add(emb)
+    for block in row_blocks(emb):
+        index.add(block)
     return index, params
 
 
@@ -156,6 +170,38 @@ def configure_search(index, kind: str, params: dict) -> None:
         faiss.extract_index_ivf(index).nprobe = int(params["nprobe"])
     if kind == "lean":
         faiss.downcast_index(index).k_factor = float(params["k_factor"])
+
+
+EXACT_BLOCK_ROWS = 65_536
+
+
+def exact_topk(vectors: np.ndarray, q: np.ndarray, k: int, block_rows: int = EXACT_BLOCK_ROWS,
+               progress=None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product top-``k`` of ``q`` (nq, d) over ``vectors`` (n, d; may be a memory-mapped array of any
+    float dtype), read ``block_rows`` at a time with a running top-k: memory is O(nq * (k + block_rows)), never
+    O(n). Returns (scores, positions), each (nq, min(k, n)), best first; equal scores in position order."""
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    n = len(vectors)
+    k = min(k, n)
+    best_s = np.full((len(q), 0), -np.inf, dtype=np.float32)
+    best_p = np.zeros((len(q), 0), dtype=np.int64)
+    for start, block in zip(range(0, n, block_rows), row_blocks(vectors, block_rows), strict=True):
+        s = np.concatenate([best_s, q @ block.T], axis=1)  # (nq, kept + rows)
+        p = np.concatenate([best_p, np.broadcast_to(np.arange(start, start + len(block)), (len(q), len(block)))],
+                           axis=1)
+        if s.shape[1] > k:
+            # keep every candidate tied with the k-th so that the position order below decides among them
+            kth = np.partition(s, s.shape[1] - k, axis=1)[:, s.shape[1] - k:s.shape[1] - k + 1]
+            keep = s >= kth
+            width = int(keep.sum(axis=1).max())
+            idx = np.argsort(~keep, axis=1, kind="stable")[:, :width]
+            s, p = np.take_along_axis(s, idx, axis=1), np.take_along_axis(p, idx, axis=1)
+            s = np.where(np.take_along_axis(keep, idx, axis=1), s, -np.inf)
+        order = np.lexsort((p, -s), axis=1)[:, :k]
+        best_s, best_p = np.take_along_axis(s, order, axis=1), np.take_along_axis(p, order, axis=1)
+        if progress is not None:
+            progress(len(block))
+    return best_s, best_p
 
 
 def save_dense(index, emb: np.ndarray, kind: str, folder: Path) -> dict:

@@ -129,7 +129,7 @@ def test_ann_indexes_against_flat_on_clustered_vectors(kind, floor):
 
 def test_lean_rescoring_recovers_what_its_codes_lose(tmp_path):
     """The lean kind on 3,000 clustered vectors, every list probed: its 4-bit codes alone (k_factor 1) lose
-    recall; re-scored from the fp16 vectors (k_factor 40) it is near exact. Saved and loaded, the fp16 part is
+    recall; re-scored from the fp16 vectors (k_factor 80, the default) it is near exact. Saved and loaded, the fp16 part is
     memory-mapped (its file appears in this process's mappings) and answers the same."""
     import os
 
@@ -147,7 +147,7 @@ def test_lean_rescoring_recovers_what_its_codes_lose(tmp_path):
         return np.mean([len(set(g) & set(e)) / 10 for g, e in zip(got.tolist(), exact.tolist(), strict=True)])
 
     index, params = build_faiss(emb, DenseIndexConfig(kind="lean", lean_m=16, lean_nprobe=10_000))
-    assert params["nprobe"] == params["nlist"] and params["k_factor"] == 40 and params["refine"] == "fp16"
+    assert params["nprobe"] == params["nlist"] and params["k_factor"] == 80 and params["refine"] == "fp16"
     _, rescored = index.search(queries, 10)
     configure_search(index, "lean", {**params, "k_factor": 1})
     codes_only = recall(index.search(queries, 10)[1])
