@@ -8,7 +8,7 @@ queries and one judged document each. Encoding a million documents takes hours o
 cache is filled beforehand under the very key `retr eval` looks up (the model's hash, the corpus checksum, max
 length, backend), with vectors made from real SciFact embeddings (``synthetic_blocks``): eval then builds the flat
 index and BM25 from the cache and searches, as it would after encoding. Each `retr eval --pipelines dense` runs in
-its own process; its peak RSS is read from the kernel (``wait4``). Three runs: the large corpus with no index yet
+its own process, which reports its own peak RSS (VmHWM). Three runs: the large corpus with no index yet
 (build + search), again with its index cached (search only), and a ``--small`` corpus of the same kind: the
 process with the model, the graphs and the libraries loaded, the "plus the model" of the bound. The goal (issue
 14): peak(large) <= peak(small) + 1.5 x the embeddings' bytes. The cache entries it made are removed at the end.
@@ -83,19 +83,32 @@ def fill_cache(folder: Path, base: np.ndarray) -> tuple[Path, int]:
     return cache.path(key), len(corpus) * encoder.dim * 4
 
 
+# The child reports its own high-water mark (VmHWM, the peak RSS of its own address space). The kernel's rusage
+# maxrss of a child is not usable here: it keeps the high-water mark of the memory the child was forked from (this
+# parent, which has just held a million-document corpus), so it reads the same for every run.
+_WRAP = """import atexit, sys
+def hwm():
+    with open("/proc/self/status") as fh:
+        kb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM"))
+    with open(sys.argv[1], "w") as out:
+        out.write(str(kb))
+atexit.register(hwm)
+from retr.cli.main import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def measured_eval(folder: Path, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "retr.cli.main", "eval", "--dataset", str(folder), "--pipelines", "dense",
-           "--no-download", "--out", str(out)]
+    args = ["eval", "--dataset", str(folder), "--pipelines", "dense", "--no-download", "--out", str(out)]
+    log, hwm = out.with_suffix(".stderr"), out.with_suffix(".hwm")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
+    with open(log, "w") as err:  # a file, not a pipe: a full pipe would stall the child
+        proc = subprocess.run([sys.executable, "-c", _WRAP, str(hwm), *args], stdout=subprocess.DEVNULL, stderr=err)
     wall = time.perf_counter() - t0
-    stderr = proc.stderr.read()
-    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-2000:]}")
+        raise SystemExit(f"retr {' '.join(args)} failed ({proc.returncode}):\n{log.read_text()[-2000:]}")
     report = json.loads(out.read_text())
-    return {"command": " ".join(["retr", *cmd[3:]]), "seconds": wall, "peak_rss_mb": usage.ru_maxrss / 1024,
+    return {"command": " ".join(["retr", *args]), "seconds": wall, "peak_rss_mb": int(hwm.read_text()) / 1024,
             "ndcg@10": next((v for k, v in report["pipelines"]["dense"]["metrics"].items()
                              if k.lower() == "ndcg@10"), None)}
 

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--sweep", default="8:20,16:20,16:40,32:20,32:40,64:40,64:80",
+    ap.add_argument("--sweep", default="8:20,16:40,16:80,32:40,32:80,32:120,64:80",
                     help="nprobe:k_factor settings to time")
     ap.add_argument("--config", default="{}", help="extra DenseIndexConfig fields for the lean build, as JSON")
     ap.add_argument("--work", default="/tmp/lean-ann", help="where the vectors and the index are written")

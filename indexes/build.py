@@ -186,6 +186,7 @@ def _write_index(tmp: Path, corpus: Corpus, rows: np.ndarray | None, enc: Encode
     index, params = build_faiss(emb, cfg.dense)
     faiss_seconds = time.perf_counter() - t0
     saved = save_dense(index, emb, cfg.dense.kind, tmp)
+    del index  # written: not held (a flat index is as large as the embeddings) while BM25 is built
     passages = None
     if split is not None:
         np.save(tmp / PASSAGE_DOCS_FILE, split.docs)

@@ -123,6 +123,7 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
         faiss_index, params = build_faiss(emb, dense_cfg)
         faiss_seconds = time.perf_counter() - t_faiss
         saved = save_dense(faiss_index, emb, dense_cfg.kind, tmp)
+        del faiss_index  # written: not held while BM25 is rebuilt
         new["dense"].update(params=params, faiss_build_seconds=faiss_seconds, **saved)
         files.update(checksums(tmp, dense_files(saved)))
 
