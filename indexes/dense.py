@@ -71,14 +71,19 @@ def row_blocks(emb: np.ndarray, block_rows: int = BLOCK_ROWS):
     """``emb`` as contiguous float32 blocks of rows. Where ``emb`` is memory-mapped, the pages of each block are
     dropped from this process's resident set once the next is asked for (they stay in the page cache), so that
     reading a large file through never holds it in RSS besides the copy the caller builds."""
-    import mmap
-
-    # read-only mappings only: dropping a writable mapping's pages could lose what was written to them
-    pages = getattr(emb, "_mmap", None) if isinstance(emb, np.memmap) and emb.mode == "r" else None
     for start in range(0, len(emb), block_rows):
         yield np.ascontiguousarray(emb[start:start + block_rows], dtype=np.float32)
-        if pages is not None and not pages.closed:
-            pages.madvise(mmap.MADV_DONTNEED)
+        drop_pages(emb)
+
+
+def drop_pages(emb: np.ndarray) -> None:
+    """Drop the pages of a read-only memory-mapped ``emb`` from this process's resident set (a no-op for anything
+    else; a writable mapping's pages could hold what was written to them)."""
+    import mmap
+
+    pages = getattr(emb, "_mmap", None) if isinstance(emb, np.memmap) and emb.mode == "r" else None
+    if pages is not None and not pages.closed:
+        pages.madvise(mmap.MADV_DONTNEED)
 
 
 def _nlist(n: int, cfg: DenseIndexConfig) -> int:
@@ -92,7 +97,9 @@ def _train_sample(emb: np.ndarray, cfg: DenseIndexConfig, nlist: int) -> np.ndar
     if n <= n_train:
         return np.ascontiguousarray(emb, dtype=np.float32)
     rng = np.random.default_rng(cfg.seed)
-    return np.ascontiguousarray(emb[np.sort(rng.choice(n, n_train, replace=False))], dtype=np.float32)
+    sample = np.ascontiguousarray(emb[np.sort(rng.choice(n, n_train, replace=False))], dtype=np.float32)
+    drop_pages(emb)
+    return sample
 
 
 def _build_lean(emb: np.ndarray, cfg: DenseIndexConfig):
