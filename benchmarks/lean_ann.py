@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ def _rss_mb() -> dict:
     with open("/proc/self/status") as fh:
         for line in fh:
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssFile"):
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
                 out[key] = int(value.split()[0]) / 1024
     return out
 
@@ -85,7 +84,7 @@ def child_build(vectors_path: str, folder: str, config: str) -> dict:
     Path(folder).mkdir(parents=True, exist_ok=True)
     saved = save_dense(index, vectors, cfg.kind, Path(folder))
     return {"params": params, "saved": saved, "build_seconds": build, "rss_before_mb": before,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": _rss_mb()["VmHWM"]}  # its own address space's peak (rusage would keep the parent's)
 
 
 def _timed_sweep(index, xq: np.ndarray, gt: np.ndarray, apply, settings: list, repeats: int = 3) -> list[dict]:

@@ -82,9 +82,10 @@ def index_texts(encoder: BiEncoder, corpus: Corpus, passages: PassageConfig | No
     return IndexTexts(split.texts, key, split)
 
 
-def truncation_report(encoder: BiEncoder, texts: list[str], what: str) -> dict:
-    """How much the encoder cuts off ``texts``; a warning when it is a large share."""
-    t = encoder.truncation(texts)
+def truncation_report(encoder: BiEncoder, texts: list[str], what: str, known: dict | None = None) -> dict:
+    """How much the encoder cuts off ``texts`` (``known``: as recorded when they were encoded; else they are
+    tokenised); a warning when it is a large share."""
+    t = known or encoder.truncation(texts)
     if t["share_tokens_dropped"] > TRUNCATION_WARN_SHARE:
         logger.warning("%d of %d %s (%.0f%%) are longer than the encoder's %d tokens: %.0f%% of the corpus's tokens "
                        "are never seen by the dense side; index with --passages N[:STRIDE] to keep them", t["truncated"],
@@ -104,10 +105,12 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
     if use_cache:
         hit = cache.load(key, len(texts.texts), encoder.dim)
         if hit is not None:
-            return hit[0], {"cached": True, "cache_key": key, "encode_seconds": 0.0, "graph": hit[1].get("graph")}
+            return hit[0], {"cached": True, "cache_key": key, "encode_seconds": 0.0, "graph": hit[1].get("graph"),
+                            "truncation": hit[1].get("truncation")}
     logger.info("encoding %d %s with %s (max length %d, %s backend)", len(texts.texts),
                 "passages" if texts.passages else "documents", encoder.model_id, encoder.max_length, encoder.backend)
     t0 = time.perf_counter()
+    truncation = encoder.truncation(texts.texts)
     executor = executor or ExecutorConfig()
     encoded = EXECUTORS[executor.name](encoder, texts.texts, executor)
     seconds = time.perf_counter() - t0
@@ -116,9 +119,10 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
             "model": encoder.model_id, "model_hash": encoder.model_hash, "backend": encoder.backend,
             "corpus_sha256": texts.sha256, "max_length": encoder.max_length, "encode_seconds": seconds,
             "doc_prompt": encoder.prompts.document,
-            "graph": encoded.graph})
+            "graph": encoded.graph, "truncation": truncation})
     # seconds include a first calibration of the corpus graph (openvino-int8), once per model and corpus
     return encoded.embeddings, {"cached": False, "cache_key": key, "encode_seconds": seconds, "graph": encoded.graph,
+                                "truncation": truncation,
                                 "executor": encoded.executor,
                                 "docs_per_second": len(corpus) / seconds if seconds > 0 else None,
                                 "texts_per_second": len(texts.texts) / seconds if seconds > 0 else None}
@@ -162,8 +166,11 @@ class Encoded:
 def encode_for_index(encoder: BiEncoder, corpus: Corpus, cfg: IndexConfig,
                      cache: EmbeddingCache | None = None) -> Encoded:
     texts = index_texts(encoder, corpus, cfg.passages)
-    truncation = truncation_report(encoder, texts.texts, "passages" if texts.passages else "documents")
     emb, info = corpus_embeddings(encoder, corpus, cfg.use_cache, cache, texts, cfg.executor)
+    info = dict(info)
+    # recorded with the embeddings: a corpus whose vectors come from the cache is not tokenised again
+    truncation = truncation_report(encoder, texts.texts, "passages" if texts.passages else "documents",
+                                   info.pop("truncation", None))
     return Encoded(texts, emb, info, truncation)
 
 

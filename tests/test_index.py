@@ -81,11 +81,16 @@ def test_embedding_cache_skips_encoding(tiny_dataset, tiny_bi_encoder, encoder, 
     calls = []
     real = encoder.encode_corpus  # what a local index build encodes its documents with
     monkeypatch.setattr(encoder, "encode_corpus", lambda texts, **k: calls.append(len(texts)) or real(texts, **k))
-    build_index(corpus, tmp_path / "a", _cfg(tiny_bi_encoder), encoder=encoder)
-    assert calls == [16]
+    counted = []
+    real_truncation = encoder.truncation  # the corpus is tokenised for it only when it is encoded
+    monkeypatch.setattr(encoder, "truncation", lambda texts: counted.append(len(texts)) or real_truncation(texts))
+    first = build_index(corpus, tmp_path / "a", _cfg(tiny_bi_encoder), encoder=encoder)
+    assert calls == [16] and counted == [16]
     caplog.set_level("INFO")
     m = build_index(corpus, tmp_path / "b", _cfg(tiny_bi_encoder, kind="hnsw"), encoder=encoder)
     assert calls == [16], "second build must not re-encode"
+    assert counted == [16], "second build must not tokenise the corpus again"
+    assert m["dense"]["truncation"] == first["dense"]["truncation"] and m["dense"]["truncation"]["texts"] == 16
     assert m["dense"]["encode"]["cached"] is True and "embedding cache used" in caplog.text
     a, b = IndexFolder(tmp_path / "a").faiss_index, IndexFolder(tmp_path / "b").faiss_index
     np.testing.assert_array_equal(a.reconstruct_n(0, 16), b.reconstruct_n(0, 16))
