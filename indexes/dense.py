@@ -97,8 +97,12 @@ def _train_sample(emb: np.ndarray, cfg: DenseIndexConfig, nlist: int) -> np.ndar
     if n <= n_train:
         return np.ascontiguousarray(emb, dtype=np.float32)
     rng = np.random.default_rng(cfg.seed)
-    sample = np.ascontiguousarray(emb[np.sort(rng.choice(n, n_train, replace=False))], dtype=np.float32)
-    drop_pages(emb)
+    rows = np.sort(rng.choice(n, n_train, replace=False))
+    # gathered block by block (a memory-mapped input is read through once, its pages let go as it goes)
+    sample = np.empty((n_train, emb.shape[1]), dtype=np.float32)
+    cuts = np.searchsorted(rows, np.arange(0, n + BLOCK_ROWS, BLOCK_ROWS))
+    for b, block in enumerate(row_blocks(emb, BLOCK_ROWS)):
+        sample[cuts[b]:cuts[b + 1]] = block[rows[cuts[b]:cuts[b + 1]] - b * BLOCK_ROWS]
     return sample
 
 

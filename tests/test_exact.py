@@ -51,3 +51,16 @@ def test_row_blocks_yields_every_row_and_drops_pages_of_read_only_maps(tmp_path)
     blocks = row_blocks(writable, 3000)
     writable[5000] = 0.0  # an unflushed write to a writable map survives reading it in blocks
     assert np.concatenate(list(blocks))[5000].sum() == 0.0
+
+
+def test_training_sample_is_gathered_block_by_block_as_the_seeded_rows(tmp_path):
+    from retr.indexes.dense import BLOCK_ROWS, DenseIndexConfig, _train_sample
+
+    rng = np.random.default_rng(3)
+    n = 2 * BLOCK_ROWS + 123
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    np.save(tmp_path / "v.npy", x)
+    cfg = DenseIndexConfig(train_sample=50_000, seed=7)
+    got = _train_sample(np.load(tmp_path / "v.npy", mmap_mode="r"), cfg, nlist=1)
+    rows = np.sort(np.random.default_rng(7).choice(n, 50_000, replace=False))
+    np.testing.assert_array_equal(got, x[rows])
