@@ -104,12 +104,8 @@ def test_flat_equals_numpy_brute_force(env):
             assert h.score == pytest.approx(float(scores[corpus.ids.index(h.doc_id)]), rel=1e-5, abs=1e-6)
 
 
-@pytest.mark.parametrize("kind,floor", [("hnsw", 0.99), ("ivfpq", 0.75)])  # measured: 1.0 and 0.85
-def test_ann_indexes_against_flat_on_clustered_vectors(kind, floor):
-    """Recall@10 against exact search on 3,000 clustered 64-d unit vectors (HNSW near exact; IVF-PQ, lossy by
-    design, with every list probed so that only its codes cost recall)."""
-    from retr.indexes.dense import build_faiss
-
+def _clustered():
+    """3,000 clustered 64-d unit vectors, 50 queries near some of them, and each query's exact top 10."""
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(30, 64))
     emb = centres[rng.integers(0, 30, 3000)] + 0.5 * rng.normal(size=(3000, 64))
@@ -117,6 +113,16 @@ def test_ann_indexes_against_flat_on_clustered_vectors(kind, floor):
     queries = emb[rng.choice(3000, 50, replace=False)] + 0.1 * rng.normal(size=(50, 64)).astype(np.float32)
     queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
     exact = np.argsort(-(queries @ emb.T), axis=1)[:, :10]
+    return emb, queries, exact
+
+
+@pytest.mark.parametrize("kind,floor", [("hnsw", 0.99), ("ivfpq", 0.75)])  # measured: 1.0 and 0.85
+def test_ann_indexes_against_flat_on_clustered_vectors(kind, floor):
+    """Recall@10 against exact search on 3,000 clustered 64-d unit vectors (HNSW near exact; IVF-PQ, lossy by
+    design, with every list probed so that only its codes cost recall)."""
+    from retr.indexes.dense import build_faiss
+
+    emb, queries, exact = _clustered()
     index, params = build_faiss(emb, DenseIndexConfig(kind=kind, nprobe=10_000, pq_m=32))
     if kind == "ivfpq":
         assert params["nprobe"] == params["nlist"] and params["pq_m"] == 32
@@ -135,13 +141,7 @@ def test_lean_rescoring_recovers_what_its_codes_lose(tmp_path):
 
     from retr.indexes.dense import build_faiss, configure_search, load_faiss, save_dense
 
-    rng = np.random.default_rng(0)
-    centres = rng.normal(size=(30, 64))
-    emb = centres[rng.integers(0, 30, 3000)] + 0.5 * rng.normal(size=(3000, 64))
-    emb = (emb / np.linalg.norm(emb, axis=1, keepdims=True)).astype(np.float32)
-    queries = emb[rng.choice(3000, 50, replace=False)] + 0.1 * rng.normal(size=(50, 64)).astype(np.float32)
-    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
-    exact = np.argsort(-(queries @ emb.T), axis=1)[:, :10]
+    emb, queries, exact = _clustered()
 
     def recall(got):
         return np.mean([len(set(g) & set(e)) / 10 for g, e in zip(got.tolist(), exact.tolist(), strict=True)])
