@@ -109,8 +109,8 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
                             "truncation": hit[1].get("truncation")}
     logger.info("encoding %d %s with %s (max length %d, %s backend)", len(texts.texts),
                 "passages" if texts.passages else "documents", encoder.model_id, encoder.max_length, encoder.backend)
+    truncation = encoder.truncation(texts.texts)  # recorded with the vectors; not part of the encoding time
     t0 = time.perf_counter()
-    truncation = encoder.truncation(texts.texts)
     executor = executor or ExecutorConfig()
     encoded = EXECUTORS[executor.name](encoder, texts.texts, executor)
     seconds = time.perf_counter() - t0
@@ -167,7 +167,6 @@ def encode_for_index(encoder: BiEncoder, corpus: Corpus, cfg: IndexConfig,
                      cache: EmbeddingCache | None = None) -> Encoded:
     texts = index_texts(encoder, corpus, cfg.passages)
     emb, info = corpus_embeddings(encoder, corpus, cfg.use_cache, cache, texts, cfg.executor)
-    info = dict(info)
     # recorded with the embeddings: a corpus whose vectors come from the cache is not tokenised again
     truncation = truncation_report(encoder, texts.texts, "passages" if texts.passages else "documents",
                                    info.pop("truncation", None))

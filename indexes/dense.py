@@ -128,7 +128,8 @@ def _build_lean(emb: np.ndarray, cfg: DenseIndexConfig):
     base.cp.seed = cfg.seed
     base.pq.cp.seed = cfg.seed
     sample = rounded(_train_sample(emb, cfg, nlist))
-    if len(sample) < 256:  # 16 centroids per sub-quantizer: a tiny corpus is repeated (k-means needs >= 16 points)
+    sampled = len(sample)
+    if sampled < 256:  # 16 centroids per sub-quantizer: a tiny corpus is repeated (k-means needs >= 16 points)
         sample = np.tile(sample, (-(-256 // max(1, len(sample))), 1))
     logger.info("training lean IVF%d,PQ%dx4fs on %d of %d vectors", nlist, m, len(sample), n)
     base.train(sample)
@@ -138,7 +139,7 @@ def _build_lean(emb: np.ndarray, cfg: DenseIndexConfig):
     for block in row_blocks(emb):
         index.add(rounded(block))
     return index, {"nlist": nlist, "lean_m": m, "pq_nbits": 4, "nprobe": base.nprobe,
-                   "k_factor": cfg.k_factor, "refine": "fp16", "train_sample": int(min(len(emb), len(sample)))}
+                   "k_factor": cfg.k_factor, "refine": "fp16", "train_sample": sampled}
 
 
 def build_faiss(emb: np.ndarray, cfg: DenseIndexConfig):
@@ -183,11 +184,8 @@ def configure_search(index, kind: str, params: dict) -> None:
         faiss.downcast_index(index).k_factor = float(params["k_factor"])
 
 
-EXACT_BLOCK_ROWS = 65_536
-
-
-def exact_topk(vectors: np.ndarray, q: np.ndarray, k: int, block_rows: int = EXACT_BLOCK_ROWS,
-               progress=None) -> tuple[np.ndarray, np.ndarray]:
+def exact_topk(vectors: np.ndarray, q: np.ndarray, k: int,
+               block_rows: int = BLOCK_ROWS) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product top-``k`` of ``q`` (nq, d) over ``vectors`` (n, d; may be a memory-mapped array of any
     float dtype), read ``block_rows`` at a time with a running top-k: memory is O(nq * (k + block_rows)), never
     O(n). Returns (scores, positions), each (nq, min(k, n)), best first; equal scores in position order."""
@@ -210,8 +208,6 @@ def exact_topk(vectors: np.ndarray, q: np.ndarray, k: int, block_rows: int = EXA
             s = np.where(np.take_along_axis(keep, idx, axis=1), s, -np.inf)
         order = np.lexsort((p, -s), axis=1)[:, :k]
         best_s, best_p = np.take_along_axis(s, order, axis=1), np.take_along_axis(p, order, axis=1)
-        if progress is not None:
-            progress(len(block))
     return best_s, best_p
 
 
