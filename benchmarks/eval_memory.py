@@ -50,14 +50,14 @@ def write_dataset(folder: Path, docs: int, queries: int, seed: int = 0) -> None:
             fh.write(f"q{q}\td{d}\t1\n")
 
 
-def fill_cache(folder: Path, base: np.ndarray) -> tuple[Path, int]:
-    """Put synthetic embeddings for ``folder``'s corpus where `retr eval` will look for them; (entry, bytes)."""
-    from speed import synthetic_blocks
+def fill_cache(folder: Path, base: np.ndarray, work: Path) -> tuple[Path, int]:
+    """Put synthetic embeddings for ``folder``'s corpus where `retr eval` will look for them; (entry, bytes).
+    Made block by block into a file under ``work`` and stored by the cache's own ``save``: never whole in RAM."""
+    from lean_ann import make_vectors
 
     from retr.indexes.build import IndexConfig, index_texts
     from retr.indexes.cache import EmbeddingCache, embedding_key
     from retr.indexes.corpus import load_corpus
-    from retr.retrieval.artifacts import atomic_dir, file_sha256, write_json
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     corpus = load_corpus(folder / "corpus.jsonl")
@@ -65,22 +65,12 @@ def fill_cache(folder: Path, base: np.ndarray) -> tuple[Path, int]:
     texts = index_texts(encoder, corpus, IndexConfig().passages)
     key = embedding_key(encoder.model_hash, texts.sha256, encoder.max_length, encoder.backend,
                         encoder.prompts.document)
+    vectors = make_vectors(base, len(corpus), work / f"vectors-{len(corpus)}.npy")
     cache = EmbeddingCache()
-    with atomic_dir(cache.path(key)) as tmp:  # written block by block, never whole in RAM
-        out = np.lib.format.open_memmap(tmp / "embeddings.npy", mode="w+", dtype=np.float32,
-                                        shape=(len(corpus), encoder.dim))
-        start = 0
-        for block in synthetic_blocks(base, len(corpus), seed=1):
-            out[start:start + len(block)] = block
-            start += len(block)
-        out.flush()
-        del out
-        write_json(tmp / "meta.json", {"model": encoder.model_id, "model_hash": encoder.model_hash,
-                                        "backend": encoder.backend, "corpus_sha256": texts.sha256,
-                                        "max_length": encoder.max_length, "doc_prompt": encoder.prompts.document,
-                                        "graph": None, "synthetic": True, "shape": [len(corpus), encoder.dim],
-                                        "sha256": file_sha256(tmp / "embeddings.npy")})
-    return cache.path(key), len(corpus) * encoder.dim * 4
+    cache.save(key, vectors, {"model": encoder.model_id, "model_hash": encoder.model_hash, "backend": encoder.backend,
+                              "corpus_sha256": texts.sha256, "max_length": encoder.max_length,
+                              "doc_prompt": encoder.prompts.document, "graph": None, "synthetic": True})
+    return cache.path(key), vectors.nbytes
 
 
 # The child reports its own high-water mark (VmHWM, the peak RSS of its own address space). The kernel's rusage
@@ -137,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             if folder.exists():
                 shutil.rmtree(folder)
             write_dataset(folder, docs, args.queries)
-            entry, nbytes = fill_cache(folder, base)
+            entry, nbytes = fill_cache(folder, base, work)
             made.append(entry)
             before = set((cache_home() / "indexes").glob(f"{folder.name}-*"))
             runs[label] = measured_eval(folder, work / f"{label}.json")

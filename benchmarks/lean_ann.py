@@ -89,21 +89,13 @@ def child_build(vectors_path: str, folder: str, config: str) -> dict:
 
 def _timed_sweep(index, xq: np.ndarray, gt: np.ndarray, apply, settings: list, repeats: int = 3) -> list[dict]:
     import faiss
+    from speed import single_query_qps
 
     faiss.omp_set_num_threads(1)
     rows = []
     for setting in settings:
         apply(setting)
-        for i in range(min(20, len(xq))):  # warm-up, not timed
-            index.search(xq[i:i + 1], 10)
-        rates = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            found = [index.search(xq[i:i + 1], 10)[1][0] for i in range(len(xq))]
-            rates.append(len(xq) / (time.perf_counter() - t0))
-        recall = float(np.mean([len(set(f.tolist()) & set(g.tolist())) / 10 for f, g in zip(found, gt, strict=True)]))
-        rows.append({"setting": setting, "recall@10": recall, "qps": float(np.median(rates)),
-                     "qps_passes": [float(r) for r in rates]})
+        rows.append({"setting": setting, **single_query_qps(index, xq, gt, repeats)})
     return rows
 
 

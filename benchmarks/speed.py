@@ -374,6 +374,20 @@ def synthetic_vectors(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     return np.concatenate(list(synthetic_blocks(base, n, seed)))
 
 
+def single_query_qps(index, xq: np.ndarray, gt: np.ndarray, repeats: int = 3) -> dict:
+    """Queries one at a time (20 warm-up queries not timed): the median QPS of ``repeats`` passes (this VM's
+    neighbours make single passes erratic), each pass's QPS, and recall@10 against ``gt``."""
+    for i in range(min(20, len(xq))):
+        index.search(xq[i:i + 1], 10)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        found = [index.search(xq[i:i + 1], 10)[1][0] for i in range(len(xq))]
+        rates.append(len(xq) / (time.perf_counter() - t0))
+    recall = float(np.mean([len(set(f.tolist()) & set(g.tolist())) / 10 for f, g in zip(found, gt, strict=True)]))
+    return {"recall@10": recall, "qps": float(np.median(rates)), "qps_passes": [float(r) for r in rates]}
+
+
 def section_ann(ds, n: int, png: Path | None, hnsw_ms: tuple[int, ...] = (32,), ef_construction: int = 200,
                 kinds: tuple[str, ...] = ("hnsw", "ivfpq")) -> dict:
     import faiss
@@ -394,17 +408,9 @@ def section_ann(ds, n: int, png: Path | None, hnsw_ms: tuple[int, ...] = (32,), 
     faiss.omp_set_num_threads(1)  # single-query serving: one thread per query
 
     def measure(index, label, build_s, params, repeats: int = 3):
-        for i in range(min(20, len(xq))):  # warm-up, not timed
-            index.search(xq[i:i + 1], 10)
-        rates = []
-        for _ in range(repeats):  # the median of a few passes: this VM's neighbours make single passes erratic
-            t0 = time.perf_counter()
-            found = [index.search(xq[i:i + 1], 10)[1][0] for i in range(len(xq))]
-            rates.append(len(xq) / (time.perf_counter() - t0))
-        qps = float(np.median(rates))
-        recall = float(np.mean([len(set(f) & set(g)) / 10 for f, g in zip(found, gt, strict=True)]))
+        timed = single_query_qps(index, xq, gt, repeats)
         nbytes = faiss.serialize_index(index).nbytes / n
-        return {"index": label, "recall@10": recall, "qps": qps, "bytes_per_vector": nbytes,
+        return {"index": label, "recall@10": timed["recall@10"], "qps": timed["qps"], "bytes_per_vector": nbytes,
                 "build_s": build_s, **params}
 
     rows = [measure(flat, "flat", 0.0, {})]
