@@ -20,9 +20,7 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +61,7 @@ def fill_cache(folder: Path, base: np.ndarray, work: Path) -> tuple[Path, int]:
     corpus = load_corpus(folder / "corpus.jsonl")
     encoder = BiEncoder(EncoderConfig())
     texts = index_texts(encoder, corpus, IndexConfig().passages)
-    key = embedding_key(encoder.model_hash, texts.sha256, encoder.max_length, encoder.backend,
+    key = embedding_key(encoder.model_hash, texts.sha256, encoder.max_length, encoder.corpus_graph_id,
                         encoder.prompts.document)
     vectors = make_vectors(base, len(corpus), work / f"vectors-{len(corpus)}.npy")
     cache = EmbeddingCache()
@@ -73,32 +71,13 @@ def fill_cache(folder: Path, base: np.ndarray, work: Path) -> tuple[Path, int]:
     return cache.path(key), vectors.nbytes
 
 
-# The child reports its own high-water mark (VmHWM, the peak RSS of its own address space). The kernel's rusage
-# maxrss of a child is not usable here: it keeps the high-water mark of the memory the child was forked from (this
-# parent, which has just held a million-document corpus), so it reads the same for every run.
-_WRAP = """import atexit, sys
-def hwm():
-    with open("/proc/self/status") as fh:
-        kb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM"))
-    with open(sys.argv[1], "w") as out:
-        out.write(str(kb))
-atexit.register(hwm)
-from retr.cli.main import main
-sys.exit(main(sys.argv[2:]))
-"""
-
-
 def measured_eval(folder: Path, out: Path) -> dict:
+    from proc import run_measured
+
     args = ["eval", "--dataset", str(folder), "--pipelines", "dense", "--no-download", "--out", str(out)]
-    log, hwm = out.with_suffix(".stderr"), out.with_suffix(".hwm")
-    t0 = time.perf_counter()
-    with open(log, "w") as err:  # a file, not a pipe: a full pipe would stall the child
-        proc = subprocess.run([sys.executable, "-c", _WRAP, str(hwm), *args], stdout=subprocess.DEVNULL, stderr=err)
-    wall = time.perf_counter() - t0
-    if proc.returncode:
-        raise SystemExit(f"retr {' '.join(args)} failed ({proc.returncode}):\n{log.read_text()[-2000:]}")
+    measured = run_measured("retr", args, out.with_suffix(".stderr"))
     report = json.loads(out.read_text())
-    return {"command": " ".join(["retr", *args]), "seconds": wall, "peak_rss_mb": int(hwm.read_text()) / 1024,
+    return {"command": " ".join(["retr", *args]), **measured,
             "ndcg@10": next((v for k, v in report["pipelines"]["dense"]["metrics"].items()
                              if k.lower() == "ndcg@10"), None)}
 

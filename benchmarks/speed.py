@@ -1,6 +1,6 @@
 """retr against its peers, side by side in one run, on this machine. A script, not a test.
 
-    python benchmarks/speed.py [--sections 1,2,3,4,5,6] [--dataset ../shared/datasets/scifact]
+    python benchmarks/speed.py [--sections 1,2,3,4,5,6,7] [--dataset ../shared/datasets/scifact]
                                [--encode-docs N] [--quality] [--reranker DIR] [--rerank-queries 30]
                                [--ann-n 1000000] [--out benchmarks/results/speed.json]
 
@@ -17,6 +17,9 @@ Sections (as numbered in the speed issue):
   6  ANN at scale: flat vs HNSW (several efSearch) vs IVF-PQ (several nprobe) on vectors made from
      real SciFact embeddings (see ``synthetic_vectors``): recall@10, single-query QPS, bytes/vector,
      build time, and the curve as a PNG
+  7  first run on a new corpus (``--first-docs``, default 1,000): `retr index` vs sentence-transformers fp32
+     + FAISS flat (benchmarks/st_index.py), whole processes timed from outside, graphs already exported, no
+     embeddings cached; ``--fresh``: also the first command (`retr eval --dataset`) on an empty cache
 Prints a table per section with absolute figures and retr/peer ratios, and writes all numbers to JSON.
 """
 
@@ -309,6 +312,64 @@ def section_end_to_end(dataset: str) -> dict:
     return res
 
 
+def new_corpus(dataset: str, n: int, out: Path, seed: int = 7) -> Path:
+    """``n`` documents of ``dataset`` drawn with ``seed``, in a corpus file no cache has seen."""
+    lines = Path(dataset, "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    keep = np.sort(np.random.default_rng(seed).choice(len(lines), min(n, len(lines)), replace=False))
+    out.write_text("".join(lines[i] + "\n" for i in keep), encoding="utf-8")
+    return out
+
+
+def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool) -> dict:
+    """`retr index` on a new corpus against sentence-transformers fp32 encoding the same documents into a FAISS
+    flat index, each a whole process (start-up, imports, model load, encoding, writing), timed from outside, with
+    the model's graphs already exported (as after a first run: once per model) and no embeddings cached.
+    ``fresh``: also the README's first command with an empty cache (graphs exported and calibrated in it)."""
+    import shutil
+    import tempfile
+
+    from proc import run_measured
+
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    enc = BiEncoder(EncoderConfig())  # the graphs a first run would have exported and calibrated, made now
+    graphs = {"documents": (enc.calibrated_graph or enc.graph).info(), "queries": enc.describe_queries()}
+    tmp = Path(tempfile.mkdtemp(prefix="retr-first-run-"))
+    corpus = new_corpus(dataset, n_docs, tmp / "corpus.jsonl")
+    cache = tmp / "cache"
+    cache.mkdir()
+    (cache / "onnx").symlink_to(cache_home() / "onnx")
+    runs: dict[str, list] = {"retr": [], "st": []}
+    for r in range(repeats):  # alternating, so that drift on a shared machine hits both alike
+        shutil.rmtree(cache / "embeddings", ignore_errors=True)
+        runs["retr"].append(run_measured("retr", ["index", "--corpus", str(corpus), "--out", str(tmp / f"idx-{r}")],
+                                         tmp / f"retr-{r}.log", env={"RETR_CACHE": str(cache)}))
+        runs["st"].append(run_measured(str(Path(__file__).with_name("st_index.py")),
+                                       [str(corpus), str(tmp / f"st-{r}.faiss")], tmp / f"st-{r}.log"))
+    manifest = json.loads((tmp / "idx-0" / "manifest.json").read_text())
+    med = {k: {m: float(np.median([x[m] for x in v])) for m in ("seconds", "peak_rss_mb")} for k, v in runs.items()}
+    res = {"docs": len(corpus.read_text().splitlines()), "repeats": repeats, "graphs": graphs, "runs": runs,
+           "median": med, "speedup": med["st"]["seconds"] / med["retr"]["seconds"],
+           "retr_encode_seconds": manifest["dense"].get("encode_seconds"),
+           "retr_graph": manifest["dense"].get("graph")}
+    rows = [["retr index (default backends)", med["retr"]["seconds"], med["retr"]["peak_rss_mb"]],
+            ["sentence-transformers fp32 + FAISS flat", med["st"]["seconds"], med["st"]["peak_rss_mb"]]]
+    if fresh:
+        fresh_cache = tmp / "fresh-cache"
+        res["fresh_first_command"] = run_measured(
+            "retr", ["eval", "--dataset", dataset, "--no-download", "--out", str(tmp / "fresh.json")],
+            tmp / "fresh.log", env={"RETR_CACHE": str(fresh_cache)})
+        rows.append(["retr eval --dataset (empty cache: export + calibration)",
+                     res["fresh_first_command"]["seconds"], res["fresh_first_command"]["peak_rss_mb"]])
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(_table(f"7. first run on a new {res['docs']}-document corpus, whole processes, median of {repeats}",
+                 ["process", "wall s", "peak RSS MB"], rows))
+    print(f"   speed-up retr vs sentence-transformers: {res['speedup']:.2f}x (documents by "
+          f"{res['retr_graph'].get('backend')}, {res['retr_graph'].get('precision')})\n")
+    return res
+
+
 def section_bm25(ds, n_queries: int) -> dict:
     import tempfile
 
@@ -474,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ann-kinds", default="hnsw,ivfpq", help="section 6: index kinds to build")
     p.add_argument("--hnsw-m", default="32", help="section 6: comma-separated HNSW M values, one index each")
     p.add_argument("--ef-construction", type=int, default=200, help="section 6: HNSW efConstruction")
+    p.add_argument("--first-docs", type=int, default=1000, help="section 7: documents in the new corpus")
+    p.add_argument("--first-repeats", type=int, default=3, help="section 7: runs of each side (median)")
+    p.add_argument("--fresh", action="store_true", help="section 7: also the first command on an empty cache")
     p.add_argument("--out", default="benchmarks/results/speed.json")
     args = p.parse_args(argv)
 
@@ -505,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         results["bm25"] = section_bm25(ds, args.queries)
     if 5 in sections:
         results["end_to_end"] = section_end_to_end(args.dataset)
+    if 7 in sections:
+        results["first_run"] = section_first_run(args.dataset, args.first_docs, args.first_repeats, args.fresh)
     if 6 in sections:
         results["ann"] = section_ann(ds, args.ann_n, out_path.with_suffix(".ann.png"),
                                      tuple(int(m) for m in args.hnsw_m.split(",")), args.ef_construction,

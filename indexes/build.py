@@ -100,7 +100,7 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
     ``executor`` (and then cached: where they were encoded does not change what they are)."""
     cache = cache or EmbeddingCache()
     texts = texts or IndexTexts([d.full_text() for d in corpus.docs], corpus.sha256)
-    key = embedding_key(encoder.model_hash, texts.sha256, encoder.max_length, encoder.backend,
+    key = embedding_key(encoder.model_hash, texts.sha256, encoder.max_length, encoder.corpus_graph_id,
                         encoder.prompts.document)
     if use_cache:
         hit = cache.load(key, len(texts.texts), encoder.dim)
@@ -120,7 +120,7 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
             "corpus_sha256": texts.sha256, "max_length": encoder.max_length, "encode_seconds": seconds,
             "doc_prompt": encoder.prompts.document,
             "graph": encoded.graph, "truncation": truncation})
-    # seconds include a first calibration of the corpus graph (openvino-int8), once per model and corpus
+    # seconds include a first calibration of the model's int8 graph (openvino-int8), once per model
     return encoded.embeddings, {"cached": False, "cache_key": key, "encode_seconds": seconds, "graph": encoded.graph,
                                 "truncation": truncation,
                                 "executor": encoded.executor,
@@ -316,7 +316,8 @@ def cached_index(name: str, corpus: Corpus, encoder: BiEncoder, cfg: IndexConfig
     prompts = [encoder.prompts.to_dict()] if encoder.prompts.query or encoder.prompts.document else []
     passages = [asdict(cfg.passages)] if cfg.passages else []
     shards = [{"shards": cfg.shards}] if cfg.shards > 1 else []
-    raw = json.dumps([corpus.sha256, encoder.model_hash, encoder.max_length, encoder.backend, asdict(cfg.dense),
+    raw = json.dumps([corpus.sha256, encoder.model_hash, encoder.max_length, encoder.corpus_graph_id,
+                      asdict(cfg.dense),
                       asdict(bm25), *prompts, *passages, *shards], sort_keys=True)
     folder = cache_home() / "indexes" / f"{name}-{hashlib.sha256(raw.encode()).hexdigest()[:24]}"
     if cfg.use_cache and folder.is_dir():

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from retr.retrieval.artifacts import cache_home
+from retr.retrieval.backends import sample_texts
 from retr.retrieval.backends.batching import TOKENIZE_CHUNK, fast_tokenizer, plain_tokenizer, run_sorted
 from retr.retrieval.backends.export import EMBEDDING, Calibration
 from retr.retrieval.backends.graphs import Graph, find_cached, graph_info, open_graph
@@ -129,7 +130,6 @@ class BiEncoder:
             self.max_length = int(model_.max_seq_length)
         else:
             self.dim = self.graph.dim
-        self._calibrated: dict[str, Graph | None] = {}  # calibration digest -> its graph (None: refused)
 
     # -- identity -------------------------------------------------------------------------------------------------
     @property
@@ -147,6 +147,14 @@ class BiEncoder:
         if self.graph is None:
             return "torch"
         return self.config.backend if self.graph.variant == base_of(self.config.backend).name else self.graph.variant
+
+    @property
+    def corpus_graph_id(self) -> str:
+        """What names the graph a corpus goes through, for cache keys: the backend, and for a calibrated one the
+        sample it is calibrated on (another retr sample, another graph, other vectors)."""
+        if self.graph is not None and get_backend(self.config.backend).calibrated and self.backend != "torch":
+            return f"{self.backend}@{self.calibration.digest[:16]}"
+        return self.backend
 
     def describe(self) -> dict:
         info = graph_info(self.graph)
@@ -229,8 +237,8 @@ class BiEncoder:
 
     def encode_corpus(self, texts: list[str], show_progress: bool = False) -> CorpusEncoding:
         """The documents of a corpus to index. With a calibrated backend and at least ``calibration_min_docs``
-        texts they go through a static int8 graph calibrated on a fixed-seed sample of them (cached per model and
-        sample; refused, with a warning, when it strays from torch); otherwise, as ``encode`` does."""
+        texts they go through the model's static int8 graph (``calibrated_graph``; the base graph where that one
+        is refused); otherwise, as ``encode`` does."""
         plan = self.corpus_plan(texts)
         if plan.graph is None:
             return CorpusEncoding(self.encode(plan.texts, show_progress=show_progress), graph_info(None))
@@ -246,21 +254,34 @@ class BiEncoder:
         tok = self._token_ids(texts)
         if not backend.calibrated or len(texts) < self.config.calibration_min_docs:
             return CorpusPlan(texts, self.graph, tok)
-        calibration = Calibration.sample(tok)
-        if calibration.digest not in self._calibrated:  # the last corpus's graph, or its refusal, stays in memory
-            try:
-                graph = self._open(backend.name, calibration)
-            except RetrError as e:
-                logger.warning("%s refused (%s): the corpus is encoded by the %s graph", backend.name, e,
-                               self.graph.variant)
-                graph = None
-            self._calibrated = {calibration.digest: graph}
-        return CorpusPlan(texts, self._calibrated[calibration.digest] or self.graph, tok)
+        return CorpusPlan(texts, self.calibrated_graph or self.graph, tok)
+
+    @functools.cached_property
+    def calibration(self) -> Calibration:
+        """What a calibrated backend is calibrated on: retr's fixed sample of passages (joined ones too) and
+        questions, as this model tokenises them, passages with the document prompt. One per model, not per
+        corpus: a new corpus pays no calibration."""
+        docs = _prefixed(self.prompts.document, sample_texts.passages() + sample_texts.long_passages())
+        return Calibration.of(self._token_ids(docs + sample_texts.questions()))
+
+    @functools.cached_property
+    def calibrated_graph(self) -> Graph | None:
+        """The calibrated backend's graph for this model (calibrated and checked once, then cached); None, with a
+        warning, when it is refused (it strays from torch or adds too much ranking noise): corpora then take
+        the base graph."""
+        backend = get_backend(self.config.backend)
+        try:
+            return self._open(backend.name, self.calibration)
+        except RetrError as e:
+            logger.warning("%s refused (%s): corpora are encoded by the %s graph", backend.name, e,
+                           self.graph.variant)
+            return None
 
     def encode_like(self, texts: list[str], recorded: dict, show_progress: bool = False) -> np.ndarray:
         """Texts through the graph that encoded an index's documents (``recorded``: that graph's info), so that
-        documents added to the index sit with the ones already there. Where that graph was calibrated on the
-        index's corpus and is no longer in this machine's cache, the base graph stands in, with a warning."""
+        documents added to the index sit with the ones already there. Where that graph was calibrated (on the
+        sample of another retr version, or on another machine) and is not in this machine's cache, the base graph
+        stands in, with a warning."""
         texts = _prefixed(self.prompts.document, texts)
         digest = recorded.get("calibration")
         if self.graph is not None and recorded.get("backend") != self.graph.variant and recorded.get("backend") \
@@ -269,7 +290,7 @@ class BiEncoder:
                                 calibration=Calibration((), digest)) if digest else None
             if graph is not None:
                 return self._run(graph, self._token_ids(texts), show_progress)
-            logger.warning("the %s graph calibrated on this index's corpus is not in the cache here: the new documents "
+            logger.warning("the %s graph that encoded this index is not in the cache here: the new documents "
                            "are encoded by the %s graph (cosine to it >= %.3f)", recorded["backend"],
                            self.graph.variant, recorded.get("check_cosine") or 0.0)
         return self.encode(texts, show_progress=show_progress)

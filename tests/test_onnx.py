@@ -64,7 +64,7 @@ def _legacy_export(st_model, path):
 
 
 @pytest.mark.parametrize("variant", ["onnx", "openvino"])
-def test_a_graph_that_ignores_padding_is_refused_and_not_cached(tiny_bi_encoder, tmp_path, variant):
+def test_a_graph_that_ignores_padding_is_refused_and_the_refusal_remembered(tiny_bi_encoder, tmp_path, variant):
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
 
     def wrong_export(st_model, path):
@@ -83,10 +83,15 @@ def test_a_graph_that_ignores_padding_is_refused_and_not_cached(tiny_bi_encoder,
         g.graph.node.insert(0, ones)
         onnx.save(g, str(path))
 
-    kind = replace(EMBEDDING, export=wrong_export)
-    with pytest.raises(RetrError, match=r"disagrees with torch \(cosine"):
-        load_or_export(enc.model, enc.model_hash, registry.BACKENDS[variant], kind, enc.max_length, tmp_path / "c")
-    assert not (tmp_path / "c" / "onnx").exists() or not any((tmp_path / "c" / "onnx").iterdir())
+    exports = []
+    kind = replace(EMBEDDING, export=lambda *a: exports.append(1) or wrong_export(*a))
+    for _ in range(2):  # the second time from the remembered refusal: no export
+        with pytest.raises(RetrError, match=r"disagrees with torch \(cosine"):
+            load_or_export(enc.model, enc.model_hash, registry.BACKENDS[variant], kind, enc.max_length,
+                           tmp_path / "c")
+    assert len(exports) == 1
+    (folder,) = (tmp_path / "c" / "onnx").iterdir()
+    assert [f.name for f in folder.iterdir()] == ["manifest.json"]  # no graph file kept
 
 
 def test_openvino_backend_is_close_to_torch_and_cached_as_ir(tiny_bi_encoder, tmp_path):
@@ -185,58 +190,85 @@ def test_a_refused_query_graph_falls_back_to_the_document_graph(tiny_bi_encoder,
     assert enc.describe_queries()["backend"] == "onnx"
 
 
-def test_a_corpus_goes_through_static_int8_calibrated_on_it(tiny_bi_encoder, tmp_path):
+def _int8_folders(tmp_path):
+    return [f for f in (tmp_path / "retr-cache" / "onnx").iterdir() if "openvino-int8" in f.name]
+
+
+def _counting_static_int8(monkeypatch, **changes) -> list:
+    from retr.retrieval.backends.export import quantize_static_int8
+
+    calls = []
+    _patch_backend(monkeypatch, "openvino-int8", convert=lambda *a: calls.append(1) or quantize_static_int8(*a),
+                   **changes)
+    return calls
+
+
+def test_corpora_go_through_one_static_int8_graph_calibrated_once_per_model(tiny_bi_encoder, tmp_path,
+                                                                              monkeypatch):
     import json
 
-    from retr.retrieval.backends.export import Calibration
-
+    calls = _counting_static_int8(monkeypatch)
     words = " ".join(TEXTS).split()
     corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 11)) for i in range(40)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))  # default backend
     assert enc.backend == "openvino-int8" and enc.describe()["backend"] == "openvino-int8"
     small = enc.encode_corpus(corpus[:10])  # under calibration_min_docs: the openvino graph, as encode()
-    assert small.graph["backend"] == "openvino"
+    assert small.graph["backend"] == "openvino" and calls == []
     np.testing.assert_array_equal(small.embeddings, enc.encode(corpus[:10]))
     encoded = enc.encode_corpus(corpus)
     emb, info = encoded.embeddings, encoded.graph
     assert info["backend"] == "openvino-int8" and info["precision"].startswith("int8+")
-    assert info["check_cosine"] >= 0.98
+    assert info["check_cosine"] >= 0.98 and calls == [1]
     plain = enc.encode(corpus)  # any other text: the openvino graph
     cos = (emb * plain).sum(1)
     assert cos.min() >= 0.97 and not np.array_equal(emb, plain)  # close, and really another graph
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-3)
-    int8 = [f for f in (tmp_path / "retr-cache" / "onnx").iterdir() if "openvino-int8" in f.name]
-    assert len(int8) == 1
-    digest = Calibration.sample(enc._token_ids(corpus)).digest
-    assert json.loads((int8[0] / "manifest.json").read_text())["calibration"] == digest
-    assert int8[0].name.endswith(digest[:16])
+    (int8,) = _int8_folders(tmp_path)
+    meta = json.loads((int8 / "manifest.json").read_text())
+    assert meta["calibration"] == enc.calibration.digest and int8.name.endswith(enc.calibration.digest[:16])
+    assert 0.0 < meta["rank_noise"] <= registry.MAX_RANK_NOISE
+    other = [t + " tea" for t in corpus[::-1]]  # another corpus, in another process: no calibration, same graph
     again = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    assert again.calibration == enc.calibration
     np.testing.assert_array_equal(again.encode_corpus(corpus).embeddings, emb)  # the cached graph, the same vectors
-    assert len([f for f in (tmp_path / "retr-cache" / "onnx").iterdir() if "openvino-int8" in f.name]) == 1
+    assert again.encode_corpus(other).graph == info and calls == [1] and len(_int8_folders(tmp_path)) == 1
     q = again.encode_queries(corpus[:3])  # queries never take the calibrated graph
     assert again.describe_queries()["backend"] == "onnx-int8" and (q * emb[:3]).sum(1).min() >= 0.95
+    prompted = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), doc_prompt="passage: "))
+    assert prompted.calibration.digest != enc.calibration.digest  # the graph sees what the documents will look like
 
 
-def test_calibration_sample_is_fixed_by_the_corpus():
-    from retr.retrieval.backends.export import Calibration
+def test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once(tiny_bi_encoder, tmp_path, monkeypatch):
+    import json
 
-    rows = [[101, i, i + 1, 102] for i in range(500)]
-    a, b = Calibration.sample(rows), Calibration.sample([list(r) for r in rows])
-    assert a == b and len(a.rows) == 128 and len(set(a.rows)) == 128
-    assert Calibration.sample(rows[1:]).digest != a.digest  # another corpus, another graph
-    assert len(Calibration.sample(rows[:5]).rows) == 5
-
-
-def test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once(tiny_bi_encoder, monkeypatch):
-    from retr.retrieval.backends.export import quantize_static_int8
-
-    calls = []
-    _patch_backend(monkeypatch, "openvino-int8", floors={"bi": 1.01},  # no int8 graph can pass this floor
-                   convert=lambda *a: calls.append(1) or quantize_static_int8(*a))
+    calls = _counting_static_int8(monkeypatch, floors={"bi": 1.01})  # no int8 graph can pass this floor
     corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     encoded = enc.encode_corpus(corpus)
     assert encoded.graph["backend"] == "openvino"
     np.testing.assert_array_equal(encoded.embeddings, enc.encode(corpus))
     enc.encode_corpus(corpus)  # the refusal is remembered: no second calibration in this process
+    again = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    assert again.encode_corpus(corpus).graph["backend"] == "openvino"  # nor in the next one: it is cached
     assert len(calls) == 1
+    (int8,) = _int8_folders(tmp_path)
+    meta = json.loads((int8 / "manifest.json").read_text())
+    assert "disagrees with torch" in meta["refused"] and [f.name for f in int8.iterdir()] == ["manifest.json"]
+
+
+def test_int8_that_adds_ranking_noise_is_refused_until_the_bar_changes(tiny_bi_encoder, tmp_path, monkeypatch):
+    import json
+
+    calls = _counting_static_int8(monkeypatch, max_rank_noise=0.0)  # any int8 graph adds some noise
+    corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    assert enc.encode_corpus(corpus).graph["backend"] == "openvino" and len(calls) == 1
+    (int8,) = _int8_folders(tmp_path)
+    meta = json.loads((int8 / "manifest.json").read_text())
+    assert "ranking noise" in meta["refused"] and meta["rank_noise"] > 0.0
+    assert meta["limits"] == {"floor": 0.98, "max_rank_noise": 0.0}
+    calls2 = _counting_static_int8(monkeypatch, max_rank_noise=1.0)  # another bar: judged again, and kept
+    fresh = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    assert fresh.encode_corpus(corpus).graph["backend"] == "openvino-int8" and len(calls2) == 1
+    assert json.loads((int8 / "manifest.json").read_text())["rank_noise"] == pytest.approx(meta["rank_noise"],
+                                                                                         rel=1e-4)

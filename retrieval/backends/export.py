@@ -22,7 +22,6 @@ from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
 
-CALIBRATION_TEXTS = 128  # texts sampled from the corpus (measured on SciFact: 128 vs 300 texts, same nDCG@10)
 CHECK_TEXTS = (
     "a",
     "What causes the northern lights?",
@@ -127,10 +126,9 @@ class Calibration:
     digest: str
 
     @classmethod
-    def sample(cls, token_rows: list, n: int = CALIBRATION_TEXTS, seed: int = 0) -> Calibration:
-        """``n`` rows drawn with a fixed seed: the same corpus always gives the same calibration."""
-        idx = np.sort(np.random.default_rng(seed).choice(len(token_rows), min(n, len(token_rows)), replace=False))
-        rows = tuple(tuple(int(t) for t in token_rows[i]) for i in idx)
+    def of(cls, token_rows) -> Calibration:
+        """All of ``token_rows`` (retr's fixed sample, tokenised by the model: one calibration per model)."""
+        rows = tuple(tuple(int(t) for t in r) for r in token_rows)
         h = hashlib.sha256()
         for r in rows:
             h.update(np.asarray(r, dtype=np.int64).tobytes() + b"|")
@@ -234,6 +232,32 @@ def verify_scoring(runner, ce_model, max_length: int) -> float:
     return float(1.0 - np.abs(got - want).max() / max(1.0, float(np.ptp(ref))))
 
 
+def rank_noise(runner, st_model, max_length: int) -> float:
+    """How far the graph's document vectors move retrieval scores, relative to how widely the scores spread:
+    retr's fixed questions (torch) against its fixed passages and joined passages (``sample_texts``) encoded by
+    torch and by the graph, the mean over questions of std(graph score - torch score) / std(torch score). Ranks
+    swap where noise meets the gaps between scores, so this predicts a graph's ranking loss where a per-vector
+    cosine does not: a fine-tuned model can keep every cosine above 0.98 and still lose nDCG."""
+    import torch
+
+    from retr.retrieval.backends import sample_texts
+
+    docs = sample_texts.passages() + sample_texts.long_passages()
+    with torch.inference_mode():
+        q = st_model.encode(sample_texts.questions(), convert_to_numpy=True, normalize_embeddings=True)
+        ref = st_model.encode(docs, convert_to_numpy=True, normalize_embeddings=True)
+    tok = st_model.tokenizer
+    got = np.empty_like(ref)
+    order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
+    for start in range(0, len(order), 16):  # length-sorted batches: little padding
+        idx = order[start:start + 16]
+        e = tok([docs[i] for i in idx], padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        got[idx] = runner({"input_ids": e["input_ids"].astype(np.int64),
+                           "attention_mask": e["attention_mask"].astype(np.int64)})
+    s_ref, s_got = q @ ref.T, q @ got.T
+    return float(((s_got - s_ref).std(axis=1) / s_ref.std(axis=1)).mean())
+
+
 def embedding_dim(runner) -> int:
     return int(runner({"input_ids": np.array([[1, 2]], dtype=np.int64),
                        "attention_mask": np.ones((1, 2), dtype=np.int64)}).shape[1])
@@ -249,7 +273,9 @@ class GraphKind:
     export: Callable[[object, Path], None]
     verify: Callable[[object, object, int], float]
     dim: Callable[[object], int]
+    # (runner, torch model, max length) -> ranking noise, checked where a backend sets ``max_rank_noise``
+    rank_noise: Callable[[object, object, int], float] | None = None
 
 
-EMBEDDING = GraphKind("bi", "bi-encoder", "cosine", "", export_embedding, verify_embedding, embedding_dim)
+EMBEDDING = GraphKind("bi", "bi-encoder", "cosine", "", export_embedding, verify_embedding, embedding_dim, rank_noise)
 SCORING = GraphKind("ce", "cross-encoder", "agreement", "ce-", export_scoring, verify_scoring, lambda _runner: 1)

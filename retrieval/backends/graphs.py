@@ -3,7 +3,9 @@
 Cache folder: ``$RETR_CACHE/onnx/<model hash>-[ce-]<backend>[-<calibration>]/`` holding the graph file(s) and a
 ``manifest.json`` written last, with the graph's agreement with torch and the checksum of every file. An entry
 whose files do not match their checksums, whose manifest is unreadable or whose graph fails to load is
-discarded with a warning and rebuilt; a graph that disagrees with torch is refused and never cached.
+discarded with a warning and rebuilt. A graph that disagrees with torch, or adds more ranking noise than its
+backend allows, is refused: its folder then keeps only a manifest saying why, so that the next run refuses it
+without exporting it again (until the bars, the CPU's precision or the library versions change).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from retr.retrieval.artifacts import atomic_dir, check_checksums, checksums, new_manifest, write_json
+from retr.retrieval.artifacts import atomic_dir, check_checksums, checksums, new_manifest, versions, write_json
 from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind
 from retr.retrieval.backends.registry import BACKENDS, Backend, get_backend
 from retr.retrieval.backends.runners import RUNTIMES, default_threads
@@ -98,13 +100,17 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
         meta = json.loads((folder / "manifest.json").read_text())
         if not isinstance(meta, dict):
             raise ValueError("not a JSON object")
+        if "refused" in meta:
+            _refused_before(folder, meta, model_hash, backend, kind)
+            return None
         check, dim, files = float(meta["check_cosine"]), int(meta["dim"]), meta["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         _discard(folder, f"manifest: {e}")
         return None
     if meta.get("model_hash") != model_hash or check < backend.floor(kind) or backend.file not in files \
-            or (calibration is not None and meta.get("calibration") != calibration.digest):
-        _discard(folder, "its manifest names another model, backend or calibration")
+            or (calibration is not None and meta.get("calibration") != calibration.digest) \
+            or (backend.max_rank_noise is not None and meta.get("rank_noise", 0.0) > backend.max_rank_noise):
+        _discard(folder, "its manifest names another model, backend or calibration, or a looser check")
         return None
     precision = backend.precision()
     if meta.get("precision") != precision:  # verified in another precision (another CPU): verify again
@@ -120,6 +126,21 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
         _discard(folder, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
         return None
     return Graph(runner, path, backend, check, dim, precision, calibration.digest if calibration else None)
+
+
+def _limits(backend: Backend, kind: GraphKind) -> dict:
+    """The bars a graph of this backend and kind was judged by: a refusal stands while they stay the same."""
+    return {"floor": backend.floor(kind), "max_rank_noise": backend.max_rank_noise}
+
+
+def _refused_before(folder: Path, meta: dict, model_hash: str, backend: Backend, kind: GraphKind) -> None:
+    """A remembered refusal of this model's graph raises it again (no second export and calibration to learn
+    it); one judged by other bars, on another CPU precision or by other library versions is discarded and judged
+    again."""
+    if meta.get("model_hash") == model_hash and meta.get("precision") == backend.precision() \
+            and meta.get("limits") == _limits(backend, kind) and meta.get("versions") == versions():
+        raise RetrError(str(meta["refused"]))
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, max_length: int, cache_root: Path,
@@ -143,21 +164,42 @@ def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, ma
         kind.export(model, fp32)
         final = tmp / backend.file
         if calibration is not None:
-            logger.info("calibrating static int8 on %d texts of the corpus (once per model and corpus)",
+            logger.info("calibrating static int8 on retr's fixed sample of %d texts (once per model)",
                         len(calibration.rows))
         backend.convert(fp32, final, calibration)
         runner = _runner(backend, final, threads)
         check = kind.verify(runner, model, max_length)
+        noise = kind.rank_noise(runner, model, max_length) \
+            if backend.max_rank_noise is not None and kind.rank_noise is not None and check >= backend.floor(kind) \
+            else None
+        refusal = None
         if check < backend.floor(kind):
-            raise RetrError(f"the {backend.name} export of model {model_hash[:12]} disagrees with torch "
-                            f"({kind.measure} {check:.4f} < {backend.floor(kind)}): use --backend torch")
-        dim = kind.dim(runner)
-        manifest = new_manifest(GRAPH_KIND, variant=backend.name, graph=kind.name, model_hash=model_hash,
-                                check_cosine=check, dim=dim, precision=precision, max_length=max_length,
-                                export_seconds=time.perf_counter() - t0, files=checksums(tmp),
-                                **({"calibration": calibration.digest, "calibration_texts": len(calibration.rows)}
-                                   if calibration is not None else {}))
-        write_json(tmp / "manifest.json", manifest)
+            refusal = (f"the {backend.name} export of model {model_hash[:12]} disagrees with torch "
+                       f"({kind.measure} {check:.4f} < {backend.floor(kind)}): use --backend torch")
+        elif noise is not None and noise > backend.max_rank_noise:
+            refusal = (f"the {backend.name} graph of model {model_hash[:12]} adds ranking noise {noise:.4f} > "
+                       f"{backend.max_rank_noise}")
+        if refusal is None:
+            dim = kind.dim(runner)
+            measured = {"rank_noise": noise} if noise is not None else {}
+            if calibration is not None:
+                measured.update(calibration=calibration.digest, calibration_texts=len(calibration.rows))
+            manifest = new_manifest(GRAPH_KIND, variant=backend.name, graph=kind.name, model_hash=model_hash,
+                                    check_cosine=check, dim=dim, precision=precision, max_length=max_length,
+                                    export_seconds=time.perf_counter() - t0, files=checksums(tmp), **measured)
+            write_json(tmp / "manifest.json", manifest)
+        else:  # the graph's files go; the folder keeps the refusal, so that it is not exported again to learn it
+            for f in list(tmp.iterdir()):
+                if f.is_dir():
+                    shutil.rmtree(f)
+                else:
+                    f.unlink()
+            write_json(tmp / "manifest.json", new_manifest(
+                GRAPH_KIND, variant=backend.name, graph=kind.name, model_hash=model_hash, precision=precision,
+                refused=refusal, limits=_limits(backend, kind), check_cosine=check,
+                **({"rank_noise": noise} if noise is not None else {})))
+    if refusal is not None:
+        raise RetrError(refusal)
     logger.info("%s (%s) verified against torch: %s %.6f", backend.name, precision, kind.measure, check)
     # the verified runner is the one returned (its weights are in memory / mapped from files renamed, not removed)
     return Graph(runner, folder / backend.file, backend, check, dim, precision,
