@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 _WRAP = """import atexit, runpy, sys
-def hwm():
+def hwm(path):
     with open("/proc/self/status") as fh:
         kb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM"))
-    with open(sys.argv[1], "w") as out:
+    with open(path, "w") as out:
         out.write(str(kb))
-atexit.register(hwm)
+atexit.register(hwm, sys.argv[1])
 target, sys.argv = sys.argv[2], sys.argv[2:]
 if target == "retr":
     from retr.cli.main import main

@@ -62,14 +62,22 @@ def fast_pair_tokenizer(model_path: Path | None, max_length: int):
     return pair_ids
 
 
+# batch widths are rounded up to a multiple of this (never past the longest text): an OpenVINO graph keeps memory
+# per input shape it has run, so fewer distinct shapes hold less (measured, SciFact's 5,183 documents through the
+# int8 graph: +520 MB after encoding instead of +850, and 76.6 docs/s against 72-75)
+WIDTH_STEP = 16
+
+
 def length_batches(lengths: np.ndarray, token_budget: int):
     """Yield ``(indices, width, attention mask)``: longest first, as many texts per batch as fit ``token_budget``
-    padded tokens, each batch padded only to its own longest text."""
+    padded tokens, each batch padded to its own longest text rounded up to ``WIDTH_STEP``."""
     order = np.argsort(-lengths, kind="stable")
-    budget = max(token_budget, int(lengths.max()) if len(lengths) else 1)
+    longest = int(lengths.max()) if len(lengths) else 1
+    budget = max(token_budget, longest)
     start = 0
     while start < len(order):
-        width = int(lengths[order[start]])  # longest in this batch (sorted descending)
+        # the longest in this batch (sorted descending), rounded up: at most WIDTH_STEP - 1 padded tokens per text
+        width = min(-(-int(lengths[order[start]]) // WIDTH_STEP) * WIDTH_STEP, longest)
         size = max(1, min(budget // max(width, 1), len(order) - start))
         idx = order[start:start + size]
         yield idx, width, attention_mask(lengths[idx], width)
