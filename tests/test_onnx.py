@@ -226,7 +226,7 @@ def test_corpora_go_through_one_static_int8_graph_calibrated_once_per_model(tiny
     (int8,) = _int8_folders(tmp_path)
     meta = json.loads((int8 / "manifest.json").read_text())
     assert meta["calibration"] == enc.calibration.digest and int8.name.endswith(enc.calibration.digest[:16])
-    assert 0.0 < meta["rank_noise"] <= registry.MAX_RANK_NOISE
+    assert 0.0 < meta["rank_noise"] <= registry.MAX_RANK_NOISE and info["rank_noise"] == meta["rank_noise"]
     other = [t + " tea" for t in corpus[::-1]]  # another corpus, in another process: no calibration, same graph
     again = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     assert again.calibration == enc.calibration

@@ -18,7 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from retr.retrieval.artifacts import atomic_dir, check_checksums, checksums, new_manifest, versions, write_json
+from retr.retrieval.artifacts import (
+    atomic_dir,
+    check_checksums,
+    checksums,
+    new_manifest,
+    versions,
+    write_json,
+)
 from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind
 from retr.retrieval.backends.registry import BACKENDS, Backend, get_backend
 from retr.retrieval.backends.runners import RUNTIMES, default_threads
@@ -39,6 +46,7 @@ class Graph:
     dim: int
     precision: str
     calibration: str | None = None  # digest of the texts a calibrated graph was calibrated on
+    rank_noise: float | None = None  # ranking noise it adds on retr's sample, where its backend checks it
 
     @property
     def variant(self) -> str:
@@ -48,6 +56,8 @@ class Graph:
         info = {"backend": self.backend.name, "precision": self.precision, "check_cosine": self.check}
         if self.calibration is not None:
             info["calibration"] = self.calibration
+        if self.rank_noise is not None:
+            info["rank_noise"] = self.rank_noise
         return info
 
 
@@ -125,7 +135,30 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
     except Exception as e:  # noqa: BLE001 - a graph the runtime cannot read is a damaged entry
         _discard(folder, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
         return None
-    return Graph(runner, path, backend, check, dim, precision, calibration.digest if calibration else None)
+    return Graph(runner, path, backend, check, dim, precision, calibration.digest if calibration else None,
+                 meta.get("rank_noise"))
+
+
+_exports: dict[tuple, Path] = {}  # (model hash, graph kind, its exporter) -> this process's fp32 export of it
+
+
+def _export_fp32(model, model_hash: str, kind: GraphKind, dst: Path) -> None:
+    """The model's fp32 ONNX graph at ``dst``: exported once per process and copied for every other backend (a
+    first run converts one export into the base, the int8 and the query graphs instead of exporting three
+    times; a torch export is the slow part)."""
+    key = (model_hash, kind.name, kind.export)
+    src = _exports.get(key)
+    if src is None or not src.is_file():
+        import atexit
+        import tempfile
+
+        keep = Path(tempfile.mkdtemp(prefix="retr-export-"))
+        atexit.register(shutil.rmtree, keep, True)
+        src = keep / dst.name
+        kind.export(model, src)
+        _exports[key] = src
+    for f in src.parent.glob(f"{src.name}*"):  # the graph and its external data file, under the same names
+        shutil.copyfile(f, dst.parent / f.name)
 
 
 def release_memory() -> None:
@@ -175,7 +208,7 @@ def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, ma
     t0 = time.perf_counter()
     with atomic_dir(folder) as tmp:
         fp32 = tmp / "model.fp32.onnx"
-        kind.export(model, fp32)
+        _export_fp32(model, model_hash, kind, fp32)
         final = tmp / backend.file
         if calibration is not None:
             logger.info("calibrating static int8 on retr's fixed sample of %d texts (once per model)",
@@ -218,7 +251,7 @@ def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, ma
     logger.info("%s (%s) verified against torch: %s %.6f", backend.name, precision, kind.measure, check)
     # the verified runner is the one returned (its weights are in memory / mapped from files renamed, not removed)
     return Graph(runner, folder / backend.file, backend, check, dim, precision,
-                 calibration.digest if calibration else None)
+                 calibration.digest if calibration else None, noise)
 
 
 def open_graph(get_model: Callable[[], object], model_hash: str, backend_name: str, max_length: int,
