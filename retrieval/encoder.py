@@ -286,8 +286,11 @@ class BiEncoder:
         digest = recorded.get("calibration")
         if self.graph is not None and recorded.get("backend") != self.graph.variant and recorded.get("backend") \
                 in BACKENDS and get_backend(recorded["backend"]).calibrated:
-            graph = find_cached(self.model_hash, get_backend(recorded["backend"]), EMBEDDING, cache_home(),
-                                calibration=Calibration((), digest)) if digest else None
+            try:
+                graph = find_cached(self.model_hash, get_backend(recorded["backend"]), EMBEDDING, cache_home(),
+                                    calibration=Calibration((), digest)) if digest else None
+            except RetrError:  # judged again since, and refused here
+                graph = None
             if graph is not None:
                 return self._run(graph, self._token_ids(texts), show_progress)
             logger.warning("the %s graph that encoded this index is not in the cache here: the new documents "
