@@ -272,3 +272,24 @@ def test_int8_that_adds_ranking_noise_is_refused_until_the_bar_changes(tiny_bi_e
     assert fresh.encode_corpus(corpus).graph["backend"] == "openvino-int8" and len(calls2) == 1
     assert json.loads((int8 / "manifest.json").read_text())["rank_noise"] == pytest.approx(meta["rank_noise"],
                                                                                          rel=1e-4)
+
+
+def test_documents_added_after_the_int8_graph_was_refused_take_the_base_graph(tiny_bi_encoder, tmp_path,
+                                                                               monkeypatch, caplog):
+    import shutil
+
+    corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    recorded = enc.encode_corpus(corpus).graph  # what an index's manifest records
+    assert recorded["backend"] == "openvino-int8"
+    np.testing.assert_array_equal(enc.encode_like(corpus[:3], recorded),
+                                  enc.encode_corpus(corpus).embeddings[:3])  # the very graph, while it is cached
+    (int8,) = _int8_folders(tmp_path)
+    shutil.rmtree(int8)
+    _counting_static_int8(monkeypatch, max_rank_noise=0.0)  # judged again, and refused this time
+    later = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    assert later.encode_corpus(corpus).graph["backend"] == "openvino"
+    with caplog.at_level("WARNING"):
+        added = later.encode_like(corpus[:3], recorded)
+    np.testing.assert_array_equal(added, later.encode(corpus[:3]))
+    assert "not in the cache here" in caplog.text
