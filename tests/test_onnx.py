@@ -293,3 +293,24 @@ def test_documents_added_after_the_int8_graph_was_refused_take_the_base_graph(ti
         added = later.encode_like(corpus[:3], recorded)
     np.testing.assert_array_equal(added, later.encode(corpus[:3]))
     assert "not in the cache here" in caplog.text
+
+
+def test_the_feed_forward_int8_backend_quantises_only_the_feed_forward_matmuls(tiny_bi_encoder, tmp_path):
+    import openvino as ov
+
+    words = " ".join(TEXTS).split()
+    corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 11)) for i in range(40)]
+
+    def quantised(backend: str) -> tuple[int, int, np.ndarray]:
+        enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend=backend, calibration_min_docs=30))
+        encoded = enc.encode_corpus(corpus)
+        assert encoded.graph["backend"] == backend
+        model = ov.Core().read_model(str(enc.calibrated_graph.path))
+        fq = [op for op in model.get_ops() if op.get_type_name() == "FakeQuantize"]
+        return len(fq), sum(op.get_type_name() == "MatMul" for op in model.get_ops()), encoded.embeddings
+
+    full, matmuls, full_emb = quantised("openvino-int8")
+    ffn, matmuls_ffn, ffn_emb = quantised("openvino-int8-ffn")
+    assert matmuls == matmuls_ffn and 0 < ffn < full  # the same graph, fewer MatMuls fed through int8
+    plain = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino")).encode(corpus)
+    assert (ffn_emb * plain).sum(1).min() >= 0.97 and not np.array_equal(ffn_emb, full_emb)

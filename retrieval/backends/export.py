@@ -167,7 +167,28 @@ def to_openvino(src: Path, dst: Path, calibration: Calibration | None) -> None:
     _drop(src)
 
 
-def quantize_static_int8(src: Path, dst: Path, calibration: Calibration | None) -> None:
+def _outside_feed_forward(model) -> list[str]:
+    """The MatMuls of an OpenVINO model outside its feed-forward blocks: those whose weight is square (the
+    hidden x hidden attention projections) or not a fixed 2-D matrix (the attention scores and mixing). A
+    feed-forward weight maps the hidden size to the intermediate size and back: never square."""
+    names = []
+    for op in model.get_ops():
+        if op.get_type_name() != "MatMul":
+            continue
+        shape = op.input_value(1).get_partial_shape()
+        dims = [d.get_length() for d in shape] if shape.is_static else []
+        if len(dims) != 2 or dims[0] == dims[1]:
+            names.append(op.get_friendly_name())
+    return names
+
+
+def quantize_static_int8_ffn(src: Path, dst: Path, calibration: Calibration | None) -> None:
+    """Static int8 in the feed-forward MatMuls only; attention stays in the base precision (bf16 where native)."""
+    quantize_static_int8(src, dst, calibration, feed_forward_only=True)
+
+
+def quantize_static_int8(src: Path, dst: Path, calibration: Calibration | None,
+                         feed_forward_only: bool = False) -> None:
     """Static int8 MatMuls (NNCF, transformer preset with SmoothQuant) of an ONNX graph, saved as OpenVINO IR."""
     if calibration is None:
         raise RetrError("static int8 needs a calibration sample")
@@ -179,9 +200,11 @@ def quantize_static_int8(src: Path, dst: Path, calibration: Calibration | None) 
 
     model = ov.Core().read_model(str(src))
     feeds = list(calibration.feeds())
+    ignored = nncf.IgnoredScope(names=_outside_feed_forward(model)) if feed_forward_only else None
     with quiet_third_party("nncf"):
         quantized = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
-                                  preset=nncf.QuantizationPreset.MIXED, subset_size=len(feeds))
+                                  preset=nncf.QuantizationPreset.MIXED, subset_size=len(feeds),
+                                  ignored_scope=ignored)
     ov.save_model(quantized, str(dst), compress_to_fp16=False)
     _drop(src)
 

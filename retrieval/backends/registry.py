@@ -56,6 +56,10 @@ BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
             "once per model on retr's fixed sample (NNCF) and checked for ranking noise, other texts as openvino",
             "openvino", "model.xml", {"bi": 0.98}, export.quantize_static_int8,
             lambda: f"int8+{native_precision()}", base="openvino", max_rank_noise=MAX_RANK_NOISE),
+    Backend("openvino-int8-ffn", "as openvino-int8, with int8 only in the feed-forward MatMuls (attention in "
+            "bf16/fp32): slower, closer to the base graph", "openvino", "model.xml", {"bi": 0.98},
+            export.quantize_static_int8_ffn, lambda: f"int8+{native_precision()}", base="openvino",
+            max_rank_noise=MAX_RANK_NOISE),
     Backend("openvino", "OpenVINO, bf16 where the CPU has it natively, else fp32", "openvino", "model.xml",
             {"bi": 0.999, "ce": 0.98}, export.to_openvino, native_precision),
     Backend("onnx", "ONNX Runtime fp32", "onnxruntime", "model.onnx", {"bi": 0.9999, "ce": 0.999}, export.keep_onnx),
