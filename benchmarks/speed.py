@@ -320,7 +320,7 @@ def new_corpus(dataset: str, n: int, out: Path, seed: int = 7) -> Path:
     return out
 
 
-def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool) -> dict:
+def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool, backend: str | None = None) -> dict:
     """`retr index` on a new corpus against sentence-transformers fp32 encoding the same documents into a FAISS
     flat index, each a whole process (start-up, imports, model load, encoding, writing), timed from outside, with
     the model's graphs already exported (as after a first run: once per model) and no embeddings cached.
@@ -333,7 +333,9 @@ def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool) -> d
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
-    enc = BiEncoder(EncoderConfig())  # the graphs a first run would have exported and calibrated, made now
+    # the graphs a first run would have exported and calibrated, made now
+    enc = BiEncoder(EncoderConfig(**({"backend": backend} if backend else {})))
+    chosen = ["--backend", backend] if backend else []
     graphs = {"documents": (enc.calibrated_graph or enc.graph).info(), "queries": enc.describe_queries()}
     tmp = Path(tempfile.mkdtemp(prefix="retr-first-run-"))
     corpus = new_corpus(dataset, n_docs, tmp / "corpus.jsonl")
@@ -343,17 +345,18 @@ def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool) -> d
     runs: dict[str, list] = {"retr": [], "st": []}
     for r in range(repeats):  # alternating, so that drift on a shared machine hits both alike
         shutil.rmtree(cache / "embeddings", ignore_errors=True)
-        runs["retr"].append(run_measured("retr", ["index", "--corpus", str(corpus), "--out", str(tmp / f"idx-{r}")],
-                                         tmp / f"retr-{r}.log", env={"RETR_CACHE": str(cache)}))
+        runs["retr"].append(run_measured("retr", ["index", "--corpus", str(corpus), "--out", str(tmp / f"idx-{r}"),
+                                                  *chosen], tmp / f"retr-{r}.log", env={"RETR_CACHE": str(cache)}))
         runs["st"].append(run_measured(str(Path(__file__).with_name("st_index.py")),
                                        [str(corpus), str(tmp / f"st-{r}.faiss")], tmp / f"st-{r}.log"))
     manifest = json.loads((tmp / "idx-0" / "manifest.json").read_text())
     med = {k: {m: float(np.median([x[m] for x in v])) for m in ("seconds", "peak_rss_mb")} for k, v in runs.items()}
-    res = {"docs": len(corpus.read_text().splitlines()), "repeats": repeats, "graphs": graphs, "runs": runs,
+    res = {"docs": len(corpus.read_text().splitlines()), "repeats": repeats, "backend": backend, "graphs": graphs,
+           "runs": runs,
            "median": med, "speedup": med["st"]["seconds"] / med["retr"]["seconds"],
            "retr_encode_seconds": manifest["dense"]["encode"]["encode_seconds"],
            "retr_graph": manifest["dense"]["encode"]["graph"]}
-    rows = [["retr index (default backends)", med["retr"]["seconds"], med["retr"]["peak_rss_mb"]],
+    rows = [[f"retr index ({backend or 'default backends'})", med["retr"]["seconds"], med["retr"]["peak_rss_mb"]],
             ["sentence-transformers fp32 + FAISS flat", med["st"]["seconds"], med["st"]["peak_rss_mb"]]]
     if fresh:
         fresh_cache = tmp / "fresh-cache"
@@ -538,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-docs", type=int, default=1000, help="section 7: documents in the new corpus")
     p.add_argument("--first-repeats", type=int, default=3, help="section 7: runs of each side (median)")
     p.add_argument("--fresh", action="store_true", help="section 7: also the first command on an empty cache")
+    p.add_argument("--first-backend", default=None, help="section 7: `retr index --backend` (default: retr's)")
     p.add_argument("--out", default="benchmarks/results/speed.json")
     args = p.parse_args(argv)
 
@@ -570,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     if 5 in sections:
         results["end_to_end"] = section_end_to_end(args.dataset)
     if 7 in sections:
-        results["first_run"] = section_first_run(args.dataset, args.first_docs, args.first_repeats, args.fresh)
+        results["first_run"] = section_first_run(args.dataset, args.first_docs, args.first_repeats, args.fresh,
+                                                 args.first_backend)
     if 6 in sections:
         results["ann"] = section_ann(ds, args.ann_n, out_path.with_suffix(".ann.png"),
                                      tuple(int(m) for m in args.hnsw_m.split(",")), args.ef_construction,
