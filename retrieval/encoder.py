@@ -152,7 +152,7 @@ class BiEncoder:
     def corpus_graph_id(self) -> str:
         """What names the graph a corpus goes through, for cache keys: the backend, and for a calibrated one the
         sample it is calibrated on (another retr sample, another graph, other vectors)."""
-        if self.graph is not None and get_backend(self.config.backend).calibrated and self.backend != "torch":
+        if self.graph is not None and get_backend(self.config.backend).calibrated:
             return f"{self.backend}@{self.calibration.digest[:16]}"
         return self.backend
 

@@ -219,6 +219,8 @@ def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, ma
         noise = kind.rank_noise(runner, model, max_length) \
             if backend.max_rank_noise is not None and kind.rank_noise is not None and check >= backend.floor(kind) \
             else None
+        measured = {"variant": backend.name, "graph": kind.name, "model_hash": model_hash, "precision": precision,
+                    "check_cosine": check, **({"rank_noise": noise} if noise is not None else {})}
         refusal = None
         if check < backend.floor(kind):
             refusal = (f"the {backend.name} export of model {model_hash[:12]} disagrees with torch "
@@ -228,23 +230,19 @@ def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, ma
                        f"{backend.max_rank_noise}")
         if refusal is None:
             dim = kind.dim(runner)
-            measured = {"rank_noise": noise} if noise is not None else {}
             if calibration is not None:
                 measured.update(calibration=calibration.digest, calibration_texts=len(calibration.rows))
-            manifest = new_manifest(GRAPH_KIND, variant=backend.name, graph=kind.name, model_hash=model_hash,
-                                    check_cosine=check, dim=dim, precision=precision, max_length=max_length,
-                                    export_seconds=time.perf_counter() - t0, files=checksums(tmp), **measured)
-            write_json(tmp / "manifest.json", manifest)
+            write_json(tmp / "manifest.json", new_manifest(
+                GRAPH_KIND, **measured, dim=dim, max_length=max_length, export_seconds=time.perf_counter() - t0,
+                files=checksums(tmp)))
         else:  # the graph's files go; the folder keeps the refusal, so that it is not exported again to learn it
             for f in list(tmp.iterdir()):
                 if f.is_dir():
                     shutil.rmtree(f)
                 else:
                     f.unlink()
-            write_json(tmp / "manifest.json", new_manifest(
-                GRAPH_KIND, variant=backend.name, graph=kind.name, model_hash=model_hash, precision=precision,
-                refused=refusal, limits=_limits(backend, kind), check_cosine=check,
-                **({"rank_noise": noise} if noise is not None else {})))
+            write_json(tmp / "manifest.json", new_manifest(GRAPH_KIND, **measured, refused=refusal,
+                                                           limits=_limits(backend, kind)))
     release_memory()  # the exporter's and the quantiser's working memory, before the graph's real work starts
     if refusal is not None:
         raise RetrError(refusal)
