@@ -1,14 +1,15 @@
-"""What the default int8 encoding costs a model's rankings, against bf16, side by side in one run.
+"""What int8 encoding costs a model's rankings, against bf16, side by side in one run.
 
     python benchmarks/int8_quality.py --model DIR [--dataset ../shared/datasets/scifact]
-                                      [--backend openvino-int8|openvino-int8-ffn]
                                       [--out benchmarks/results/int8-quality-<model>.json]
 
-Four `retr eval --pipelines dense,hybrid` runs of the same model, each in its own process: documents and
-queries in bf16 (`--backend openvino --query-backend openvino`, the reference), the defaults (documents through
-the model's static int8 graph, queries through the dynamic int8 ONNX graph), and each side in int8 alone. For
-each: nDCG@10, its difference to bf16 with the paired t-test and randomization p over the queries, and the
-ranking noise the int8 graphs add on retr's fixed sample (the figure retr's check refuses a graph on).
+Five `retr eval --pipelines dense,hybrid` runs of the same model, each in its own process: documents and queries
+in bf16 (`--backend openvino --query-backend openvino`, the reference), the defaults (documents through the
+model's feed-forward static int8 graph, queries in bf16), full static int8 documents, the defaults with the
+dynamic int8 ONNX query graph, and both int8 (full static documents, dynamic int8 queries: the defaults before
+2026-12-04). For each: nDCG@10, its difference to bf16 with the paired t-test and randomization p over the
+queries, and the ranking noise each graph adds on retr's fixed sample (the figure retr's check refuses a graph
+on).
 """
 
 from __future__ import annotations
@@ -21,24 +22,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def configs(int8: str) -> dict[str, tuple[str, str]]:
-    """name: (document backend, query backend); ``int8``: the documents' int8 backend measured."""
+def configs() -> dict[str, tuple[str, str]]:
+    """name: (document backend, query backend)."""
+    from retr.retrieval.backends.registry import DEFAULT_BACKEND
+
     return {"bf16": ("openvino", "openvino"),
-            "int8 (defaults)" if int8 == "openvino-int8" else f"{int8} documents, int8 queries": (int8, "onnx-int8"),
-            "int8 documents, bf16 queries": (int8, "openvino"),
-            "bf16 documents, int8 queries": ("openvino", "onnx-int8")}
+            f"defaults ({DEFAULT_BACKEND} documents, bf16 queries)": (DEFAULT_BACKEND, DEFAULT_BACKEND),
+            "openvino-int8 documents, bf16 queries": ("openvino-int8", "openvino-int8"),
+            f"{DEFAULT_BACKEND} documents, onnx-int8 queries": (DEFAULT_BACKEND, "onnx-int8"),
+            "openvino-int8 documents, onnx-int8 queries": ("openvino-int8", "onnx-int8")}
 
 
-def graph_noise(model: str, int8: str) -> dict:
+def graph_noise(model: str) -> dict:
     """rank_noise of the model's int8 graphs and of its bf16 graph, on retr's fixed sample."""
     from retr.retrieval.backends.export import rank_noise
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
-    enc = BiEncoder(EncoderConfig(model=model, backend=int8))
+    enc = BiEncoder(EncoderConfig(model=model, backend="openvino", query_backend="onnx-int8"))
     out = {"openvino (bf16)": rank_noise(enc.graph.runner, enc.model, enc.max_length),
            "onnx-int8 (queries)": rank_noise(enc.query_graph.runner, enc.model, enc.max_length)}
-    if enc.calibrated_graph is not None:
-        out[f"{int8} (documents)"] = rank_noise(enc.calibrated_graph.runner, enc.model, enc.max_length)
+    for int8 in ("openvino-int8", "openvino-int8-ffn"):
+        graph = BiEncoder(EncoderConfig(model=model, backend=int8)).calibrated_graph
+        if graph is not None:
+            out[f"{int8} (documents)"] = rank_noise(graph.runner, enc.model, enc.max_length)
     return out
 
 
@@ -51,14 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--dataset", default=str(Path(__file__).resolve().parents[2] / "shared/datasets/scifact"))
-    ap.add_argument("--backend", default="openvino-int8", help="the documents' int8 backend to measure")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     out = Path(args.out or Path(__file__).parent / "results" / f"int8-quality-{Path(args.model).name}.json")
     print("command:", " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="retr-int8-"))
     reports = {}
-    chosen = configs(args.backend)
+    chosen = configs()
     for name, (docs, queries) in chosen.items():
         path = tmp / f"{len(reports)}.json"
         run_measured("retr", ["eval", "--dataset", args.dataset, "--no-download", "--model", args.model,
@@ -77,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
             b = [rep["pipelines"][pipe]["per_query"][q]["NDCG@10"] for q in qids]
             rows[name][pipe] = {"ndcg@10": float(np.mean(b)), "diff": float(np.mean(b) - np.mean(a)),
                                 "p_t": paired_t_test(a, b)[1], "p_rand": randomization_test(a, b)}
-    noise = graph_noise(args.model, args.backend)
-    print(f"\n{'configuration':30s} {'dense':>8s} {'diff':>8s} {'p':>6s} {'hybrid':>8s} {'diff':>8s} {'p':>6s}")
+    noise = graph_noise(args.model)
+    print(f"\n{'configuration':50s} {'dense':>8s} {'diff':>8s} {'p':>6s} {'hybrid':>8s} {'diff':>8s} {'p':>6s}")
     for name, r in rows.items():
         d, h = r["dense"], r["hybrid"]
-        print(f"{name:30s} {d['ndcg@10']:8.4f} {d['diff']:+8.4f} {d['p_rand']:6.3f} "
+        print(f"{name:50s} {d['ndcg@10']:8.4f} {d['diff']:+8.4f} {d['p_rand']:6.3f} "
               f"{h['ndcg@10']:8.4f} {h['diff']:+8.4f} {h['p_rand']:6.3f}")
     print("ranking noise on retr's sample:", {k: round(v, 4) for k, v in noise.items()})
     out.write_text(json.dumps({"model": args.model, "dataset": args.dataset, "configs": chosen, "results": rows,

@@ -24,7 +24,6 @@ from retr.retrieval.backends.registry import (
     BACKENDS,
     DEFAULT_BACKEND,
     base_of,
-    default_query_backend,
     get_backend,
 )
 from retr.retrieval.errors import RetrError
@@ -47,8 +46,9 @@ class EncoderConfig:
     device: str = "cpu"
     backend: str = DEFAULT_BACKEND  # a name in retr.retrieval.backends.registry.BACKENDS
     calibration_min_docs: int = 1000  # calibrated backends: smaller corpora are encoded by the base graph
-    # queries: None = the default rule (``default_query_backend``); a short query is bound by streaming the weights
-    # from memory, so int8 weights (4x fewer bytes) encode it ~2x faster than bf16/fp32 graphs
+    # queries: None = the documents' backend (its base graph, bf16 where native, when it is calibrated: queries
+    # then lose nothing to int8, and share the documents' compiled graph). onnx-int8 encodes a lone query faster
+    # (4.1 against 6.8 ms for MiniLM) but adds the most ranking noise of any graph (README, "int8 and its check")
     query_backend: str | None = None
     # text put before every query / document; None: the model's own (sentence-transformers' ``prompts``)
     query_prompt: str | None = None
@@ -61,7 +61,7 @@ class EncoderConfig:
 
     @property
     def resolved_query_backend(self) -> str:
-        return self.query_backend or default_query_backend(self.backend)
+        return self.query_backend or self.backend
 
 
 @dataclass(frozen=True)
@@ -317,7 +317,7 @@ class BiEncoder:
         if self.graph is None or wanted in (self.graph.variant, "torch"):
             return self.graph
         try:
-            # one thread: a short query gains nothing from a second (measured: 4.56 ms with one, 4.85 with two),
+            # one thread: a short query gains nothing from a second (onnx-int8: 4.56 ms with one, 4.85 with two),
             # and concurrent queries (a server's) then run side by side on the cores: 480 against 294 queries/s
             return self._open(wanted, threads=QUERY_THREADS) or self.graph
         except RetrError as e:  # e.g. int8 too far from torch for this model: queries take the document graph

@@ -14,6 +14,8 @@ from retr.retrieval.backends.graphs import load_or_export
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 
+DEFAULT = registry.DEFAULT_BACKEND
+
 
 def _patch_backend(monkeypatch, name: str, **changes) -> None:
     """Replace one registry entry for the test (the registry is immutable: a new mapping)."""
@@ -163,23 +165,37 @@ def test_fast_pair_tokenizer_equals_transformers_truncation():
     assert max(map(len, ids)) == 24  # the long pair was truncated
 
 
-def test_queries_take_the_int8_graph_beside_openvino_and_agree_with_documents(tiny_bi_encoder, tmp_path):
+def test_queries_share_the_document_graph_unless_another_query_backend_is_chosen(tiny_bi_encoder, tmp_path):
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
     docs = enc.encode(TEXTS)
-    q = enc.encode_queries(TEXTS)
-    info = enc.describe_queries()
+    np.testing.assert_array_equal(enc.encode_queries(TEXTS), docs)  # the default: one graph, one compiled model
+    assert enc.query_graph is enc.graph and enc.describe_queries()["backend"] == "openvino"
+    int8 = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino", query_backend="onnx-int8"))
+    q = int8.encode_queries(TEXTS)
+    info = int8.describe_queries()
     assert info["backend"] == "onnx-int8" and info["precision"] == "int8"
     assert info["check_cosine"] >= 0.985
     assert (q * docs).sum(1).min() >= 0.98  # int8 queries against bf16/fp32 documents: the same space
     assert not np.array_equal(q, docs)  # really another graph
     for i, t in enumerate(TEXTS):  # a query's vector does not depend on the queries encoded with it
-        np.testing.assert_array_equal(enc.encode_query(t)[0], q[i])
-        np.testing.assert_array_equal(enc.encode_queries([TEXTS[0], t])[1], q[i])
+        np.testing.assert_array_equal(int8.encode_query(t)[0], q[i])
+        np.testing.assert_array_equal(int8.encode_queries([TEXTS[0], t])[1], q[i])
     names = sorted(f.name.split("-", 1)[1] for f in (tmp_path / "retr-cache" / "onnx").iterdir())
     assert names == ["onnx-int8", "openvino"]
-    same = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino", query_backend="openvino"))
-    np.testing.assert_allclose(same.encode_queries(TEXTS), same.encode(TEXTS), atol=1e-6)
-    assert same.describe_queries()["backend"] == "openvino"
+
+
+def test_concurrent_single_calls_run_on_their_own_requests_and_agree(tiny_bi_encoder):
+    from concurrent.futures import ThreadPoolExecutor
+
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
+    runner = enc.graph.runner
+    alone = [enc.encode_query(t) for t in TEXTS * 4]
+    with ThreadPoolExecutor(4) as pool:  # more callers than streams: they wait for a request, never share one
+        together = list(pool.map(enc.encode_query, TEXTS * 4))
+    for a, b in zip(alone, together, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert 1 <= runner._made <= runner.parallel  # never more requests than streams
+    np.testing.assert_allclose(np.vstack(alone[:len(TEXTS)]), enc.encode(TEXTS), atol=1e-6)  # batches: same graph
 
 
 def test_a_refused_query_graph_falls_back_to_the_document_graph(tiny_bi_encoder, monkeypatch):
@@ -195,11 +211,10 @@ def _int8_folders(tmp_path):
 
 
 def _counting_static_int8(monkeypatch, **changes) -> list:
-    from retr.retrieval.backends.export import quantize_static_int8
-
+    """Count the default backend's calibrations (the default documents' backend is a calibrated one)."""
+    convert = registry.BACKENDS[DEFAULT].convert
     calls = []
-    _patch_backend(monkeypatch, "openvino-int8", convert=lambda *a: calls.append(1) or quantize_static_int8(*a),
-                   **changes)
+    _patch_backend(monkeypatch, DEFAULT, convert=lambda *a: calls.append(1) or convert(*a), **changes)
     return calls
 
 
@@ -211,13 +226,13 @@ def test_corpora_go_through_one_static_int8_graph_calibrated_once_per_model(tiny
     words = " ".join(TEXTS).split()
     corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 11)) for i in range(40)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))  # default backend
-    assert enc.backend == "openvino-int8" and enc.describe()["backend"] == "openvino-int8"
+    assert enc.backend == DEFAULT and enc.describe()["backend"] == DEFAULT
     small = enc.encode_corpus(corpus[:10])  # under calibration_min_docs: the openvino graph, as encode()
     assert small.graph["backend"] == "openvino" and calls == []
     np.testing.assert_array_equal(small.embeddings, enc.encode(corpus[:10]))
     encoded = enc.encode_corpus(corpus)
     emb, info = encoded.embeddings, encoded.graph
-    assert info["backend"] == "openvino-int8" and info["precision"].startswith("int8+")
+    assert info["backend"] == DEFAULT and info["precision"].startswith("int8+")
     assert info["check_cosine"] >= 0.98 and calls == [1]
     plain = enc.encode(corpus)  # any other text: the openvino graph
     cos = (emb * plain).sum(1)
@@ -232,8 +247,9 @@ def test_corpora_go_through_one_static_int8_graph_calibrated_once_per_model(tiny
     assert again.calibration == enc.calibration
     np.testing.assert_array_equal(again.encode_corpus(corpus).embeddings, emb)  # the cached graph, the same vectors
     assert again.encode_corpus(other).graph == info and calls == [1] and len(_int8_folders(tmp_path)) == 1
-    q = again.encode_queries(corpus[:3])  # queries never take the calibrated graph
-    assert again.describe_queries()["backend"] == "onnx-int8" and (q * emb[:3]).sum(1).min() >= 0.95
+    q = again.encode_queries(corpus[:3])  # queries never take the calibrated graph: the base one, as encode()
+    assert again.describe_queries()["backend"] == "openvino" and (q * emb[:3]).sum(1).min() >= 0.95
+    np.testing.assert_array_equal(q, again.encode(corpus[:3]))
     prompted = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), doc_prompt="passage: "))
     assert prompted.calibration.digest != enc.calibration.digest  # the graph sees what the documents will look like
 
@@ -269,7 +285,7 @@ def test_int8_that_adds_ranking_noise_is_refused_until_the_bar_changes(tiny_bi_e
     assert meta["limits"] == {"floor": 0.98, "max_rank_noise": 0.0}
     calls2 = _counting_static_int8(monkeypatch, max_rank_noise=1.0)  # another bar: judged again, and kept
     fresh = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
-    assert fresh.encode_corpus(corpus).graph["backend"] == "openvino-int8" and len(calls2) == 1
+    assert fresh.encode_corpus(corpus).graph["backend"] == DEFAULT and len(calls2) == 1
     assert json.loads((int8 / "manifest.json").read_text())["rank_noise"] == pytest.approx(meta["rank_noise"],
                                                                                          rel=1e-4)
 
@@ -281,7 +297,7 @@ def test_documents_added_after_the_int8_graph_was_refused_take_the_base_graph(ti
     corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     recorded = enc.encode_corpus(corpus).graph  # what an index's manifest records
-    assert recorded["backend"] == "openvino-int8"
+    assert recorded["backend"] == DEFAULT
     np.testing.assert_array_equal(enc.encode_like(corpus[:3], recorded),
                                   enc.encode_corpus(corpus).embeddings[:3])  # the very graph, while it is cached
     (int8,) = _int8_folders(tmp_path)
