@@ -49,50 +49,71 @@ def graph_noise(model: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import numpy as np
     from proc import run_measured
 
     from retr.eval.stats import paired_t_test, randomization_test
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--dataset", default=str(Path(__file__).resolve().parents[2] / "shared/datasets/scifact"))
+    ap.add_argument("--dataset", default=str(Path(__file__).resolve().parents[2] / "shared/datasets/scifact"),
+                    help="one dataset, or several (comma-separated): then also their queries pooled")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     out = Path(args.out or Path(__file__).parent / "results" / f"int8-quality-{Path(args.model).name}.json")
     print("command:", " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="retr-int8-"))
-    reports = {}
+    reports = {}  # configuration -> dataset -> report
     chosen = configs()
     for name, (docs, queries) in chosen.items():
         path = tmp / f"{len(reports)}.json"
         run_measured("retr", ["eval", "--dataset", args.dataset, "--no-download", "--model", args.model,
                               "--pipelines", "dense,hybrid", "--backend", docs, "--query-backend", queries,
                               "--out", str(path)], path.with_suffix(".log"))
-        reports[name] = json.loads(path.read_text())
+        got = json.loads(path.read_text())
+        reports[name] = {r["dataset"]["name"]: r for r in got.get("reports", [got])}
         print(f"{name}: done", flush=True)
     ref = reports["bf16"]
-    rows = {}
-    for name, rep in reports.items():
-        rows[name] = {"corpus_encoder": rep["environment"]["corpus_encoder"],
-                      "query_encoder": rep["environment"]["query_encoder"]}
+    names = list(ref)
+    rows: dict = {}
+    for name, by_dataset in reports.items():
+        rows[name] = {"corpus_encoder": by_dataset[names[0]]["environment"]["corpus_encoder"],
+                      "query_encoder": by_dataset[names[0]]["environment"]["query_encoder"]}
         for pipe in ("dense", "hybrid"):
-            qids = sorted(ref["pipelines"][pipe]["per_query"])
-            a = [ref["pipelines"][pipe]["per_query"][q]["NDCG@10"] for q in qids]
-            b = [rep["pipelines"][pipe]["per_query"][q]["NDCG@10"] for q in qids]
-            rows[name][pipe] = {"ndcg@10": float(np.mean(b)), "diff": float(np.mean(b) - np.mean(a)),
-                                "p_t": paired_t_test(a, b)[1], "p_rand": randomization_test(a, b)}
+            pooled_a, pooled_b = [], []
+            for ds in names:
+                per_ref, per = ref[ds]["pipelines"][pipe]["per_query"], by_dataset[ds]["pipelines"][pipe]["per_query"]
+                qids = sorted(per_ref)
+                a = [per_ref[q]["NDCG@10"] for q in qids]
+                b = [per[q]["NDCG@10"] for q in qids]
+                rows[name].setdefault(ds, {})[pipe] = _compare(a, b, paired_t_test, randomization_test)
+                pooled_a += a
+                pooled_b += b
+            if len(names) > 1:
+                rows[name].setdefault("pooled", {})[pipe] = _compare(pooled_a, pooled_b, paired_t_test,
+                                                                     randomization_test)
     noise = graph_noise(args.model)
-    print(f"\n{'configuration':50s} {'dense':>8s} {'diff':>8s} {'p':>6s} {'hybrid':>8s} {'diff':>8s} {'p':>6s}")
-    for name, r in rows.items():
-        d, h = r["dense"], r["hybrid"]
-        print(f"{name:50s} {d['ndcg@10']:8.4f} {d['diff']:+8.4f} {d['p_rand']:6.3f} "
-              f"{h['ndcg@10']:8.4f} {h['diff']:+8.4f} {h['p_rand']:6.3f}")
+    for part in names + (["pooled"] if len(names) > 1 else []):
+        n = sum(len(ref[ds]["pipelines"]["dense"]["per_query"]) for ds in (names if part == "pooled" else [part]))
+        print(f"\n{part} ({n} queries) {'':30s} {'dense':>8s} {'diff':>8s} {'p':>6s} {'hybrid':>8s} {'diff':>8s} "
+              f"{'p':>6s}")
+        for name, r in rows.items():
+            d, h = r[part]["dense"], r[part]["hybrid"]
+            print(f"{name:50s} {d['ndcg@10']:8.4f} {d['diff']:+8.4f} {d['p_rand']:6.3f} "
+                  f"{h['ndcg@10']:8.4f} {h['diff']:+8.4f} {h['p_rand']:6.3f}")
     print("ranking noise on retr's sample:", {k: round(v, 4) for k, v in noise.items()})
     out.write_text(json.dumps({"model": args.model, "dataset": args.dataset, "configs": chosen, "results": rows,
                                "rank_noise": noise}, indent=2) + "\n")
     print(f"results written to {out}")
     return 0
+
+
+def _compare(a: list[float], b: list[float], t_test, rand_test) -> dict:
+    """``b`` against the reference ``a`` (per-query nDCG@10): means, the difference, its standard error and p."""
+    import numpy as np
+
+    d = np.asarray(b) - np.asarray(a)
+    return {"queries": len(a), "ndcg@10": float(np.mean(b)), "diff": float(d.mean()),
+            "stderr": float(d.std(ddof=1) / np.sqrt(len(d))), "p_t": t_test(a, b)[1], "p_rand": rand_test(a, b)}
 
 
 if __name__ == "__main__":
