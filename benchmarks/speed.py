@@ -102,8 +102,9 @@ def section_encoding(ds, n_docs: int, quality: bool, backends: tuple[str, ...]) 
     return {k: {kk: vv for kk, vv in v.items() if kk != "emb"} for k, v in out.items()}
 
 
-def child_retr_queries(dataset: str, n_queries: str) -> dict:
-    """Section 2's retr side, in its own process as `retr search` runs (no torch imported)."""
+def child_retr_queries(dataset: str, n_queries: str, query_backend: str = "") -> dict:
+    """Section 2's retr side, in its own process as `retr search` runs (no torch imported); ``query_backend``:
+    '' for the default."""
     import faiss
 
     from retr.eval.data import load_dataset
@@ -113,7 +114,7 @@ def child_retr_queries(dataset: str, n_queries: str) -> dict:
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     ds = load_dataset(dataset, "test", download=False)
-    enc = BiEncoder(EncoderConfig())
+    enc = BiEncoder(EncoderConfig(query_backend=query_backend or None))
     emb, _ = corpus_embeddings(enc, ds.corpus)
     index = faiss.IndexFlatIP(emb.shape[1])
     index.add(np.ascontiguousarray(emb))
@@ -146,8 +147,7 @@ def section_query_latency(ds, n_queries: int) -> dict:
 
     enc = BiEncoder(EncoderConfig())
     emb, _ = corpus_embeddings(enc, ds.corpus)  # cached here for the child process too
-    child = _child("retr_queries", str(ds.path), str(n_queries))
-    ours = child["samples"]
+    children = [_child("retr_queries", str(ds.path), str(n_queries), qb) for qb in ("", "onnx-int8")]
     index = faiss.IndexFlatIP(emb.shape[1])
     index.add(np.ascontiguousarray(emb))
     queries = list(ds.queries.items())[:n_queries]
@@ -160,13 +160,19 @@ def section_query_latency(ds, n_queries: int) -> dict:
         v = st.encode([text], normalize_embeddings=True, convert_to_numpy=True)
         index.search(v, 10)
         peer.append(time.perf_counter() - t0)
-    ours_name = f"retr (queries: {child['queries_by']}, own process) + faiss flat"
-    res = {"sentence-transformers + faiss flat": _pct(peer), ours_name: _pct([s["total"] for s in ours]),
-           "retr encode": _pct([s["encode"] for s in ours]), "retr ann": _pct([s["ann"] for s in ours])}
+    res = {"sentence-transformers + faiss flat": _pct(peer)}
+    for i, child in enumerate(children):
+        name = f"retr (queries: {child['queries_by']}{'' if i else ', default'}, own process) + faiss flat"
+        res[name] = _pct([s["total"] for s in child["samples"]])
+        res[f"  encode ({child['queries_by']})"] = _pct([s["encode"] for s in child["samples"]])
+        res[f"  search ({child['queries_by']})"] = _pct([s["ann"] for s in child["samples"]])
     rows = [[k, v["p50"], v["p95"]] for k, v in res.items()]
     print(_table(f"2. single-query first stage, {len(queries)} SciFact queries, k=10, warm",
                  ["path", "p50 ms", "p95 ms"], rows))
-    print(f"   ratio retr/peer p50: {res[ours_name]['p50'] / res['sentence-transformers + faiss flat']['p50']:.2f}\n")
+    peer_p50 = res["sentence-transformers + faiss flat"]["p50"]
+    for name in (k for k in res if k.startswith("retr")):
+        print(f"   ratio {name} / peer p50: {res[name]['p50'] / peer_p50:.2f}")
+    print()
     return res
 
 

@@ -23,6 +23,11 @@ def _add_common(t, cfg, base_help: str) -> None:
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint of --out")
 
 
+def _add_precision(t, cfg) -> None:
+    t.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=cfg.precision,
+                   help="training arithmetic (auto: bf16 autocast where the CPU has native bf16)")
+
+
 def _common(args) -> dict:
     return dict(base=args.base, epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
                 max_length=args.max_length, seed=args.seed, max_steps=args.max_steps)
@@ -45,6 +50,7 @@ def add_parser(sub) -> None:
                    help="BM25 hard negatives per pair (0: in-batch only)")
     t.add_argument("--dev-fraction", type=float, default=bi.dev_fraction,
                    help="training queries held out to pick the epoch")
+    _add_precision(t, bi)
     _add_common(t, bi, "BERT or sentence-transformers folder (default: bundled MiniLM)")
     t.set_defaults(run=run_bi_encoder)
 
@@ -69,8 +75,7 @@ def add_parser(sub) -> None:
                    help="other lists' documents per list")
     t.add_argument("--dev-fraction", type=float, default=ce.dev_fraction,
                    help="training queries held out (same split as the bi-encoder trainer with the same seed)")
-    t.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=ce.precision,
-                   help="training arithmetic (auto: bf16 autocast where the CPU has native bf16)")
+    _add_precision(t, ce)
     _add_common(t, ce, "BERT folder (default: the bundled MiniLM + a new head)")
     t.set_defaults(run=run_cross_encoder)
 
@@ -115,7 +120,7 @@ def run_bi_encoder(args: argparse.Namespace) -> int:
         raise RetrError("use --corpus with --self-supervised, or --dataset for labeled training")
     cfg = BiEncoderTrainConfig(**_common(args), mini_batch_size=args.mini_batch_size,
                                num_negatives=args.num_negatives, dev_fraction=args.dev_fraction,
-                               self_supervised=args.self_supervised)
+                               self_supervised=args.self_supervised, precision=args.precision)
     if args.dataset:
         m = train_bi_encoder(Path(args.out), cfg, dataset=load_dataset(args.dataset, args.split), resume=args.resume)
     else:

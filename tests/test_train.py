@@ -8,6 +8,7 @@ import pytest
 
 from retr.eval.data import load_dataset
 from retr.retrieval.errors import RetrError
+from retr.train import common
 from retr.train.bi_encoder import BiEncoderTrainConfig, train_bi_encoder
 from retr.train.data import self_supervised_pairs, split_dev
 
@@ -71,6 +72,7 @@ def test_tiny_training_run_learns_and_writes_a_loadable_folder(tiny_train, tiny_
     assert len(m["dev_ndcg@10_per_epoch"]) == 4 and m["dev_ndcg@10"] == max(m["dev_ndcg@10_per_epoch"])
     manifest = json.loads((out / "retr_manifest.json").read_text())
     assert manifest["config"]["seed"] == 0 and manifest["data_sha256"] == m["data_sha256"]
+    assert manifest["precision"] == common.resolve_precision("auto")  # bf16 autocast where the CPU has it
     assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin")) and not list(out.glob("*.pkl"))
     model = SentenceTransformer(str(out), device="cpu")
     assert model.encode(["solar"]).shape == (1, 32)
@@ -114,7 +116,6 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
 
 
 def test_training_precision_resolves_auto_from_the_cpu(monkeypatch):
-    import retr.train.common as common
 
     monkeypatch.setattr(common, "cpu_has_bf16", lambda: True)
     assert common.resolve_precision("auto") == "bf16" and common.resolve_precision("fp32") == "fp32"

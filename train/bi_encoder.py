@@ -18,7 +18,14 @@ from retr.eval.data import Dataset
 from retr.indexes.corpus import Corpus
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Qrels
-from retr.train.common import TrainConfig, dev_evaluator, run_trainer, trainer_kwargs, write_output
+from retr.train.common import (
+    TrainConfig,
+    dev_evaluator,
+    resolve_precision,
+    run_trainer,
+    trainer_kwargs,
+    write_output,
+)
 from retr.train.data import labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
 from retr.train.negatives import mine_bm25_negatives, temporary_bm25
 
@@ -36,18 +43,21 @@ class BiEncoderTrainConfig(TrainConfig):
     dev_fraction: float = 0.1
     dev_candidates: int = 10  # BM25 candidates per dev query (plus its positives) for dev nDCG@10
     self_supervised: bool = False
+    precision: str = "auto"  # bf16 autocast where the CPU has native bf16, else fp32 (README, Training)
 
 
-def load_st_model(base: str | None, max_length: int):
-    """A SentenceTransformer from ``base``; a raw BERT gets mean pooling and normalisation."""
+def load_st_model(base: str | None, max_length: int, precision: str = "fp32"):
+    """A SentenceTransformer from ``base``; a raw BERT gets mean pooling and normalisation. For bf16 training,
+    eager attention: with padding masks under bf16 autocast, torch's CPU SDPA takes a slower path."""
     from sentence_transformers import SentenceTransformer
 
     from retr.retrieval.models import ModelRef
 
     path = ModelRef.resolve(base).path
     source = str(path)
+    model_kwargs = {"attn_implementation": "eager"} if precision == "bf16" else None
     if (path / "modules.json").is_file():
-        model = SentenceTransformer(source, device="cpu")
+        model = SentenceTransformer(source, device="cpu", model_kwargs=model_kwargs)
     else:
         try:
             from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
@@ -55,7 +65,7 @@ def load_st_model(base: str | None, max_length: int):
             from sentence_transformers.models import Normalize, Pooling, Transformer
         if not (path / "config.json").is_file():
             raise RetrError(f"{path}: not a BERT or sentence-transformers folder (no config.json)")
-        word = Transformer(source, max_seq_length=max_length)
+        word = Transformer(source, max_seq_length=max_length, model_kwargs=model_kwargs)
         dim = word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension") \
             else word.get_word_embedding_dimension()
         model = SentenceTransformer(modules=[word, Pooling(dim, "mean"), Normalize()], device="cpu")
@@ -121,15 +131,17 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
         columns[f"negative_{j + 1}"] = [doc_text[n[j]] for n in negatives]
     train_ds = HFDataset.from_dict(columns)
 
-    model = load_st_model(cfg.base, cfg.max_length)
+    precision = resolve_precision(cfg.precision)
+    model = load_st_model(cfg.base, cfg.max_length, precision)
 
     def score_all(model):
         qids = list(dev_queries)
         docs = sorted({d for q in qids for d in candidates[q]})
         pos = {d: i for i, d in enumerate(docs)}
-        q_emb = model.encode([dev_queries[q] for q in qids], convert_to_numpy=True, normalize_embeddings=True)
-        d_emb = model.encode([doc_text_pos[d] for d in docs], convert_to_numpy=True, normalize_embeddings=True,
-                             batch_size=32)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):  # as the steps run
+            q_emb = model.encode([dev_queries[q] for q in qids], convert_to_numpy=True, normalize_embeddings=True)
+            d_emb = model.encode([doc_text_pos[d] for d in docs], convert_to_numpy=True,
+                                 normalize_embeddings=True, batch_size=32)
         return {q: {d: float(d_emb[pos[d]] @ q_emb[i]) for d in candidates[q]} for i, q in enumerate(qids)}
 
     evaluator = dev_evaluator(score_all, dev_qrels)
@@ -138,7 +150,8 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
         loss = CachedMultipleNegativesRankingLoss(model, scale=cfg.scale, mini_batch_size=cfg.mini_batch_size)
     else:  # the whole batch fits: the same loss and gradients without the extra forward pass
         loss = MultipleNegativesRankingLoss(model, scale=cfg.scale)
-    args = SentenceTransformerTrainingArguments(**trainer_kwargs(out, cfg, len(train_pairs)))
+    args = SentenceTransformerTrainingArguments(**trainer_kwargs(out, cfg, len(train_pairs)),
+                                                bf16=precision == "bf16")
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_ds, loss=loss,
                                          evaluator=evaluator, callbacks=callbacks)
     result = run_trainer(trainer, out, resume)
@@ -146,7 +159,7 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     extra = {
         "base": cfg.base_name, "train_pairs": len(train_pairs), "dev_queries": len(dev_queries),
         "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
-        "dev_ndcg@10_before": base_dev, **result, "train_seconds": seconds,
+        "dev_ndcg@10_before": base_dev, "precision": precision, **result, "train_seconds": seconds,
         "wall_seconds_per_epoch": seconds / max(1, cfg.epochs),
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-bi-encoder", cfg, extra)
