@@ -73,6 +73,7 @@ def test_tiny_training_run_learns_and_writes_a_loadable_folder(tiny_train, tiny_
     manifest = json.loads((out / "retr_manifest.json").read_text())
     assert manifest["config"]["seed"] == 0 and manifest["data_sha256"] == m["data_sha256"]
     assert manifest["precision"] == common.resolve_precision("auto")  # bf16 autocast where the CPU has it
+    assert manifest["trainer_seconds"] > manifest["eval_seconds"] > 0  # the steps' time is told apart
     assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin")) and not list(out.glob("*.pkl"))
     model = SentenceTransformer(str(out), device="cpu")
     assert model.encode(["solar"]).shape == (1, 32)

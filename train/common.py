@@ -124,9 +124,12 @@ def run_trainer(trainer, out: Path, resume: bool, eval_key: str = "eval_dev_ndcg
     resume_from = last_checkpoint(out) if resume else None
     if resume and resume_from is None:
         logger.warning("--resume: no checkpoint under %s, starting from scratch", checkpoint_dir(out))
-    trainer.train(resume_from_checkpoint=resume_from)
+    output = trainer.train(resume_from_checkpoint=resume_from)
     history = trainer.state.log_history
     dev = [h[eval_key] for h in history if eval_key in h]
+    evals = [h[k] for h in history for k in h if k.endswith("_runtime") and k.startswith("eval")]
     return {f"{name}_per_epoch": dev, name: best(dev) if dev else None,
             "loss_history": [h["loss"] for h in history if "loss" in h], "resumed_from": resume_from,
-            "steps": trainer.state.global_step}
+            "steps": trainer.state.global_step,
+            # the trainer's own clock: steps and its evaluations; the steps alone without them
+            "trainer_seconds": output.metrics.get("train_runtime"), "eval_seconds": sum(evals)}
