@@ -5,9 +5,9 @@
 
 Five `retr eval --pipelines dense,hybrid` runs of the same model, each in its own process: documents and queries
 in bf16 (`--backend openvino --query-backend openvino`, the reference), the defaults (documents through the
-model's feed-forward static int8 graph, queries in bf16), full static int8 documents, the defaults with the
-dynamic int8 ONNX query graph, and both int8 (full static documents, dynamic int8 queries: the defaults before
-2026-12-04). For each: nDCG@10, its difference to bf16 with the paired t-test and randomization p over the
+model's static int8 graph, queries in bf16), feed-forward-only static int8 documents with bf16 queries, and each
+of the two int8 document graphs with the dynamic int8 ONNX query graph (full static int8 documents with int8
+queries: the defaults before 2026-12-04). For each: nDCG@10, its difference to bf16 with the paired t-test and randomization p over the
 queries, and the ranking noise each graph adds on retr's fixed sample (the figure retr's check refuses a graph
 on).
 """
@@ -23,14 +23,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def configs() -> dict[str, tuple[str, str]]:
-    """name: (document backend, query backend)."""
-    from retr.retrieval.backends.registry import DEFAULT_BACKEND
+    """name: (document backend, query backend); the defaults are named so."""
+    from retr.retrieval.backends.registry import DEFAULT_BACKEND, base_of
 
-    return {"bf16": ("openvino", "openvino"),
-            f"defaults ({DEFAULT_BACKEND} documents, bf16 queries)": (DEFAULT_BACKEND, DEFAULT_BACKEND),
-            "openvino-int8 documents, bf16 queries": ("openvino-int8", "openvino-int8"),
-            f"{DEFAULT_BACKEND} documents, onnx-int8 queries": (DEFAULT_BACKEND, "onnx-int8"),
-            "openvino-int8 documents, onnx-int8 queries": ("openvino-int8", "onnx-int8")}
+    pairs = [("openvino", "openvino"), ("openvino-int8", "openvino-int8"), ("openvino-int8-ffn", "openvino-int8-ffn"),
+             ("openvino-int8-ffn", "onnx-int8"), ("openvino-int8", "onnx-int8")]
+    out = {}
+    for docs, queries in pairs:
+        name = f"{docs} documents, {'bf16' if base_of(queries).name == 'openvino' else queries} queries"
+        if (docs, queries) == ("openvino", "openvino"):
+            name = "bf16"
+        elif (docs, queries) == (DEFAULT_BACKEND, DEFAULT_BACKEND):
+            name = f"defaults ({name})"
+        out[name] = (docs, queries)
+    return out
 
 
 def graph_noise(model: str) -> dict:

@@ -166,7 +166,7 @@ def test_cli_choices_and_defaults_come_from_the_configs():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices
     index_opts = {a.dest: a for a in sub["index"]._actions}
-    assert tuple(index_opts["backend"].choices) == tuple(BACKENDS) and index_opts["backend"].default == "openvino-int8-ffn"
+    assert tuple(index_opts["backend"].choices) == tuple(BACKENDS) and index_opts["backend"].default == "openvino-int8"
     assert tuple(index_opts["kind"].choices) == KINDS
     assert index_opts["ef_search"].default == DenseIndexConfig().ef_search
     search_opts = {a.dest: a for a in sub["search"]._actions}
