@@ -71,7 +71,7 @@ def add_backend_arg(p: argparse.ArgumentParser) -> None:
 def add_query_backend_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--query-backend", choices=choices(), default=None,
                    help="query encoding (default: --backend, in its base precision where it is calibrated; "
-                        "onnx-int8 encodes a lone query ~40%% faster at some cost in quality)")
+                        "onnx-int8 encodes a lone query ~2x faster at some cost in quality)")
 
 
 def add_rerank_args(p: argparse.ArgumentParser) -> None:
