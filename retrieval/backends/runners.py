@@ -107,7 +107,7 @@ class OpenVinoRunner:
             pass
         with self._lock:
             make = self._made < self.parallel
-            self._made += make
+            self._made += int(make)
         return self.compiled.create_infer_request() if make else self._idle.get()
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
