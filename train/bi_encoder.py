@@ -21,6 +21,7 @@ from retr.retrieval.types import Qrels
 from retr.train.common import (
     TrainConfig,
     dev_evaluator,
+    model_kwargs,
     resolve_precision,
     run_trainer,
     trainer_kwargs,
@@ -47,17 +48,17 @@ class BiEncoderTrainConfig(TrainConfig):
 
 
 def load_st_model(base: str | None, max_length: int, precision: str = "fp32"):
-    """A SentenceTransformer from ``base``; a raw BERT gets mean pooling and normalisation. For bf16 training,
-    eager attention: with padding masks under bf16 autocast, torch's CPU SDPA takes a slower path."""
+    """A SentenceTransformer from ``base``, loaded for training in ``precision`` (``common.model_kwargs``); a raw
+    BERT gets mean pooling and normalisation."""
     from sentence_transformers import SentenceTransformer
 
     from retr.retrieval.models import ModelRef
 
     path = ModelRef.resolve(base).path
     source = str(path)
-    model_kwargs = {"attn_implementation": "eager"} if precision == "bf16" else None
+    kwargs = model_kwargs(precision)
     if (path / "modules.json").is_file():
-        model = SentenceTransformer(source, device="cpu", model_kwargs=model_kwargs)
+        model = SentenceTransformer(source, device="cpu", model_kwargs=kwargs)
     else:
         try:
             from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
@@ -65,7 +66,7 @@ def load_st_model(base: str | None, max_length: int, precision: str = "fp32"):
             from sentence_transformers.models import Normalize, Pooling, Transformer
         if not (path / "config.json").is_file():
             raise RetrError(f"{path}: not a BERT or sentence-transformers folder (no config.json)")
-        word = Transformer(source, max_seq_length=max_length, model_kwargs=model_kwargs)
+        word = Transformer(source, max_seq_length=max_length, model_kwargs=kwargs)
         dim = word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension") \
             else word.get_word_embedding_dimension()
         model = SentenceTransformer(modules=[word, Pooling(dim, "mean"), Normalize()], device="cpu")

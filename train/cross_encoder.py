@@ -24,6 +24,7 @@ from retr.train.common import (
     TrainConfig,
     dev_evaluator,
     dev_ndcg,
+    model_kwargs,
     resolve_precision,
     run_trainer,
     trainer_kwargs,
@@ -127,9 +128,8 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
 
     precision = resolve_precision(cfg.precision)
     base_path = ModelRef.resolve(cfg.base).path
-    # eager attention: with padding masks under bf16 autocast, torch's CPU SDPA takes a slower path (~20% a step)
-    model = CrossEncoder(str(base_path), num_labels=1, max_length=cfg.max_length,
-                         device="cpu", model_kwargs={"attn_implementation": "eager"} if precision == "bf16" else None)
+    model = CrossEncoder(str(base_path), num_labels=1, max_length=cfg.max_length, device="cpu",
+                         model_kwargs=model_kwargs(precision))
 
     def score_all(model):
         scores = {}
