@@ -7,9 +7,9 @@ Five `retr eval --pipelines dense,hybrid` runs of the same model, each in its ow
 in bf16 (`--backend openvino --query-backend openvino`, the reference), the defaults (documents through the
 model's static int8 graph, queries in bf16), feed-forward-only static int8 documents with bf16 queries, and each
 of the two int8 document graphs with the dynamic int8 ONNX query graph (full static int8 documents with int8
-queries: the defaults before 2026-12-04). For each: nDCG@10, its difference to bf16 with the paired t-test and randomization p over the
-queries, and the ranking noise each graph adds on retr's fixed sample (the figure retr's check refuses a graph
-on).
+queries: the defaults before 2026-12-04). For each: nDCG@10, its difference to bf16 with its standard error, the
+paired t-test and randomization p over the queries (per dataset, and pooled over several), and the ranking noise
+each graph adds on retr's fixed sample (the figure retr's check refuses a graph on).
 """
 
 from __future__ import annotations
@@ -57,8 +57,6 @@ def graph_noise(model: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from proc import run_measured
 
-    from retr.eval.stats import paired_t_test, randomization_test
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--dataset", default=str(Path(__file__).resolve().parents[2] / "shared/datasets/scifact"),
@@ -91,12 +89,11 @@ def main(argv: list[str] | None = None) -> int:
                 qids = sorted(per_ref)
                 a = [per_ref[q]["NDCG@10"] for q in qids]
                 b = [per[q]["NDCG@10"] for q in qids]
-                rows[name].setdefault(ds, {})[pipe] = _compare(a, b, paired_t_test, randomization_test)
+                rows[name].setdefault(ds, {})[pipe] = _compare(a, b)
                 pooled_a += a
                 pooled_b += b
             if len(names) > 1:
-                rows[name].setdefault("pooled", {})[pipe] = _compare(pooled_a, pooled_b, paired_t_test,
-                                                                     randomization_test)
+                rows[name].setdefault("pooled", {})[pipe] = _compare(pooled_a, pooled_b)
     noise = graph_noise(args.model)
     for part in names + (["pooled"] if len(names) > 1 else []):
         n = sum(len(ref[ds]["pipelines"]["dense"]["per_query"]) for ds in (names if part == "pooled" else [part]))
@@ -113,13 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _compare(a: list[float], b: list[float], t_test, rand_test) -> dict:
+def _compare(a: list[float], b: list[float]) -> dict:
     """``b`` against the reference ``a`` (per-query nDCG@10): means, the difference, its standard error and p."""
     import numpy as np
 
+    from retr.eval.stats import paired_t_test, randomization_test
+
     d = np.asarray(b) - np.asarray(a)
     return {"queries": len(a), "ndcg@10": float(np.mean(b)), "diff": float(d.mean()),
-            "stderr": float(d.std(ddof=1) / np.sqrt(len(d))), "p_t": t_test(a, b)[1], "p_rand": rand_test(a, b)}
+            "stderr": float(d.std(ddof=1) / np.sqrt(len(d))), "p_t": paired_t_test(a, b)[1], "p_rand": randomization_test(a, b)}
 
 
 if __name__ == "__main__":

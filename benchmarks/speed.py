@@ -343,18 +343,21 @@ def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool, back
 
     # the graphs a first run would have exported and calibrated, made now
     enc = BiEncoder(EncoderConfig(**({"backend": backend} if backend else {})))
-    chosen = ["--backend", backend] if backend else []
     graphs = {"documents": (enc.calibrated_graph or enc.graph).info(), "queries": enc.describe_queries()}
     tmp = Path(tempfile.mkdtemp(prefix="retr-first-run-"))
     corpus = new_corpus(dataset, n_docs, tmp / "corpus.jsonl")
+
+    def index_args(out: Path) -> list[str]:
+        return ["index", "--corpus", str(corpus), "--out", str(out), *(["--backend", backend] if backend else [])]
+
     cache = tmp / "cache"
     cache.mkdir()
     (cache / "onnx").symlink_to(cache_home() / "onnx")
     runs: dict[str, list] = {"retr": [], "st": []}
     for r in range(repeats):  # alternating, so that drift on a shared machine hits both alike
         shutil.rmtree(cache / "embeddings", ignore_errors=True)
-        runs["retr"].append(run_measured("retr", ["index", "--corpus", str(corpus), "--out", str(tmp / f"idx-{r}"),
-                                                  *chosen], tmp / f"retr-{r}.log", env={"RETR_CACHE": str(cache)}))
+        runs["retr"].append(run_measured("retr", index_args(tmp / f"idx-{r}"), tmp / f"retr-{r}.log",
+                                         env={"RETR_CACHE": str(cache)}))
         runs["st"].append(run_measured(str(Path(__file__).with_name("st_index.py")),
                                        [str(corpus), str(tmp / f"st-{r}.faiss")], tmp / f"st-{r}.log"))
     manifest = json.loads((tmp / "idx-0" / "manifest.json").read_text())
@@ -367,8 +370,7 @@ def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool, back
     rows = [[f"retr index ({backend or 'default backends'})", med["retr"]["seconds"], med["retr"]["peak_rss_mb"]],
             ["sentence-transformers fp32 + FAISS flat", med["st"]["seconds"], med["st"]["peak_rss_mb"]]]
     if fresh:  # on an empty cache, as on a fresh machine: the model's graphs exported and calibrated in the run
-        res["fresh_index"] = run_measured("retr", ["index", "--corpus", str(corpus), "--out", str(tmp / "idx-fresh"),
-                                                   *chosen], tmp / "retr-fresh.log",
+        res["fresh_index"] = run_measured("retr", index_args(tmp / "idx-fresh"), tmp / "retr-fresh.log",
                                           env={"RETR_CACHE": str(tmp / "fresh-index-cache")})
         res["fresh_index_speedup"] = med["st"]["seconds"] / res["fresh_index"]["seconds"]
         rows.append(["retr index, empty cache (export + calibration)", res["fresh_index"]["seconds"],
