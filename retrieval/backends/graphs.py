@@ -144,8 +144,8 @@ _exports: dict[tuple, Path] = {}  # (model hash, graph kind, its exporter) -> th
 
 def _export_fp32(model, model_hash: str, kind: GraphKind, dst: Path) -> None:
     """The model's fp32 ONNX graph at ``dst``: exported once per process and copied for every other backend (a
-    first run converts one export into the base, the int8 and the query graphs instead of exporting three
-    times; a torch export is the slow part)."""
+    first run converts one export into the base and the int8 graphs, and any other backend asked for, instead of
+    exporting once each; a torch export is the slow part)."""
     key = (model_hash, kind.name, kind.export)
     src = _exports.get(key)
     if src is None or not src.is_file():
