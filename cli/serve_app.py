@@ -11,6 +11,7 @@ generation; requests already running finish on the one they started with.
 # no `from __future__ import annotations`: FastAPI reads the endpoint's request model (a class made per app, with
 # this server's bounds) from the evaluated annotation
 import asyncio
+import bisect
 import html
 import json
 import logging
@@ -98,8 +99,7 @@ class Metrics:
     def observe(self, stage: str, seconds: float) -> None:
         with self._lock:
             counts = self.hist[stage]
-            i = next((j for j, b in enumerate(LATENCY_BUCKETS_S) if seconds <= b), len(LATENCY_BUCKETS_S))
-            counts[i] += 1
+            counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
             self.sums[stage] += seconds
 
     def render(self, generation: int) -> str:
@@ -128,6 +128,16 @@ class Metrics:
 
 def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
+
+
+def json_encoder():
+    """``obj -> bytes``: orjson where installed (the ``serve`` extra; ~0.1 ms less per ten hits with their text
+    than the standard library), else ``json`` with the same compact separators."""
+    try:
+        import orjson
+    except ImportError:
+        return lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    return lambda obj: orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def validation_message(errors) -> str:
@@ -200,6 +210,8 @@ class Bounded:
             await self._json(send, 413, f"request body over {self.max_body_bytes} bytes")
             self.metrics.request(path, 413)
             return
+        if length is not None:  # declared and within the bound: the HTTP parser reads no more than it declares
+            return await self._counted(path, scope, receive, send)
         seen = [0]
         refused = [False]  # answered 413 while the app was still reading: whatever it sends after is dropped
 
@@ -231,6 +243,25 @@ class Bounded:
                 await self._json(send, 500, "internal error (logged by the server)")
         self.metrics.request(path, status[0] or 500)
 
+    async def _counted(self, path, scope, receive, send):
+        """The app with only the status counted and errors answered (a body of declared length)."""
+        status = 0
+
+        async def counted_send(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted_send)
+        except Exception:  # noqa: BLE001 - logged; the client gets a JSON error, the server keeps running
+            logger.exception("request %s failed", scope["path"])
+            if not status:
+                status = 500
+                await self._json(send, 500, "internal error (logged by the server)")
+        self.metrics.request(path, status or 500)
+
 
 def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
     from fastapi import FastAPI
@@ -241,6 +272,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
     generations = Generations(Path(folder), cfg)
     pool = ThreadPoolExecutor(cfg.search_threads or default_threads(), thread_name_prefix="retr-search")
     metrics = Metrics()
+    dumps = json_encoder()
     app = FastAPI(title="retr", description=f"Search the retr index {folder}", version="1")
 
     class SearchRequest(BaseModel):
@@ -281,10 +313,9 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
         rerank = cfg.rerank.model if req.rerank else None
         try:
             searcher = generations.current()
-            results = await asyncio.wait_for(
-                asyncio.get_running_loop().run_in_executor(
-                    pool, searcher.search_many, queries, req.k, req.mode, rerank, req.filter),
-                cfg.timeout_s)
+            async with asyncio.timeout(cfg.timeout_s):  # no task of its own, unlike wait_for
+                results = await asyncio.get_running_loop().run_in_executor(
+                    pool, searcher.search_many, queries, req.k, req.mode, rerank, req.filter)
         except TimeoutError:
             return 504, error_body(f"search took longer than {cfg.timeout_s} s")
         except RetrError as e:
@@ -294,7 +325,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
                 metrics.observe(stage, ms / 1000.0)
         body = [r.to_dict() for r in results]
         # serialised here: FastAPI's generic encoder walks every field of every hit (~2 ms for ten documents)
-        return 200, json.dumps(body[0] if req.query is not None else {"results": body}, ensure_ascii=False).encode()
+        return 200, dumps(body[0] if req.query is not None else {"results": body})
 
     @app.post("/search", responses={400: {}, 422: {}, 504: {}})
     async def search(req: SearchRequest):

@@ -16,17 +16,13 @@ Entries sharing a dataset and options are measured in one `retr eval` (every pip
 from __future__ import annotations
 
 import logging
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from retr.retrieval.artifacts import read_text
 from retr.retrieval.errors import RetrError
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
 
 logger = logging.getLogger(__name__)
 
