@@ -1,0 +1,123 @@
+"""Choose the reranker's default depth, max length and graph by measured quality per millisecond.
+
+The pipeline a user runs: the trained hybrid's top ``depth``, rescored by a trained cross-encoder, interpolated
+with the first stage at the weight stored with the cross-encoder (chosen on dev by `retr train cross-encoder`).
+For every (graph, max length) the cross-encoder scores each query's top ``max(depths)`` once; each depth's
+ranking uses the scores of its own head. Latency is the rerank stage alone as `retr search` runs it (the
+documents' texts, tokenising, the graph, interpolation), one query at a time, warm-up excluded, p50/p95 over
+``--timed`` queries, each depth timed on its own.
+
+Queries: the dev split carved from train exactly as the trainers carve it (``--split dev``, the default; choose
+on these), or the test queries (``--split test``; report, never tune).
+
+    python benchmarks/rerank_budget.py --model BI --reranker CE [--split dev|test] [--depths 10,20,30,50]
+        [--lengths 128,192,256] [--backends openvino,onnx-int8] --out benchmarks/results/rerank-budget.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _pct(seconds: list[float]) -> dict:
+    p50, p95 = np.percentile(np.asarray(seconds) * 1000.0, [50, 95])
+    return {"p50_ms": float(p50), "p95_ms": float(p95)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1].parent / "shared/datasets/scifact"))
+    p.add_argument("--model", required=True, help="the first stage's bi-encoder (trained)")
+    p.add_argument("--reranker", required=True, help="the cross-encoder folder (trained)")
+    p.add_argument("--split", default="dev", choices=("dev", "test"))
+    p.add_argument("--depths", default="10,20,30,50")
+    p.add_argument("--lengths", default="128,192,256")
+    p.add_argument("--backends", default="openvino,onnx-int8")
+    p.add_argument("--timed", type=int, default=40, help="queries timed per setting")
+    p.add_argument("--out", default="benchmarks/results/rerank-budget.json")
+    args = p.parse_args(argv)
+
+    from retr.eval.data import load_dataset
+    from retr.eval.metrics import evaluate
+    from retr.indexes.build import IndexConfig, cached_index
+    from retr.indexes.searcher import Searcher
+    from retr.retrieval.bm25 import BM25Config
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig, interpolate
+    from retr.retrieval.types import Hit, Qrels, Run
+    from retr.train.data import split_dev
+
+    depths = sorted(int(x) for x in args.depths.split(","))
+    lengths = [int(x) for x in args.lengths.split(",")]
+    ds = load_dataset(args.dataset, "train" if args.split == "dev" else "test", download=False)
+    if args.split == "dev":
+        qids = split_dev(ds.qrels, 0.1, 42)[1]  # the trainers' defaults (dev_fraction, seed)
+    else:
+        qids = [q for q in ds.queries if ds.qrels.num_relevant(q) > 0]
+    qrels = Qrels({q: ds.qrels[q] for q in qids})
+    enc_cfg = EncoderConfig(model=args.model)
+    cfg = IndexConfig(encoder=enc_cfg, bm25=BM25Config())
+    folder = cached_index(ds.name, ds.corpus, BiEncoder(enc_cfg), cfg).folder
+    searcher = Searcher(folder, enc_cfg)
+    first = {q: r for q, r in zip(qids, searcher.search_many([ds.queries[q] for q in qids], max(depths), "hybrid"),
+                                  strict=True)}
+    searcher.close()
+    full = {d.doc_id: d.full_text() for d in ds.corpus.docs}  # what the reranker reads of a document
+    texts = {q: [full[h.id] for h in first[q].hits] for q in qids}
+    first_scores = {q: np.asarray([h.score for h in first[q].hits], dtype=np.float32) for q in qids}
+    ids = {q: [h.id for h in first[q].hits] for q in qids}
+
+    def ndcg(run: dict) -> float:
+        return evaluate(Run(run), qrels, [10]).mean["NDCG@10"]
+
+    result = {"dataset": ds.name, "split": args.split, "queries": len(qids), "model": args.model,
+              "reranker": args.reranker, "first_stage": "hybrid",
+              "first_stage_ndcg@10": ndcg({q: [Hit(d, float(s)) for d, s in zip(ids[q][:10], first_scores[q][:10],
+                                                                               strict=True)] for q in qids}),
+              "rows": []}
+    timed = qids[: args.timed]
+    for backend in [b.strip() for b in args.backends.split(",")]:
+        for length in lengths:
+            rr = CrossEncoderReranker(RerankConfig(model=args.reranker, max_length=length, backend=backend,
+                                                   depth=max(depths)))
+            alpha = rr.interpolation
+            ce = {q: rr.score(ds.queries[q], texts[q][: max(depths)]) for q in qids}
+            for q in timed[:3]:  # warm-up, untimed
+                rr.score(ds.queries[q], texts[q][: min(depths)])
+            for depth in depths:
+                run = {}
+                for q in qids:
+                    s = interpolate(ce[q][:depth], first_scores[q][:depth], alpha)
+                    order = np.argsort(-s, kind="stable")
+                    run[q] = [Hit(ids[q][i], float(s[i])) for i in order] + [
+                        Hit(d, float(s.min()) - 1.0 - j) for j, d in enumerate(ids[q][depth:])]
+                seconds = []
+                for q in timed:
+                    t0 = time.perf_counter()
+                    s = interpolate(rr.score(ds.queries[q], texts[q][:depth]), first_scores[q][:depth], alpha)
+                    np.argsort(-s, kind="stable")
+                    seconds.append(time.perf_counter() - t0)
+                row = {"backend": backend, "precision": rr.describe()["precision"], "max_length": length,
+                       "depth": depth, "interpolation": alpha, "ndcg@10": ndcg(run), **_pct(seconds)}
+                row["gain"] = row["ndcg@10"] - result["first_stage_ndcg@10"]
+                result["rows"].append(row)
+                print(f"{backend:>10} {row['precision']:>10} len {length:>4} depth {depth:>3}: nDCG@10 "
+                      f"{row['ndcg@10']:.4f} ({row['gain']:+.4f}) p50 {row['p50_ms']:7.1f} ms "
+                      f"p95 {row['p95_ms']:7.1f} ms", flush=True)
+            del rr
+    print(f"{ds.name} {args.split}, {len(qids)} queries; first stage (hybrid) nDCG@10 "
+          f"{result['first_stage_ndcg@10']:.4f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"results written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
