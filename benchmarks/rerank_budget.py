@@ -11,7 +11,7 @@ Queries: the dev split carved from train exactly as the trainers carve it (``--s
 on these), or the test queries (``--split test``; report, never tune).
 
     python benchmarks/rerank_budget.py --model BI --reranker CE [--split dev|test] [--depths 10,20,30,50]
-        [--lengths 128,192,256] [--backends openvino,onnx-int8] --out benchmarks/results/rerank-budget.json
+        [--lengths 128,192,256] [--backends openvino,openvino-int8] --out benchmarks/results/rerank-budget.json
 """
 
 from __future__ import annotations
@@ -30,6 +30,14 @@ def _pct(seconds: list[float]) -> dict:
     return {"p50_ms": float(p50), "p95_ms": float(p95)}
 
 
+def _write(out: str, result: dict) -> None:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1].parent / "shared/datasets/scifact"))
@@ -38,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", default="dev", choices=("dev", "test"))
     p.add_argument("--depths", default="10,20,30,50")
     p.add_argument("--lengths", default="128,192,256")
-    p.add_argument("--backends", default="openvino,onnx-int8")
+    p.add_argument("--backends", default="openvino,openvino-int8")
     p.add_argument("--timed", type=int, default=40, help="queries timed per setting")
     p.add_argument("--out", default="benchmarks/results/rerank-budget.json")
     args = p.parse_args(argv)
@@ -107,14 +115,14 @@ def main(argv: list[str] | None = None) -> int:
                        "depth": depth, "interpolation": alpha, "ndcg@10": ndcg(run), **_pct(seconds)}
                 row["gain"] = row["ndcg@10"] - result["first_stage_ndcg@10"]
                 result["rows"].append(row)
+                _write(args.out, result)  # row by row: a later setting's failure keeps the ones measured
                 print(f"{backend:>10} {row['precision']:>10} len {length:>4} depth {depth:>3}: nDCG@10 "
                       f"{row['ndcg@10']:.4f} ({row['gain']:+.4f}) p50 {row['p50_ms']:7.1f} ms "
                       f"p95 {row['p95_ms']:7.1f} ms", flush=True)
             del rr
     print(f"{ds.name} {args.split}, {len(qids)} queries; first stage (hybrid) nDCG@10 "
           f"{result['first_stage_ndcg@10']:.4f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    _write(args.out, result)
     print(f"results written to {args.out}")
     return 0
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from retr.retrieval.artifacts import cache_home
+from retr.retrieval.backends import sample_texts
 from retr.retrieval.backends.batching import fast_pair_tokenizer, run_sorted
-from retr.retrieval.backends.export import SCORING, ce_logits
+from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
 from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
 from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND, get_backend
 from retr.retrieval.errors import RetrError
@@ -105,8 +106,9 @@ class CrossEncoderReranker:
         self._fast_pairs = fast_pair_tokenizer(self.path, self.max_length)
         self.graph: Graph | None = None
         if config.device == "cpu":
+            calibration = self._calibration() if get_backend(config.backend, SCORING).calibrated else None
             self.graph = open_graph(lambda: self.model, self.ref.hash, config.backend, self.max_length, cache_home(),
-                                    SCORING, use_cache_alone=self._fast_pairs is not None)
+                                    SCORING, use_cache_alone=self._fast_pairs is not None, calibration=calibration)
         self.interpolation = config.interpolation if config.interpolation is not None \
             else _chosen_interpolation(self.path)
 
@@ -131,6 +133,17 @@ class CrossEncoderReranker:
         enc = self.model.tokenizer([(query, t) for t in texts], truncation=True, max_length=self.max_length,
                                    padding=False, return_token_type_ids=True)
         return enc["input_ids"], enc["token_type_ids"]
+
+    def _calibration(self) -> Calibration:
+        """What a static int8 cross-encoder is calibrated on, once per model: retr's fixed sample of questions, each
+        paired with its own passage, the next question's passage and a long passage (relevant and not)."""
+        questions, passages, long = sample_texts.questions(), sample_texts.passages(), sample_texts.long_passages()
+        ids, types = [], []
+        for i, q in enumerate(questions):
+            a, b = self._pair_ids(q, [passages[i], passages[(i + 1) % len(passages)], long[i % len(long)]])
+            ids += a
+            types += b
+        return Calibration.of(ids, types)
 
     def score(self, query: str, texts: list[str]) -> np.ndarray:
         if not texts:

@@ -171,7 +171,7 @@ def test_cli_choices_and_defaults_come_from_the_configs():
     assert index_opts["ef_search"].default == DenseIndexConfig().ef_search
     search_opts = {a.dest: a for a in sub["search"]._actions}
     assert tuple(search_opts["rerank_backend"].choices) == choices(SCORING)
-    assert "openvino-int8" not in choices(SCORING) and "torch" in choices(SCORING)
+    assert "openvino-int8" in choices(SCORING) and "torch" in choices(SCORING)
 
 
 def test_eval_on_the_shipped_fixture_matches_beir_reuses_and_rebuilds_its_cache(tiny_dataset, tiny_bi_encoder,

@@ -130,8 +130,8 @@ def test_unknown_backend_is_refused():
         EncoderConfig(backend="tensorrt")
     from retr.retrieval.rerank import RerankConfig
 
-    with pytest.raises(RetrError, match="unknown cross-encoder backend 'openvino-int8'"):
-        RerankConfig(model="x", backend="openvino-int8")
+    with pytest.raises(RetrError, match="unknown cross-encoder backend 'tensorrt'"):
+        RerankConfig(model="x", backend="tensorrt")
 
 
 @pytest.mark.parametrize("backend", ["onnx", "openvino"])
@@ -147,6 +147,32 @@ def test_cross_encoder_graph_scores_like_torch(tiny_cross_encoder, backend):
     tol = 1e-4 if backend == "onnx" else 0.02 * max(1.0, float(np.ptp(ref)))
     np.testing.assert_allclose(got, ref, atol=tol)
     np.testing.assert_allclose(r.score("wolves in forests", TEXTS[1:2]), ref[1:2], atol=tol)  # a single pair
+
+
+def test_static_int8_cross_encoder_is_calibrated_on_pairs_and_checked_for_ranking_noise(tiny_cross_encoder,
+                                                                                           monkeypatch):
+    """The cross-encoder's static int8 graph: calibrated once per model on retr's sample of question-passage pairs
+    (with their token types), refused when its ranking noise is over the bar, kept with its noise recorded when
+    it is not."""
+    from retr.retrieval.backends.export import Calibration, score_noise
+    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
+
+    cfg = RerankConfig(model=str(tiny_cross_encoder), backend="openvino-int8", max_length=64)
+    _patch_backend(monkeypatch, "openvino-int8", max_rank_noise={"ce": 0.0})  # any int8 graph adds some noise
+    with pytest.raises(RetrError, match="openvino-int8 graph of model .* adds ranking noise"):
+        CrossEncoderReranker(cfg)
+    # a random tiny model's scores barely spread over the sample, so its noise ratio is large: a looser bar
+    _patch_backend(monkeypatch, "openvino-int8", max_rank_noise={"ce": 1e9})
+    r = CrossEncoderReranker(cfg)
+    cal = r._calibration()
+    assert cal.types is not None and len(cal.types) == len(cal.rows) > 0
+    assert any(1 in t for t in cal.types)  # the passages' token types, as the pairs are scored
+    assert set(next(cal.feeds())) == {"input_ids", "attention_mask", "token_type_ids"}
+    assert Calibration.of(cal.rows).digest != cal.digest  # the token types name the graph too
+    info = r.graph.info()
+    assert r.backend == "openvino-int8" and info["calibration"] == cal.digest
+    assert info["rank_noise"] == pytest.approx(score_noise(r.graph.runner, r.model, 64), rel=1e-4)
+    assert r.score("wolves in forests", TEXTS).shape == (len(TEXTS),)
 
 
 def test_fast_pair_tokenizer_equals_transformers_truncation():
@@ -275,7 +301,7 @@ def test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once(tiny_bi_en
 def test_int8_that_adds_ranking_noise_is_refused_until_the_bar_changes(tiny_bi_encoder, tmp_path, monkeypatch):
     import json
 
-    calls = _counting_static_int8(monkeypatch, max_rank_noise=0.0)  # any int8 graph adds some noise
+    calls = _counting_static_int8(monkeypatch, max_rank_noise={"bi": 0.0})  # any int8 graph adds some noise
     corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     assert enc.encode_corpus(corpus).graph["backend"] == "openvino" and len(calls) == 1
@@ -283,7 +309,7 @@ def test_int8_that_adds_ranking_noise_is_refused_until_the_bar_changes(tiny_bi_e
     meta = json.loads((int8 / "manifest.json").read_text())
     assert "ranking noise" in meta["refused"] and meta["rank_noise"] > 0.0
     assert meta["limits"] == {"floor": 0.98, "max_rank_noise": 0.0}
-    calls2 = _counting_static_int8(monkeypatch, max_rank_noise=1.0)  # another bar: judged again, and kept
+    calls2 = _counting_static_int8(monkeypatch, max_rank_noise={"bi": 1.0})  # another bar: judged again, and kept
     fresh = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     assert fresh.encode_corpus(corpus).graph["backend"] == DEFAULT and len(calls2) == 1
     assert json.loads((int8 / "manifest.json").read_text())["rank_noise"] == pytest.approx(meta["rank_noise"],
@@ -302,7 +328,7 @@ def test_documents_added_after_the_int8_graph_was_refused_take_the_base_graph(ti
                                   enc.encode_corpus(corpus).embeddings[:3])  # the very graph, while it is cached
     (int8,) = _int8_folders(tmp_path)
     shutil.rmtree(int8)
-    _counting_static_int8(monkeypatch, max_rank_noise=0.0)  # judged again, and refused this time
+    _counting_static_int8(monkeypatch, max_rank_noise={"bi": 0.0})  # judged again, and refused this time
     later = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     assert later.encode_corpus(corpus).graph["backend"] == "openvino"
     with caplog.at_level("WARNING"):

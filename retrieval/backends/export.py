@@ -121,23 +121,32 @@ def torch_export(module, example, input_names: list[str], output_name: str, path
 # -- conversion: fp32 ONNX graph -> the backend's graph file ----------------------------------------------------
 @dataclass(frozen=True)
 class Calibration:
-    """Texts (token ids) a static int8 graph is calibrated on; ``digest`` names the cached graph."""
+    """Texts (token ids; a cross-encoder's pairs also their token types) a static int8 graph is calibrated on;
+    ``digest`` names the cached graph."""
     rows: tuple[tuple[int, ...], ...]
     digest: str
+    types: tuple[tuple[int, ...], ...] | None = None
 
     @classmethod
-    def of(cls, token_rows) -> Calibration:
-        """All of ``token_rows`` (retr's fixed sample, tokenised by the model: one calibration per model)."""
+    def of(cls, token_rows, type_rows=None) -> Calibration:
+        """All of ``token_rows`` (retr's fixed sample, tokenised by the model: one calibration per model), with
+        ``type_rows`` for a cross-encoder's pairs."""
         rows = tuple(tuple(int(t) for t in r) for r in token_rows)
+        types = tuple(tuple(int(t) for t in r) for r in type_rows) if type_rows is not None else None
         h = hashlib.sha256()
         for r in rows:
             h.update(np.asarray(r, dtype=np.int64).tobytes() + b"|")
-        return cls(rows, h.hexdigest())
+        for r in types or ():
+            h.update(b"t" + np.asarray(r, dtype=np.int64).tobytes() + b"|")
+        return cls(rows, h.hexdigest(), types)
 
     def feeds(self):
-        for r in self.rows:  # one text per feed: no padding in the statistics
+        for i, r in enumerate(self.rows):  # one text per feed: no padding in the statistics
             ids = np.asarray([r], dtype=np.int64)
-            yield {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+            feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+            if self.types is not None:
+                feed["token_type_ids"] = np.asarray([self.types[i]], dtype=np.int64)
+            yield feed
 
 
 def _drop(src: Path) -> None:
@@ -281,6 +290,33 @@ def rank_noise(runner, st_model, max_length: int) -> float:
     return float(((s_got - s_ref).std(axis=1) / s_ref.std(axis=1)).mean())
 
 
+NOISE_QUESTIONS = 8  # cross-encoders: questions scored against every sample passage (torch is the slow side)
+
+
+def score_noise(runner, ce_model, max_length: int) -> float:
+    """``rank_noise`` for a cross-encoder: the first ``NOISE_QUESTIONS`` of retr's fixed questions, each scored
+    against every fixed passage and joined passage by torch and by the graph; the mean over questions of
+    std(graph score - torch score) / std(torch score)."""
+    from retr.retrieval.backends import sample_texts
+
+    docs = sample_texts.passages() + sample_texts.long_passages()
+    questions = sample_texts.questions()[:NOISE_QUESTIONS]
+    ratios = []
+    for q in questions:
+        pairs = [(q, d) for d in docs]
+        ref = ce_logits(ce_model, pairs)
+        got = np.empty_like(ref)
+        order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
+        for start in range(0, len(order), 16):  # length-sorted batches: little padding
+            idx = order[start:start + 16]
+            enc = ce_model.tokenizer([pairs[i] for i in idx], padding=True, truncation=True, max_length=max_length,
+                                     return_tensors="np", return_token_type_ids=True)
+            got[idx] = runner({k: enc[k].astype(np.int64)
+                               for k in ("input_ids", "attention_mask", "token_type_ids")}).reshape(-1)
+        ratios.append((got - ref).std() / ref.std())
+    return float(np.mean(ratios))
+
+
 def embedding_dim(runner) -> int:
     return int(runner({"input_ids": np.array([[1, 2]], dtype=np.int64),
                        "attention_mask": np.ones((1, 2), dtype=np.int64)}).shape[1])
@@ -301,4 +337,5 @@ class GraphKind:
 
 
 EMBEDDING = GraphKind("bi", "bi-encoder", "cosine", "", export_embedding, verify_embedding, embedding_dim, rank_noise)
-SCORING = GraphKind("ce", "cross-encoder", "agreement", "ce-", export_scoring, verify_scoring, lambda _runner: 1)
+SCORING = GraphKind("ce", "cross-encoder", "agreement", "ce-", export_scoring, verify_scoring, lambda _runner: 1,
+                    score_noise)

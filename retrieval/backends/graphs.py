@@ -119,7 +119,7 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
         return None
     if meta.get("model_hash") != model_hash or check < backend.floor(kind) or backend.file not in files \
             or (calibration is not None and meta.get("calibration") != calibration.digest) \
-            or (backend.max_rank_noise is not None and meta.get("rank_noise", 0.0) > backend.max_rank_noise):
+            or (backend.noise_bound(kind) is not None and meta.get("rank_noise", 0.0) > backend.noise_bound(kind)):
         _discard(folder, "its manifest names another model, backend or calibration, or a looser check")
         return None
     precision = backend.precision()
@@ -177,7 +177,7 @@ def release_memory() -> None:
 
 def _limits(backend: Backend, kind: GraphKind) -> dict:
     """The bars a graph of this backend and kind was judged by: a refusal stands while they stay the same."""
-    return {"floor": backend.floor(kind), "max_rank_noise": backend.max_rank_noise}
+    return {"floor": backend.floor(kind), "max_rank_noise": backend.noise_bound(kind)}
 
 
 def _refused_before(folder: Path, meta: dict, model_hash: str, backend: Backend, kind: GraphKind) -> None:
@@ -217,7 +217,7 @@ def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, ma
         runner = _runner(backend, final, threads)
         check = kind.verify(runner, model, max_length)
         noise = kind.rank_noise(runner, model, max_length) \
-            if backend.max_rank_noise is not None and kind.rank_noise is not None and check >= backend.floor(kind) \
+            if backend.noise_bound(kind) is not None and kind.rank_noise is not None and check >= backend.floor(kind) \
             else None
         measured = {"variant": backend.name, "graph": kind.name, "model_hash": model_hash, "precision": precision,
                     "check_cosine": check, **({"rank_noise": noise} if noise is not None else {})}
@@ -225,9 +225,9 @@ def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, ma
         if check < backend.floor(kind):
             refusal = (f"the {backend.name} export of model {model_hash[:12]} disagrees with torch "
                        f"({kind.measure} {check:.4f} < {backend.floor(kind)}): use --backend torch")
-        elif noise is not None and noise > backend.max_rank_noise:
+        elif noise is not None and noise > backend.noise_bound(kind):
             refusal = (f"the {backend.name} graph of model {model_hash[:12]} adds ranking noise {noise:.4f} > "
-                       f"{backend.max_rank_noise}")
+                       f"{backend.noise_bound(kind)}")
         if refusal is None:
             dim = kind.dim(runner)
             if calibration is not None:
