@@ -75,6 +75,9 @@ def add_parser(sub) -> None:
                    help="other lists' documents per list")
     t.add_argument("--dev-fraction", type=float, default=ce.dev_fraction,
                    help="training queries held out (same split as the bi-encoder trainer with the same seed)")
+    t.add_argument("--distill", type=float, default=ce.distill,
+                   help="0 < w < 1: distil the first stage's ranking of each list into the targets (weight w; "
+                        "ListNet loss, no in-batch negatives); 0: the judged positive alone")
     _add_precision(t, ce)
     _add_common(t, ce, "BERT folder (default: the bundled MiniLM + a new head)")
     t.set_defaults(run=run_cross_encoder)
@@ -101,7 +104,7 @@ def run_cross_encoder(args: argparse.Namespace) -> int:
 
     cfg = CrossEncoderTrainConfig(**_common(args), first_stage_model=args.first_stage_model,
                                   num_negatives=args.num_negatives, in_batch_negatives=args.in_batch_negatives,
-                                  dev_fraction=args.dev_fraction, precision=args.precision)
+                                  dev_fraction=args.dev_fraction, precision=args.precision, distill=args.distill)
     m = train_cross_encoder(Path(args.out), cfg, load_dataset(args.dataset, args.split), resume=args.resume)
     print(f"cross-encoder written to {args.out}: dev nDCG@10 first stage {m['dev_ndcg@10_first_stage']:.4f}, "
           f"reranked {m['dev_ndcg@10']:.4f} ({m['train_lists']} lists, {m['train_seconds']:.0f} s)")

@@ -97,7 +97,9 @@ def test_resume_continues_from_the_last_checkpoint(tiny_train, tiny_bi_encoder, 
     assert (out / "retr_manifest.json").is_file()
 
 
-def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path):
+@pytest.mark.parametrize("distill", [0.0, 0.5])
+def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
+                                                       distill):
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
     from retr.train.cross_encoder import CrossEncoderTrainConfig, train_cross_encoder
 
@@ -105,8 +107,9 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     out = tmp_path / "ce"
     cfg = CrossEncoderTrainConfig(base=str(tiny_cross_encoder), first_stage_model=str(tiny_bi_encoder), epochs=2,
                                   batch_size=4, learning_rate=1e-3, max_length=32, num_negatives=2,
-                                  negative_depth=8, dev_fraction=0.3, dev_depth=6, seed=0)
+                                  negative_depth=8, dev_fraction=0.3, dev_depth=6, seed=0, distill=distill)
     m = train_cross_encoder(out, cfg, ds)
+    assert m["config"]["distill"] == distill
     assert m["train_lists"] > 0 and len(m["dev_ndcg@10_per_epoch"]) == 2
     assert m["loss_history"] and 0 <= m["dev_ndcg@10_first_stage"] <= 1
     assert 0.0 <= m["interpolation"] <= 1.0 and len(m["dev_ndcg@10_by_interpolation"]) == 11
@@ -114,6 +117,21 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     reranker = CrossEncoderReranker(RerankConfig(model=str(out), max_length=32))  # passes the folder check
     assert reranker.interpolation == m["interpolation"]  # the dev choice travels with the model
     assert reranker.score("solar panels", ["Solar panels convert sunlight", "Tea leaves"]).shape == (2,)
+
+
+def test_distillation_targets_keep_the_positive_first_and_follow_the_first_stage():
+    import numpy as np
+
+    from retr.train.cross_encoder import CrossEncoderTrainConfig, distill_labels
+
+    target = np.exp(distill_labels([0.2, 0.9, 0.5, 0.1], 0.4))  # ListNet's target: softmax of the labels
+    assert target.sum() == pytest.approx(1.0)
+    assert target[0] > 0.6  # the judged positive keeps 1 - weight, plus its own teacher share
+    assert target[1] > target[2] > target[3]  # the negatives in the first stage's order
+    flat = np.exp(distill_labels([0.3, 0.3, 0.3], 0.5))  # no spread: the teacher is uniform
+    np.testing.assert_allclose(flat, [0.5 + 0.5 / 3, 0.5 / 3, 0.5 / 3])
+    with pytest.raises(RetrError, match="--distill must be in"):
+        CrossEncoderTrainConfig(distill=1.0)
 
 
 def test_training_precision_resolves_auto_from_the_cpu(monkeypatch):

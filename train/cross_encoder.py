@@ -47,6 +47,31 @@ class CrossEncoderTrainConfig(TrainConfig):
     dev_fraction: float = 0.1  # the bi-encoder trainer's split (same seed): the first stage never saw dev
     dev_depth: int = 20
     precision: str = "auto"  # bf16 autocast where the CPU has native bf16 (~2x faster steps), else fp32
+    # > 0: distillation. Each list's target mixes the judged positive (weight 1 - distill) with the first stage's
+    # own ranking of the list (softmax of DISTILL_SHARPNESS x its min-max scores), so every candidate teaches;
+    # the loss is ListNet (cross-entropy to that target) and no in-batch negatives are added
+    distill: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.distill < 1.0:
+            raise RetrError(f"--distill must be in [0, 1), got {self.distill}")
+
+
+DISTILL_SHARPNESS = 5.0  # the first stage's min-max scores in [0, 1], times this, before its softmax
+
+
+def distill_labels(first_scores: list[float], weight: float) -> list[float]:
+    """ListNet labels (the loss takes softmax(labels) as its target) for a list whose first item is the judged
+    positive: log((1 - weight) * one-hot(0) + weight * softmax(DISTILL_SHARPNESS * minmax(first_scores)))."""
+    import numpy as np
+
+    s = np.asarray(first_scores, dtype=np.float64)
+    span = s.max() - s.min()
+    m = (s - s.min()) / span if span > 0 else np.zeros_like(s)
+    teacher = np.exp(DISTILL_SHARPNESS * m)
+    target = weight * teacher / teacher.sum()
+    target[0] += 1.0 - weight
+    return np.log(target).tolist()
 
 
 def first_stage_runs(dataset: Dataset, model: str | None, queries: dict[str, str], depth: int):
@@ -90,7 +115,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
         CrossEncoderTrainer,
         CrossEncoderTrainingArguments,
     )
-    from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.cross_encoder.losses import ListNetLoss, MultipleNegativesRankingLoss
 
     from retr.retrieval.models import ModelRef
 
@@ -107,17 +132,27 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     wanted = {**{p.qid: p.query for p in pairs}, **{q: dataset.queries[q] for q in dev_q}}
     first = first_stage_runs(dataset, cfg.first_stage_model, wanted, max(cfg.negative_depth, cfg.dev_depth))
     gc.collect()  # the first stage's graphs and thread pools go before training starts
-    columns: dict[str, list[str]] = {"query": [], "positive": []}
-    for j in range(cfg.num_negatives):
+    columns: dict[str, list] = {"query": [], "positive": []} if not cfg.distill else \
+        {"query": [], "docs": [], "labels": []}
+    for j in range(cfg.num_negatives if not cfg.distill else 0):
         columns[f"negative_{j + 1}"] = []
     for p in pairs:
         judged = qrels[p.qid]
-        cands = [h.doc_id for h in first[p.qid][: cfg.negative_depth] if h.doc_id not in judged]
+        ranked = first[p.qid]
+        cands = [h.doc_id for h in ranked[: cfg.negative_depth] if h.doc_id not in judged]
         if len(cands) < cfg.num_negatives:
             continue
+        negatives = rng.sample(cands, cfg.num_negatives)
         columns["query"].append(p.query)
+        if cfg.distill:
+            score = {h.doc_id: h.score for h in ranked}
+            floor = min(score.values())  # a positive the first stage did not retrieve: its lowest score
+            columns["docs"].append([texts[d] for d in (p.positive_id, *negatives)])
+            columns["labels"].append(distill_labels([score.get(d, floor) for d in (p.positive_id, *negatives)],
+                                                    cfg.distill))
+            continue
         columns["positive"].append(texts[p.positive_id])
-        for j, d in enumerate(rng.sample(cands, cfg.num_negatives)):
+        for j, d in enumerate(negatives):
             columns[f"negative_{j + 1}"].append(texts[d])
     train_ds = HFDataset.from_dict(columns)
     dev_queries = {q: dataset.queries[q] for q in dev_q}
@@ -140,7 +175,8 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
 
     evaluator = dev_evaluator(score_all, dev_qrels)
     first_stage_dev = dev_ndcg({q: {h.doc_id: h.score for h in first[q][: cfg.dev_depth]} for q in dev_q}, dev_qrels)
-    loss = MultipleNegativesRankingLoss(model, num_negatives=cfg.in_batch_negatives)
+    loss = ListNetLoss(model) if cfg.distill else MultipleNegativesRankingLoss(model,
+                                                                              num_negatives=cfg.in_batch_negatives)
     args = CrossEncoderTrainingArguments(**trainer_kwargs(out, cfg, len(train_ds)), bf16=precision == "bf16")
     trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=train_ds, loss=loss, evaluator=evaluator,
                                   callbacks=callbacks)
