@@ -313,7 +313,7 @@ def score_noise(runner, ce_model, max_length: int) -> float:
                                      return_tensors="np", return_token_type_ids=True)
             got[idx] = runner({k: enc[k].astype(np.int64)
                                for k in ("input_ids", "attention_mask", "token_type_ids")}).reshape(-1)
-        ratios.append((got - ref).std() / ref.std())
+        ratios.append((got - ref).std() / max(float(ref.std()), 1e-12))  # a model scoring all alike: refused
     return float(np.mean(ratios))
 
 
