@@ -19,7 +19,7 @@ from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import sample_texts
 from retr.retrieval.backends.batching import TOKENIZE_CHUNK, fast_tokenizer, plain_tokenizer, run_sorted
 from retr.retrieval.backends.export import EMBEDDING, Calibration
-from retr.retrieval.backends.graphs import Graph, find_cached, graph_info, open_graph
+from retr.retrieval.backends.graphs import EXPORT_GENERATION, Graph, find_cached, graph_info, open_graph
 from retr.retrieval.backends.registry import (
     BACKENDS,
     DEFAULT_BACKEND,
@@ -151,11 +151,15 @@ class BiEncoder:
 
     @property
     def corpus_graph_id(self) -> str:
-        """What names the graph a corpus goes through, for cache keys: the backend, and for a calibrated one the
-        sample it is calibrated on (another retr sample, another graph, other vectors)."""
-        if self.graph is not None and get_backend(self.config.backend).calibrated:
-            return f"{self.backend}@{self.calibration.digest[:16]}"
-        return self.backend
+        """What names the graph a corpus goes through, for cache keys: the backend, for a calibrated one the sample
+        it is calibrated on (another retr sample, another graph, other vectors), and for an exported one how it
+        was exported (``graphs.EXPORT_GENERATION``)."""
+        if self.graph is None:
+            return self.backend
+        export = f"/export{EXPORT_GENERATION}"  # another export procedure, other graphs, other vectors
+        if get_backend(self.config.backend).calibrated:
+            return f"{self.backend}@{self.calibration.digest[:16]}{export}"
+        return f"{self.backend}{export}"
 
     def describe(self) -> dict:
         info = graph_info(self.graph)

@@ -117,6 +117,31 @@ def test_openvino_backend_is_close_to_torch_and_cached_as_ir(tiny_bi_encoder, tm
     np.testing.assert_allclose(again.encode(TEXTS), got, atol=2e-2)
 
 
+def test_an_export_torchscript_cannot_make_comes_from_dynamo_and_older_exports_are_redone(tiny_bi_encoder, tmp_path,
+                                                                                         monkeypatch):
+    import json
+
+    from retr.retrieval.backends import export, graphs
+
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
+    monkeypatch.setattr(graphs, "_exports", {})  # no fp32 graph left from another test in this process
+
+    def cannot_trace(*_args):
+        raise RuntimeError("TorchScript cannot trace this model")
+
+    monkeypatch.setattr(export, "_script_export", cannot_trace)
+    graph = load_or_export(enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
+                           tmp_path / "c")
+    assert graph.check >= 0.9999  # dynamo's graph, verified as any other
+    (folder,) = (tmp_path / "c" / "onnx").iterdir()
+    meta = json.loads((folder / "manifest.json").read_text())
+    assert meta["export_generation"] == graphs.EXPORT_GENERATION
+    assert graphs.find_cached(enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, tmp_path / "c") is not None
+    meta["export_generation"] = 1  # cached by an older export procedure: exported again, not used
+    (folder / "manifest.json").write_text(json.dumps(meta))
+    assert graphs.find_cached(enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, tmp_path / "c") is None
+
+
 def test_verify_scores_a_good_export_near_one(tiny_bi_encoder, tmp_path):
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
     graph = load_or_export(enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,

@@ -101,7 +101,29 @@ def export_scoring(ce_model, path: Path) -> None:
 
 
 def torch_export(module, example, input_names: list[str], output_name: str, path: Path) -> None:
-    """torch.onnx (dynamo) export with dynamic batch and sequence axes on every input."""
+    """torch.onnx export with dynamic batch and sequence axes on every input: TorchScript's exporter where it
+    works (MiniLM: 1.5 s, against 9.1 s for dynamo on a first run, the same outputs; the graph is verified against
+    torch either way), else dynamo's."""
+    try:
+        _script_export(module, example, input_names, output_name, path)
+    except Exception as e:  # noqa: BLE001 - an architecture TorchScript cannot trace, or an exporter gone
+        logger.debug("TorchScript export failed (%s): exporting with dynamo", str(e).splitlines()[0][:200])
+        for f in path.parent.glob(f"{path.name}*"):
+            f.unlink()
+        _dynamo_export(module, example, input_names, output_name, path)
+
+
+def _script_export(module, example, input_names: list[str], output_name: str, path: Path) -> None:
+    import torch
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, tuple(example[n] for n in input_names), str(path), dynamo=False,
+                          input_names=input_names, output_names=[output_name], opset_version=17,
+                          dynamic_axes={n: {0: "batch", 1: "seq"} for n in input_names})
+
+
+def _dynamo_export(module, example, input_names: list[str], output_name: str, path: Path) -> None:
     import torch
 
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=4096)

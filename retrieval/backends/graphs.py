@@ -34,6 +34,10 @@ from retr.retrieval.errors import RetrError
 logger = logging.getLogger(__name__)
 
 GRAPH_KIND = "retr-onnx"
+# how graphs are exported (export.torch_export); a cached graph of another generation is exported again, so that
+# a machine's int8 graphs and the scores they give do not depend on when its cache was filled. 2: TorchScript's
+# exporter first, dynamo where it fails (1: dynamo alone)
+EXPORT_GENERATION = 2
 
 
 @dataclass(frozen=True)
@@ -119,8 +123,9 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
         return None
     if meta.get("model_hash") != model_hash or check < backend.floor(kind) or backend.file not in files \
             or (calibration is not None and meta.get("calibration") != calibration.digest) \
-            or (backend.noise_bound(kind) is not None and meta.get("rank_noise", 0.0) > backend.noise_bound(kind)):
-        _discard(folder, "its manifest names another model, backend or calibration, or a looser check")
+            or (backend.noise_bound(kind) is not None and meta.get("rank_noise", 0.0) > backend.noise_bound(kind)) \
+            or meta.get("export_generation", 1) != EXPORT_GENERATION:
+        _discard(folder, "its manifest names another model, backend, calibration or export, or a looser check")
         return None
     precision = backend.precision()
     if meta.get("precision") != precision:  # verified in another precision (another CPU): verify again
@@ -185,7 +190,8 @@ def _refused_before(folder: Path, meta: dict, model_hash: str, backend: Backend,
     it); one judged by other bars, on another CPU precision or by other library versions is discarded and judged
     again."""
     if meta.get("model_hash") == model_hash and meta.get("precision") == backend.precision() \
-            and meta.get("limits") == _limits(backend, kind) and meta.get("versions") == versions():
+            and meta.get("limits") == _limits(backend, kind) and meta.get("versions") == versions() \
+            and meta.get("export_generation", 1) == EXPORT_GENERATION:
         raise RetrError(str(meta["refused"]))
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -220,7 +226,8 @@ def load_or_export(model, model_hash: str, backend: Backend, kind: GraphKind, ma
             if backend.noise_bound(kind) is not None and kind.rank_noise is not None and check >= backend.floor(kind) \
             else None
         measured = {"variant": backend.name, "graph": kind.name, "model_hash": model_hash, "precision": precision,
-                    "check_cosine": check, **({"rank_noise": noise} if noise is not None else {})}
+                    "export_generation": EXPORT_GENERATION, "check_cosine": check,
+                    **({"rank_noise": noise} if noise is not None else {})}
         refusal = None
         if check < backend.floor(kind):
             refusal = (f"the {backend.name} export of model {model_hash[:12]} disagrees with torch "
