@@ -210,8 +210,6 @@ class Bounded:
             await self._json(send, 413, f"request body over {self.max_body_bytes} bytes")
             self.metrics.request(path, 413)
             return
-        if length is not None:  # declared and within the bound: the HTTP parser reads no more than it declares
-            return await self._counted(path, scope, receive, send)
         seen = [0]
         refused = [False]  # answered 413 while the app was still reading: whatever it sends after is dropped
 
@@ -234,7 +232,8 @@ class Bounded:
             await send(message)
 
         try:
-            await self.app(scope, bounded_receive, counted_send)
+            # a declared length within the bound needs no counting: the HTTP parser reads no more than it declares
+            await self.app(scope, receive if length is not None else bounded_receive, counted_send)
         except Exception:  # noqa: BLE001 - logged; the client gets a JSON error, the server keeps running
             if not refused[0]:
                 logger.exception("request %s failed", scope["path"])
@@ -242,25 +241,6 @@ class Bounded:
                 status[0] = 500
                 await self._json(send, 500, "internal error (logged by the server)")
         self.metrics.request(path, status[0] or 500)
-
-    async def _counted(self, path, scope, receive, send):
-        """The app with only the status counted and errors answered (a body of declared length)."""
-        status = 0
-
-        async def counted_send(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, counted_send)
-        except Exception:  # noqa: BLE001 - logged; the client gets a JSON error, the server keeps running
-            logger.exception("request %s failed", scope["path"])
-            if not status:
-                status = 500
-                await self._json(send, 500, "internal error (logged by the server)")
-        self.metrics.request(path, status or 500)
 
 
 def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
