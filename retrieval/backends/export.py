@@ -320,6 +320,7 @@ def score_noise(runner, ce_model, max_length: int) -> float:
     against every fixed passage and joined passage by torch and by the graph; the mean over questions of
     std(graph score - torch score) / std(torch score)."""
     from retr.retrieval.backends import sample_texts
+    from retr.retrieval.backends.batching import run_sorted
 
     docs = sample_texts.passages() + sample_texts.long_passages()
     questions = sample_texts.questions()[:NOISE_QUESTIONS]
@@ -327,14 +328,10 @@ def score_noise(runner, ce_model, max_length: int) -> float:
     for q in questions:
         pairs = [(q, d) for d in docs]
         ref = ce_logits(ce_model, pairs)
-        got = np.empty_like(ref)
-        order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
-        for start in range(0, len(order), 16):  # length-sorted batches: little padding
-            idx = order[start:start + 16]
-            enc = ce_model.tokenizer([pairs[i] for i in idx], padding=True, truncation=True, max_length=max_length,
-                                     return_tensors="np", return_token_type_ids=True)
-            got[idx] = runner({k: enc[k].astype(np.int64)
-                               for k in ("input_ids", "attention_mask", "token_type_ids")}).reshape(-1)
+        enc = ce_model.tokenizer(pairs, truncation=True, max_length=max_length, padding=False,
+                                 return_token_type_ids=True)
+        got = run_sorted(runner, enc["input_ids"], 16 * max_length, np.empty_like(ref),  # ~16 pairs a batch
+                         extra_rows={"token_type_ids": enc["token_type_ids"]})
         ratios.append((got - ref).std() / max(float(ref.std()), 1e-12))  # a model scoring all alike: refused
     return float(np.mean(ratios))
 
