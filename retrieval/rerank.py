@@ -49,15 +49,17 @@ class RerankConfig:
             raise RetrError(f"rerank depth and max length must be >= 1, got {self.depth} and {self.max_length}")
 
 
+def minmax(x: np.ndarray) -> np.ndarray:
+    """``x`` scaled to [0, 1]; all ones where it does not spread."""
+    span = float(x.max() - x.min()) if len(x) else 0.0
+    return (x - x.min()) / span if span > 0 else np.ones_like(x)
+
+
 def interpolate(ce: np.ndarray, first: np.ndarray, alpha: float) -> np.ndarray:
     """alpha * minmax(ce) + (1 - alpha) * minmax(first), both over the reranked head."""
-    def norm(x: np.ndarray) -> np.ndarray:
-        span = float(x.max() - x.min()) if len(x) else 0.0
-        return (x - x.min()) / span if span > 0 else np.ones_like(x)
-
     if alpha >= 1.0:
         return ce
-    return alpha * norm(ce) + (1.0 - alpha) * norm(first)
+    return alpha * minmax(ce) + (1.0 - alpha) * minmax(first)
 
 
 def check_cross_encoder_dir(path: Path) -> dict:

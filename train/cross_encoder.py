@@ -65,10 +65,9 @@ def distill_labels(first_scores: list[float], weight: float) -> list[float]:
     positive: log((1 - weight) * one-hot(0) + weight * softmax(DISTILL_SHARPNESS * minmax(first_scores)))."""
     import numpy as np
 
-    s = np.asarray(first_scores, dtype=np.float64)
-    span = s.max() - s.min()
-    m = (s - s.min()) / span if span > 0 else np.zeros_like(s)
-    teacher = np.exp(DISTILL_SHARPNESS * m)
+    from retr.retrieval.rerank import minmax
+
+    teacher = np.exp(DISTILL_SHARPNESS * minmax(np.asarray(first_scores, dtype=np.float64)))
     target = weight * teacher / teacher.sum()
     target[0] += 1.0 - weight
     return np.log(target).tolist()
@@ -132,28 +131,26 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     wanted = {**{p.qid: p.query for p in pairs}, **{q: dataset.queries[q] for q in dev_q}}
     first = first_stage_runs(dataset, cfg.first_stage_model, wanted, max(cfg.negative_depth, cfg.dev_depth))
     gc.collect()  # the first stage's graphs and thread pools go before training starts
-    columns: dict[str, list] = {"query": [], "positive": []} if not cfg.distill else \
-        {"query": [], "docs": [], "labels": []}
-    for j in range(cfg.num_negatives if not cfg.distill else 0):
-        columns[f"negative_{j + 1}"] = []
+    lists = []  # (pair, its first-stage ranking, its hard negatives)
     for p in pairs:
-        judged = qrels[p.qid]
         ranked = first[p.qid]
-        cands = [h.doc_id for h in ranked[: cfg.negative_depth] if h.doc_id not in judged]
-        if len(cands) < cfg.num_negatives:
-            continue
-        negatives = rng.sample(cands, cfg.num_negatives)
-        columns["query"].append(p.query)
-        if cfg.distill:
-            score = {h.doc_id: h.score for h in ranked}
-            floor = min(score.values())  # a positive the first stage did not retrieve: its lowest score
-            columns["docs"].append([texts[d] for d in (p.positive_id, *negatives)])
-            columns["labels"].append(distill_labels([score.get(d, floor) for d in (p.positive_id, *negatives)],
-                                                    cfg.distill))
-            continue
-        columns["positive"].append(texts[p.positive_id])
-        for j, d in enumerate(negatives):
-            columns[f"negative_{j + 1}"].append(texts[d])
+        cands = [h.doc_id for h in ranked[: cfg.negative_depth] if h.doc_id not in qrels[p.qid]]
+        if len(cands) >= cfg.num_negatives:
+            lists.append((p, ranked, rng.sample(cands, cfg.num_negatives)))
+
+    def labels(p, ranked, negatives) -> list[float]:
+        score = {h.doc_id: h.score for h in ranked}
+        floor = min(score.values())  # a positive the first stage did not retrieve: its lowest score
+        return distill_labels([score.get(d, floor) for d in (p.positive_id, *negatives)], cfg.distill)
+
+    columns: dict[str, list] = {"query": [p.query for p, _, _ in lists]}
+    if cfg.distill:
+        columns["docs"] = [[texts[d] for d in (p.positive_id, *negatives)] for p, _, negatives in lists]
+        columns["labels"] = [labels(*one) for one in lists]
+    else:
+        columns["positive"] = [texts[p.positive_id] for p, _, _ in lists]
+        for j in range(cfg.num_negatives):
+            columns[f"negative_{j + 1}"] = [texts[negatives[j]] for _, _, negatives in lists]
     train_ds = HFDataset.from_dict(columns)
     dev_queries = {q: dataset.queries[q] for q in dev_q}
     dev_qrels = Qrels({q: qrels[q] for q in dev_q})
