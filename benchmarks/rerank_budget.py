@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from retr.indexes.searcher import Searcher
     from retr.retrieval.bm25 import BM25Config
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
-    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig, interpolate
+    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig, rerank_head
     from retr.retrieval.types import Hit, Qrels, Run
     from retr.train.data import split_dev
 
@@ -78,16 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     searcher.close()
     full = {d.doc_id: d.full_text() for d in ds.corpus.docs}  # what the reranker reads of a document
     texts = {q: [full[h.id] for h in first[q].hits] for q in qids}
-    first_scores = {q: np.asarray([h.score for h in first[q].hits], dtype=np.float32) for q in qids}
-    ids = {q: [h.id for h in first[q].hits] for q in qids}
+    hits = {q: [Hit(h.id, h.score) for h in first[q].hits] for q in qids}
 
     def ndcg(run: dict) -> float:
         return evaluate(Run(run), qrels, [10]).mean["NDCG@10"]
 
     result = {"dataset": ds.name, "split": args.split, "queries": len(qids), "model": args.model,
               "reranker": args.reranker, "first_stage": "hybrid",
-              "first_stage_ndcg@10": ndcg({q: [Hit(d, float(s)) for d, s in zip(ids[q][:10], first_scores[q][:10],
-                                                                               strict=True)] for q in qids}),
+              "first_stage_ndcg@10": ndcg({q: hits[q][:10] for q in qids}),
               "rows": []}
     timed = qids[: args.timed]
     for backend in [b.strip() for b in args.backends.split(",")]:
@@ -99,17 +97,11 @@ def main(argv: list[str] | None = None) -> int:
             for q in timed[:3]:  # warm-up, untimed
                 rr.score(ds.queries[q], texts[q][: min(depths)])
             for depth in depths:
-                run = {}
-                for q in qids:
-                    s = interpolate(ce[q][:depth], first_scores[q][:depth], alpha)
-                    order = np.argsort(-s, kind="stable")
-                    run[q] = [Hit(ids[q][i], float(s[i])) for i in order] + [
-                        Hit(d, float(s.min()) - 1.0 - j) for j, d in enumerate(ids[q][depth:])]
+                run = {q: rerank_head(hits[q][:depth], hits[q][depth:], ce[q][:depth], alpha) for q in qids}
                 seconds = []
                 for q in timed:
                     t0 = time.perf_counter()
-                    s = interpolate(rr.score(ds.queries[q], texts[q][:depth]), first_scores[q][:depth], alpha)
-                    np.argsort(-s, kind="stable")
+                    rerank_head(hits[q][:depth], hits[q][depth:], rr.score(ds.queries[q], texts[q][:depth]), alpha)
                     seconds.append(time.perf_counter() - t0)
                 row = {"backend": backend, "precision": rr.describe()["precision"], "max_length": length,
                        "depth": depth, "interpolation": alpha, "ndcg@10": ndcg(run), **_pct(seconds)}

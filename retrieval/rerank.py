@@ -62,6 +62,16 @@ def interpolate(ce: np.ndarray, first: np.ndarray, alpha: float) -> np.ndarray:
     return alpha * minmax(ce) + (1.0 - alpha) * minmax(first)
 
 
+def rerank_head(head: list[Hit], tail: list[Hit], ce: np.ndarray, alpha: float) -> list[Hit]:
+    """``head`` reordered by its cross-encoder scores ``ce`` interpolated with its own scores (``interpolate``);
+    ``tail`` after it, in its order."""
+    scores = interpolate(ce, np.fromiter((h.score for h in head), dtype=np.float32, count=len(head)), alpha)
+    order = np.argsort(-scores, kind="stable")
+    ranked = [Hit(head[i].doc_id, float(scores[i])) for i in order]
+    floor = float(scores.min()) if len(scores) else 0.0
+    return ranked + [Hit(h.doc_id, floor - 1.0 - j) for j, h in enumerate(tail)]
+
+
 def check_cross_encoder_dir(path: Path) -> dict:
     """Refuse a folder that is not a one-logit sequence-classification model; return its config.json."""
     cfg_path = path / "config.json"
@@ -201,14 +211,7 @@ class RerankRetriever:
                     best = np.full(len(head), -np.inf, dtype=np.float32)
                     np.maximum.at(best, owner, ce)
                     ce = best
-                scores = interpolate(ce,
-                                     np.fromiter((h.score for h in head), dtype=np.float32, count=len(head)),
-                                     self.reranker.interpolation)
-                order = np.argsort(-scores, kind="stable")
-                ranked = [Hit(head[i].doc_id, float(scores[i])) for i in order]
-                floor = float(scores.min()) if len(scores) else 0.0
-                ranked += [Hit(h.doc_id, floor - 1.0 - j) for j, h in enumerate(tail)]
-                out[qid] = ranked[:k]
+                out[qid] = rerank_head(head, tail, ce, self.reranker.interpolation)[:k]
         return Run(out)
 
     def _texts(self, query: str, head) -> tuple[list[str], np.ndarray]:
