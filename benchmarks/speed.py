@@ -570,10 +570,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from retr.eval.data import load_dataset
     from retr.retrieval.artifacts import versions
+    from retr.retrieval.backends.runners import cpu_has_bf16, cpu_has_int8_dot
 
     sections = {int(s) for s in args.sections.split(",") if s}
     header = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "platform": platform.platform(),
-              "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+              "cpu_count": os.cpu_count(), "cpu_bf16": cpu_has_bf16(), "cpu_int8_dot": cpu_has_int8_dot(),
+              "torch_threads": torch.get_num_threads(),
               "faiss_threads": faiss.omp_get_max_threads(),
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(json.dumps(header, indent=1), "\n")

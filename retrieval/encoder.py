@@ -241,9 +241,9 @@ class BiEncoder:
         return np.ascontiguousarray(emb, dtype=np.float32)
 
     def encode_corpus(self, texts: list[str], show_progress: bool = False) -> CorpusEncoding:
-        """The documents of a corpus to index. With a calibrated backend and at least ``calibration_min_docs``
-        texts they go through the model's static int8 graph (``calibrated_graph``; the base graph where that one
-        is refused); otherwise, as ``encode`` does."""
+        """The documents of a corpus to index. With a calibrated backend, at least ``calibration_min_docs`` texts
+        and a CPU where int8 pays (``Backend.pays``) they go through the model's static int8 graph
+        (``calibrated_graph``; the base graph where that one is refused); otherwise, as ``encode`` does."""
         plan = self.corpus_plan(texts)
         if plan.graph is None:
             return CorpusEncoding(self.encode(plan.texts, show_progress=show_progress), graph_info(None))
@@ -258,6 +258,11 @@ class BiEncoder:
         backend = get_backend(self.config.backend)
         tok = self._token_ids(texts)
         if not backend.calibrated or len(texts) < self.config.calibration_min_docs:
+            return CorpusPlan(texts, self.graph, tok)
+        if not backend.pays():
+            logger.info("%s: this CPU has no int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX), so int8 is slower "
+                        "than the %s graph here: the corpus takes that graph, and no calibration runs",
+                        backend.name, self.graph.variant)
             return CorpusPlan(texts, self.graph, tok)
         return CorpusPlan(texts, self.calibrated_graph or self.graph, tok)
 

@@ -118,8 +118,13 @@ class CrossEncoderReranker:
         self._fast_pairs = fast_pair_tokenizer(self.path, self.max_length)
         self.graph: Graph | None = None
         if config.device == "cpu":
-            calibration = self._calibration() if get_backend(config.backend, SCORING).calibrated else None
-            self.graph = open_graph(lambda: self.model, self.ref.hash, config.backend, self.max_length, cache_home(),
+            backend = get_backend(config.backend, SCORING)
+            if backend.calibrated and not backend.pays():
+                logger.info("%s: this CPU has no int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX), so int8 is slower "
+                            "than the %s graph here: pairs are scored by that graph", backend.name, backend.base)
+                backend = get_backend(backend.base, SCORING)
+            calibration = self._calibration() if backend.calibrated else None
+            self.graph = open_graph(lambda: self.model, self.ref.hash, backend.name, self.max_length, cache_home(),
                                     SCORING, use_cache_alone=self._fast_pairs is not None, calibration=calibration)
         self.interpolation = config.interpolation if config.interpolation is not None \
             else _chosen_interpolation(self.path)

@@ -171,6 +171,9 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("RETR_DATA", str(tmp_path / "retr-data"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    # static int8 graphs are built and used on any CPU under test (elsewhere only where int8 dot products exist);
+    # tests of that choice set it to "0"
+    monkeypatch.setenv("RETR_INT8_DOT", "1")
 
 
 def pytest_configure(config):

@@ -305,6 +305,32 @@ def test_corpora_go_through_one_static_int8_graph_calibrated_once_per_model(tiny
     assert prompted.calibration.digest != enc.calibration.digest  # the graph sees what the documents will look like
 
 
+def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_nothing_is_calibrated(
+        tiny_bi_encoder, tiny_cross_encoder, tmp_path, monkeypatch):
+    """On a CPU where int8 is slower than the base graph (no VNNI or AMX), the static int8 backends hand their
+    work to their base graph: the same vectors and scores as it, no calibration and no int8 graph in the cache."""
+    from retr.retrieval.backends.runners import cpu_has_int8_dot
+    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
+
+    monkeypatch.setenv("RETR_INT8_DOT", "0")
+    assert not cpu_has_int8_dot()
+    calls = _counting_static_int8(monkeypatch)
+    words = " ".join(TEXTS).split()
+    corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 11)) for i in range(40)]
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    assert enc.backend == DEFAULT
+    encoded = enc.encode_corpus(corpus)
+    assert encoded.graph["backend"] == "openvino" and calls == []
+    np.testing.assert_array_equal(encoded.embeddings, enc.encode(corpus))
+    r = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="openvino-int8", max_length=64))
+    base = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="openvino", max_length=64))
+    assert r.backend == "openvino" and calls == []
+    np.testing.assert_array_equal(r.score("wolves in forests", TEXTS), base.score("wolves in forests", TEXTS))
+    assert _int8_folders(tmp_path) == []
+    monkeypatch.setenv("RETR_INT8_DOT", "1")  # the same encoder on a CPU with them: the int8 graph, calibrated
+    assert enc.encode_corpus(corpus).graph["backend"] == DEFAULT and calls == [1]
+
+
 def test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once(tiny_bi_encoder, tmp_path, monkeypatch):
     import json
 

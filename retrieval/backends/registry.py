@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from retr.retrieval.backends import export
+from retr.retrieval.backends import export, runners
 from retr.retrieval.backends.export import EMBEDDING, SCORING, GraphKind
 from retr.retrieval.backends.runners import native_precision
 from retr.retrieval.errors import RetrError
@@ -30,6 +30,9 @@ class Backend:
     batch_invariant: bool = True  # False: a text's output depends on the batch it is in (dynamic int8)
     # most ranking noise a graph may add per graph kind (GraphKind.rank_noise); a kind not listed: not checked
     max_rank_noise: Mapping[str, float] = field(default_factory=dict)
+    # whether this CPU runs the backend faster than its base (static int8: only with int8 dot products); where
+    # not, what it would encode or score takes the base graph instead
+    pays: Callable[[], bool] = lambda: True
 
     @property
     def calibrated(self) -> bool:
@@ -67,13 +70,15 @@ def _static_int8(name: str, help_: str, convert: Callable) -> Backend:
     """A backend of static int8 OpenVINO graphs, calibrated once per model and checked for ranking noise."""
     return Backend(name, help_, "openvino", "model.xml", {"bi": 0.98, "ce": CE_STATIC_INT8_FLOOR}, convert,
                    lambda: f"int8+{native_precision()}", base="openvino",
-                   max_rank_noise={"bi": MAX_RANK_NOISE, "ce": CE_MAX_RANK_NOISE})
+                   max_rank_noise={"bi": MAX_RANK_NOISE, "ce": CE_MAX_RANK_NOISE},
+                   pays=lambda: runners.cpu_has_int8_dot())
 
 
 BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
     _static_int8("openvino-int8", "a corpus of calibration_min_docs+ documents (a cross-encoder: every pair) "
                  "through static int8 MatMuls calibrated once per model on retr's fixed sample (NNCF) and checked "
-                 "for ranking noise, other texts as openvino", export.quantize_static_int8),
+                 "for ranking noise, other texts as openvino; on a CPU without int8 dot products (AVX-512 VNNI, AVX-VNNI, "
+                 "AMX), where int8 is slower, everything as openvino", export.quantize_static_int8),
     _static_int8("openvino-int8-ffn", "as openvino-int8, with int8 only in the feed-forward MatMuls (attention in "
                  "bf16/fp32): slower, closer to the base graph", export.quantize_static_int8_ffn),
     Backend("openvino", "OpenVINO, bf16 where the CPU has it natively, else fp32", "openvino", "model.xml",
