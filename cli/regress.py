@@ -19,13 +19,20 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from retr.eval.regress import load_expected, markdown_table, measure, outcome_table
+    from retr.eval.regress import for_this_cpu, load_expected, markdown_table, measure, outcome_table
+    from retr.retrieval.backends.runners import cpu_kind
 
     entries = load_expected(args.file)
     if args.tier == "ci":
         entries = [e for e in entries if e.tier == "ci"]
     if args.markdown:
         print(markdown_table(entries))
+        return 0
+    entries, other = for_this_cpu(entries)
+    if other:
+        print(f"{other} expected score(s) measured on another kind of CPU skipped (this one: {cpu_kind()})")
+    if not entries:
+        print(f"no expected scores for this kind of CPU ({cpu_kind()}) in {args.file}: nothing measured")
         return 0
     outcomes = measure(entries, Path(args.datasets) if args.datasets else None, download=not args.no_download)
     print(outcome_table(outcomes))

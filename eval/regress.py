@@ -9,8 +9,11 @@ runner that measures them all again and reports every drift.
     tolerance = 0.0005
     tier = "ci"                  # cheap enough for every CI run; others run when asked for (--tier all)
     options = { kind = "flat" }  # eval options: backend, query_backend, model, kind, fusion, fusion_depth, split
+    cpu = "bf16+int8"            # measured on this kind of CPU (runners.cpu_kind()); absent: the same on any CPU
 
-Entries sharing a dataset and options are measured in one `retr eval` (every pipeline they name at once).
+Entries sharing a dataset and options are measured in one `retr eval` (every pipeline they name at once). An entry
+with a ``cpu`` is measured only on that kind of CPU: exported graphs compute in bf16 or fp32, and use int8 or not,
+by the CPU (a dense figure moves by up to 0.005 between them on the small collections).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Expected:
     tolerance: float
     tier: str = "full"
     options: dict = field(default_factory=dict)
+    cpu: str | None = None  # the CPU kind it was measured on (runners.cpu_kind()); None: any
     line: int = 0  # the entry's position in its file, for messages
 
     @property
@@ -77,7 +81,7 @@ def load_expected(path: str | Path) -> list[Expected]:
         missing = [k for k in ("dataset", "pipeline", "metric", "value", "tolerance") if k not in e]
         if missing:
             raise RetrError(f"{where}: missing {', '.join(missing)}")
-        unknown = sorted(set(e) - {"dataset", "pipeline", "metric", "value", "tolerance", "tier", "options"})
+        unknown = sorted(set(e) - {"dataset", "pipeline", "metric", "value", "tolerance", "tier", "options", "cpu"})
         if unknown:
             raise RetrError(f"{where}: unknown key {unknown[0]!r}")
         options = e.get("options", {})
@@ -93,9 +97,23 @@ def load_expected(path: str | Path) -> list[Expected]:
             raise RetrError(f"{where}: value and tolerance must be numbers") from None
         if tolerance < 0:
             raise RetrError(f"{where}: tolerance must be >= 0")
+        cpu = e.get("cpu")
+        if cpu is not None and not isinstance(cpu, str):
+            raise RetrError(f"{where}: cpu must be a string such as \"bf16+int8\" or \"fp32\"")
         out.append(Expected(str(e["dataset"]), str(e["pipeline"]), str(e["metric"]), value, tolerance, tier,
-                            dict(options), i))
+                            dict(options), cpu, i))
     return out
+
+
+def for_this_cpu(entries: Sequence[Expected], kind: str | None = None) -> tuple[list[Expected], int]:
+    """The entries that apply on this kind of CPU (``kind``, default ``runners.cpu_kind()``), and how many were
+    measured on another kind."""
+    if kind is None:
+        from retr.retrieval.backends.runners import cpu_kind
+
+        kind = cpu_kind()
+    kept = [e for e in entries if e.cpu is None or e.cpu == kind]
+    return kept, len(entries) - len(kept)
 
 
 def _dataset_spec(name: str, datasets: Path | None) -> str:
@@ -156,8 +174,10 @@ def outcome_table(outcomes: Sequence[Outcome]) -> str:
 
 def markdown_table(entries: Sequence[Expected]) -> str:
     """The expected figures as the README shows them (generated from the file, never typed by hand)."""
-    lines = ["| dataset | pipeline | options | metric | expected | tolerance |", "|---|---|---|---|---|---|"]
+    lines = ["| dataset | pipeline | options | metric | CPU | expected | tolerance |",
+             "|---|---|---|---|---|---|---|"]
     for e in entries:
         opts = ", ".join(f"{k}={v}" for k, v in sorted(e.options.items())) or "defaults"
-        lines.append(f"| {e.dataset} | {e.pipeline} | {opts} | {e.metric} | {e.value:.4f} | ±{e.tolerance:g} |")
+        lines.append(f"| {e.dataset} | {e.pipeline} | {opts} | {e.metric} | {e.cpu or 'any'} | {e.value:.4f} "
+                     f"| ±{e.tolerance:g} |")
     return "\n".join(lines)

@@ -152,13 +152,16 @@ class BiEncoder:
     @property
     def corpus_graph_id(self) -> str:
         """What names the graph a corpus goes through, for cache keys: the backend, for a calibrated one the sample
-        it is calibrated on (another retr sample, another graph, other vectors), and for an exported one how it
+        it is calibrated on (or its base graph, on a CPU where int8 does not pay) (another retr sample, another graph, other vectors), and for an exported one how it
         was exported (``graphs.EXPORT_GENERATION``)."""
         if self.graph is None:
             return self.backend
         export = f"/export{EXPORT_GENERATION}"  # another export procedure, other graphs, other vectors
-        if get_backend(self.config.backend).calibrated:
+        backend = get_backend(self.config.backend)
+        if backend.calibrated and backend.pays():
             return f"{self.backend}@{self.calibration.digest[:16]}{export}"
+        if backend.calibrated:  # a CPU where int8 does not pay: every corpus through the base graph
+            return f"{self.graph.variant}{export}"
         return f"{self.backend}{export}"
 
     def describe(self) -> dict:

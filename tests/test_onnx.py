@@ -322,6 +322,8 @@ def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_not
     encoded = enc.encode_corpus(corpus)
     assert encoded.graph["backend"] == "openvino" and calls == []
     np.testing.assert_array_equal(encoded.embeddings, enc.encode(corpus))
+    base_id = enc.corpus_graph_id  # embedding cache keys name the graph the corpus really went through
+    assert base_id.startswith("openvino/") and calls == []
     r = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="openvino-int8", max_length=64))
     base = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="openvino", max_length=64))
     assert r.backend == "openvino" and calls == []
@@ -329,6 +331,7 @@ def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_not
     assert _int8_folders(tmp_path) == []
     monkeypatch.setenv("RETR_INT8_DOT", "1")  # the same encoder on a CPU with them: the int8 graph, calibrated
     assert enc.encode_corpus(corpus).graph["backend"] == DEFAULT and calls == [1]
+    assert enc.corpus_graph_id != base_id and enc.corpus_graph_id.startswith(f"{DEFAULT}@")
 
 
 def test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once(tiny_bi_encoder, tmp_path, monkeypatch):

@@ -65,12 +65,34 @@ def test_bad_expected_files_are_refused(tmp_path, capsys, text, message):
     assert message in err and str(path) in err
 
 
+def test_expected_scores_of_another_kind_of_cpu_are_skipped_and_said_so(tmp_path, capsys, monkeypatch):
+    from retr.eval.regress import for_this_cpu
+    from retr.retrieval.backends.runners import cpu_kind
+
+    entries = load_expected(SCORES)
+    kinds = {e.cpu for e in entries}
+    assert None in kinds and {"bf16+int8", "fp32"} <= kinds  # BM25 on any CPU; dense and hybrid per kind
+    for kind in ("bf16+int8", "fp32"):
+        kept, other = for_this_cpu(entries, kind)
+        assert other == sum(e.cpu not in (None, kind) for e in entries) > 0
+        assert all(e.cpu in (None, kind) for e in kept) and any(e.cpu == kind for e in kept)
+    monkeypatch.setenv("RETR_INT8_DOT", "1")
+    assert cpu_kind().endswith("+int8")
+    path = tmp_path / "e.toml"
+    path.write_text('[[expect]]\ndataset="adi"\npipeline="dense"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\n'
+                    'cpu="no-such-cpu"\n')
+    assert main(["regress", str(path)]) == 0  # nothing of this CPU's kind: nothing measured, and said
+    out = capsys.readouterr().out
+    assert "1 expected score(s) measured on another kind of CPU skipped" in out and "nothing measured" in out
+
+
 def test_the_readme_figures_come_from_the_expected_file():
     table = markdown_table(load_expected(SCORES))
     assert table in (REPO / "README.md").read_text(), "regenerate it: retr regress benchmarks/expected/scores.toml --markdown"
 
 
 @pytest.mark.skipif(not (SHARED / "adi").is_dir() or not (SHARED / "cisi").is_dir(), reason="shared datasets absent")
-def test_the_cheap_expected_scores_hold(capsys):
+def test_the_cheap_expected_scores_hold(capsys, monkeypatch):
+    monkeypatch.delenv("RETR_INT8_DOT")  # this CPU as it is: its own expected figures
     assert main(["regress", str(SCORES), "--tier", "ci", "--datasets", str(SHARED), "--no-download"]) == 0, \
         capsys.readouterr().out

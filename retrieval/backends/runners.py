@@ -47,6 +47,12 @@ def native_precision() -> str:
     return "bf16" if cpu_has_bf16() else "fp32"
 
 
+def cpu_kind() -> str:
+    """What decides an exported graph's numbers on this CPU: its native precision, ``+int8`` where static int8
+    graphs are used (``bf16+int8``, ``fp32+int8``, ``fp32``). Expected scores are recorded per kind."""
+    return native_precision() + ("+int8" if cpu_has_int8_dot() else "")
+
+
 def default_threads() -> int:
     """Inference threads: the machine's cores, at most 4 (one policy for every runner)."""
     return max(1, min(os.cpu_count() or 1, 4))

@@ -1,0 +1,79 @@
+"""Documents per second of each document graph on this CPU: the same texts, the backends alternating.
+
+Whether static int8 pays depends on the CPU: with int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX) it is the
+fastest graph; with AVX2 alone it can be slower than the base graph, and retr then encodes corpora with the base
+graph (``Backend.pays``). This script measures that choice on the machine it runs on: each backend's graph is
+forced (``RETR_INT8_DOT=1``) so that int8 is timed even where retr would not use it. One process, graphs exported
+and warmed before timing, ``--rounds`` passes over ``--docs`` SciFact documents, backends alternating within each
+pass so that drift on a shared machine falls on all of them; the median pass is reported.
+
+    python benchmarks/graph_speed.py [--docs 300] [--rounds 3]
+        [--backends openvino,openvino-int8,openvino-int8-ffn,onnx-int8,torch] --out benchmarks/results/graph-speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1].parent / "shared/datasets/scifact"))
+    p.add_argument("--docs", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--backends", default="openvino,openvino-int8,openvino-int8-ffn,onnx-int8,torch")
+    p.add_argument("--out", default="benchmarks/results/graph-speed.json")
+    args = p.parse_args(argv)
+    cpu_reading = os.environ.get("RETR_INT8_DOT")
+    os.environ["RETR_INT8_DOT"] = "1"  # time every graph named, int8 included
+
+    from retr.eval.data import load_dataset
+    from retr.retrieval.artifacts import versions
+    from retr.retrieval.backends import runners
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    ds = load_dataset(args.dataset, "test", download=False)
+    texts = [d.text for d in ds.corpus.docs[:args.docs]]
+    names = args.backends.split(",")
+    encoders = {b: BiEncoder(EncoderConfig(backend=b, calibration_min_docs=1)) for b in names}
+    for enc in encoders.values():
+        enc.encode_corpus(texts[:32])  # exported, calibrated, compiled and warm before any timing
+    seconds: dict[str, list[float]] = {b: [] for b in names}
+    for _ in range(args.rounds):
+        for b, enc in encoders.items():
+            t0 = time.perf_counter()
+            enc.encode_corpus(texts)
+            seconds[b].append(time.perf_counter() - t0)
+    if cpu_reading is None:
+        del os.environ["RETR_INT8_DOT"]
+    else:
+        os.environ["RETR_INT8_DOT"] = cpu_reading
+    rows = {b: {"seconds": s, "docs_per_s": len(texts) / float(np.median(s)),
+                "graph": encoders[b].encode_corpus(texts[:1]).graph if b != "torch" else None}
+            for b, s in seconds.items()}
+    base = rows[names[0]]["docs_per_s"]
+    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "versions": versions(),
+              "platform": platform.platform(), "cpu_count": os.cpu_count(), "cpu_bf16": runners.cpu_has_bf16(),
+              "cpu_int8_dot": runners.cpu_has_int8_dot(), "docs": len(texts), "rounds": args.rounds,
+              "backends": rows, "ratio_to_first": {b: r["docs_per_s"] / base for b, r in rows.items()}}
+    print(f"{len(texts)} {ds.name} documents, median of {args.rounds} alternating passes; this CPU: "
+          f"bf16 {'native' if result['cpu_bf16'] else 'absent'}, int8 dot products "
+          f"{'present' if result['cpu_int8_dot'] else 'absent'}")
+    for b, r in rows.items():
+        print(f"{b:>18}: {r['docs_per_s']:6.1f} docs/s ({result['ratio_to_first'][b]:.2f}x {names[0]})")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"results written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
