@@ -129,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for path in made:
             shutil.rmtree(path, ignore_errors=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results written to {args.out}")
+    from proc import write_result
+
+    write_result(args.out, results)
     return 0
 
 

@@ -128,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         f = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
         print(f"{cname:24}{f(sm['scifact_dev']):>12}{f(sm['worst_gap_zero_shot']):>25}{f(sm['worst_gap_stress']):>20}"
               f"{f(sm['mean_zero_shot']):>10}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"ndcg@10": table, "summary": summary, "depth": DEPTH}, indent=2) + "\n")
-    print(f"results written to {args.out}")
+    from proc import write_result
+
+    write_result(args.out, {"ndcg@10": table, "summary": summary, "depth": DEPTH})
     return 0
 
 

@@ -14,7 +14,6 @@ pass so that drift on a shared machine falls on all of them; the median pass is 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -69,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{'present' if result['cpu_int8_dot'] else 'absent'}")
     for b, r in rows.items():
         print(f"{b:>18}: {r['docs_per_s']:6.1f} docs/s ({result['ratio_to_first'][b]:.2f}x {names[0]})")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"results written to {args.out}")
+    from proc import write_result
+
+    write_result(args.out, result)
     return 0
 
 

@@ -105,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:50s} {d['ndcg@10']:8.4f} {d['diff']:+8.4f} {d['p_rand']:6.3f} "
                   f"{h['ndcg@10']:8.4f} {h['diff']:+8.4f} {h['p_rand']:6.3f}")
     print("ranking noise on retr's sample:", {k: round(v, 4) for k, v in noise.items()})
-    out.write_text(json.dumps({"model": args.model, "dataset": args.dataset, "configs": chosen, "results": rows,
-                               "rank_noise": noise}, indent=2) + "\n")
-    print(f"results written to {out}")
+    from proc import write_result
+
+    write_result(out, {"model": args.model, "dataset": args.dataset, "configs": chosen, "results": rows,
+                       "rank_noise": noise})
     return 0
 
 

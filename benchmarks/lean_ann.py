@@ -213,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
             results["best_at_recall_0.95"] = {**best, "qps_vs_flat": best["qps"] / results["flat"]["qps"]}
             print(f"fastest setting at recall@10 >= 0.95: nprobe {best['nprobe']} k_factor {best['k_factor']}: "
                   f"{best['qps']:.0f} QPS = {best['qps'] / results['flat']['qps']:.0f}x flat", flush=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results written to {out}")
+    from proc import write_result
+
+    write_result(out, results)
     return 0
 
 

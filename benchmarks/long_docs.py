@@ -140,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     results["test"] = test
     short = test["short"]["ndcg@10"]
     results["recovery"] = {name: {p: r["ndcg@10"][p] / short[p] for p in PIPELINES} for name, r in test.items()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    from proc import write_result
+
+    write_result(args.out, results, say=False)
     print(f"chosen on dev (hybrid nDCG@10): {chosen}  " + "  ".join(f"{c}: {dev[c]['ndcg@10']['hybrid']:.4f}" for c in candidates))
     print(f"{'SciFact test':34}" + "".join(f"{p + ' nDCG@10':>16}{'recovery':>10}" for p in PIPELINES)
           + f"{'vectors':>9}{'encode s':>10}{'dense p50':>11}")

@@ -7,6 +7,7 @@ that has just held a large corpus), so it can read the same for every run.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,3 +42,16 @@ def run_measured(target: str, args: list[str], log: Path, env: dict | None = Non
     if proc.returncode:
         raise SystemExit(f"{target} {' '.join(args)} failed ({proc.returncode}):\n{log.read_text()[-2000:]}")
     return {"seconds": seconds, "peak_rss_mb": int(hwm.read_text()) / 1024}
+
+
+def write_result(out: str | Path, result: dict, say: bool = True) -> Path:
+    """A benchmark's result as JSON at ``out`` (folders made; written whole, then renamed into place: never half
+    a file), numpy numbers as floats; ``say``: print where."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    tmp.replace(path)
+    if say:
+        print(f"results written to {path}")
+    return path

@@ -12,7 +12,6 @@ benchmarks/results/ray-scale.json with the arithmetic for 100M documents.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -95,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"2 actors vs 1: {results['speedup_2_vs_1']:.2f}x")
     for row in plan:
         print(f"100M documents on {row['nodes']} x {row['cores_per_node']} cores: {row['hours']:.1f} h")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results written to {args.out}")
+    from proc import write_result
+
+    write_result(args.out, results)
     return 0
 
 

@@ -221,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"HTTP overhead at 1 client, p50: {overhead:.2f} ms (goal <= 1 ms); throughput vs 1 client: "
           + ", ".join(f"{c}: {x:.2f}x" for c, x in results["throughput_ratio"].items())
           + f"; errors: {sum(r['errors'] for r in results['levels'])}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results written to {args.out}")
+    from proc import write_result
+
+    write_result(args.out, results)
     return 0
 
 

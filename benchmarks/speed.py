@@ -605,8 +605,9 @@ def main(argv: list[str] | None = None) -> int:
         results["ann"] = section_ann(ds, args.ann_n, out_path.with_suffix(".ann.png"),
                                      tuple(int(m) for m in args.hnsw_m.split(",")), args.ef_construction,
                                      tuple(k.strip() for k in args.ann_kinds.split(",")))
-    out_path.write_text(json.dumps(results, indent=2, default=float) + "\n")
-    print(f"results written to {out_path}")
+    from proc import write_result
+
+    write_result(out_path, results)
     return 0
 
 

@@ -13,7 +13,6 @@ epoch's texts once (what tokenising once could save at most), next to a measured
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -78,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     result["best_epoch_seconds"] = best
     print(f"padding: {result['padding_share']:.1%} of all computed tokens; tokenising the epoch once: "
           f"{tokenise_s:.2f} s. At most: {args.epoch_seconds:.0f} s -> {best:.0f} s per epoch (goal 240 s)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    from proc import write_result
+
+    write_result(args.out, result)
     return 0
 
 
