@@ -17,7 +17,6 @@ on these), or the test queries (``--split test``; report, never tune).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -29,14 +28,6 @@ import numpy as np
 def _pct(seconds: list[float]) -> dict:
     p50, p95 = np.percentile(np.asarray(seconds) * 1000.0, [50, 95])
     return {"p50_ms": float(p50), "p95_ms": float(p95)}
-
-
-def _write(out: str, result: dict) -> None:
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timed", type=int, default=40, help="queries timed per setting")
     p.add_argument("--out", default="benchmarks/results/rerank-budget.json")
     args = p.parse_args(argv)
+    from proc import write_result
+
     # each graph named is measured as named, int8 included on a CPU without int8 dot products (where retr
     # itself would score with the base graph): the figures then say what int8 costs there
     os.environ.setdefault("RETR_INT8_DOT", "1")
@@ -111,14 +104,14 @@ def main(argv: list[str] | None = None) -> int:
                        "depth": depth, "interpolation": alpha, "ndcg@10": ndcg(run), **_pct(seconds)}
                 row["gain"] = row["ndcg@10"] - result["first_stage_ndcg@10"]
                 result["rows"].append(row)
-                _write(args.out, result)  # row by row: a later setting's failure keeps the ones measured
+                write_result(args.out, result, say=False)  # row by row: a later setting's failure keeps the ones measured
                 print(f"{backend:>10} {row['precision']:>10} len {length:>4} depth {depth:>3}: nDCG@10 "
                       f"{row['ndcg@10']:.4f} ({row['gain']:+.4f}) p50 {row['p50_ms']:7.1f} ms "
                       f"p95 {row['p95_ms']:7.1f} ms", flush=True)
             del rr
     print(f"{ds.name} {args.split}, {len(qids)} queries; first stage (hybrid) nDCG@10 "
           f"{result['first_stage_ndcg@10']:.4f}")
-    _write(args.out, result)
+    write_result(args.out, result, say=False)
     print(f"results written to {args.out}")
     return 0
 
