@@ -151,9 +151,9 @@ class BiEncoder:
 
     @property
     def corpus_graph_id(self) -> str:
-        """What names the graph a corpus goes through, for cache keys: the backend, for a calibrated one the sample
-        it is calibrated on (or its base graph, on a CPU where int8 does not pay) (another retr sample, another graph, other vectors), and for an exported one how it
-        was exported (``graphs.EXPORT_GENERATION``)."""
+        """What names the graph a corpus goes through, for cache keys: the backend; for a calibrated one the sample
+        it is calibrated on (another retr sample, another graph, other vectors), or its base graph on a CPU where
+        int8 does not pay; for an exported one how it was exported (``graphs.EXPORT_GENERATION``)."""
         if self.graph is None:
             return self.backend
         export = f"/export{EXPORT_GENERATION}"  # another export procedure, other graphs, other vectors

@@ -34,7 +34,8 @@ def _cpu_flags_int8_dot() -> bool:
 def cpu_has_int8_dot() -> bool:
     """Whether this CPU multiplies int8 in one instruction (AVX-512 VNNI, AVX-VNNI or AMX), from /proc/cpuinfo.
     Without one (AVX2 alone), static int8 graphs run slower than the base graph: measured on an AVX2 EPYC, MiniLM
-    documents through OpenVINO 17.6 docs/s in int8 against 19.9 in fp32 (README, "int8 and its check").
+    documents through OpenVINO at 19.2 docs/s in int8 against 22.7 in fp32 (`benchmarks/graph_speed.py`; README,
+    "First run on a new corpus").
     ``RETR_INT8_DOT=1`` / ``0`` overrides the reading (tests; CPUs whose flags a VM hides)."""
     forced = os.environ.get("RETR_INT8_DOT")
     if forced in ("0", "1"):
