@@ -339,14 +339,11 @@ def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool, back
     from proc import run_measured
 
     from retr.retrieval.artifacts import cache_home
-    from retr.retrieval.backends.registry import get_backend
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     # the graphs a first run would have exported and calibrated, made now
     enc = BiEncoder(EncoderConfig(**({"backend": backend} if backend else {})))
-    docs_backend = get_backend(enc.config.backend)
-    calibrated = enc.calibrated_graph if docs_backend.calibrated and docs_backend.pays() else None
-    graphs = {"documents": (calibrated or enc.graph).info(), "queries": enc.describe_queries()}
+    graphs = {"documents": (enc.calibrated_graph or enc.graph).info(), "queries": enc.describe_queries()}
     tmp = Path(tempfile.mkdtemp(prefix="retr-first-run-"))
     corpus = new_corpus(dataset, n_docs, tmp / "corpus.jsonl")
 

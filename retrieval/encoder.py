@@ -262,11 +262,6 @@ class BiEncoder:
         tok = self._token_ids(texts)
         if not backend.calibrated or len(texts) < self.config.calibration_min_docs:
             return CorpusPlan(texts, self.graph, tok)
-        if not backend.pays():
-            logger.info("%s: this CPU has no int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX), so int8 is slower "
-                        "than the %s graph here: the corpus takes that graph, and no calibration runs",
-                        backend.name, self.graph.variant)
-            return CorpusPlan(texts, self.graph, tok)
         return CorpusPlan(texts, self.calibrated_graph or self.graph, tok)
 
     @functools.cached_property
@@ -280,9 +275,15 @@ class BiEncoder:
     @functools.cached_property
     def calibrated_graph(self) -> Graph | None:
         """The calibrated backend's graph for this model (calibrated and checked once, then cached); None, with a
-        warning, when it is refused (it strays from torch or adds too much ranking noise): corpora then take
-        the base graph."""
+        warning, when it is refused (it strays from torch or adds too much ranking noise), and None, with an info
+        line and no calibration, on a CPU where it does not pay (``Backend.pays``): corpora then take the base
+        graph."""
         backend = get_backend(self.config.backend)
+        if not backend.pays():
+            logger.info("%s: this CPU has no int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX), so int8 is slower "
+                        "than the %s graph here: corpora take that graph, and no calibration runs",
+                        backend.name, self.graph.variant)
+            return None
         try:
             return self._open(backend.name, self.calibration)
         except RetrError as e:

@@ -329,9 +329,11 @@ def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_not
     assert r.backend == "openvino" and calls == []
     np.testing.assert_array_equal(r.score("wolves in forests", TEXTS), base.score("wolves in forests", TEXTS))
     assert _int8_folders(tmp_path) == []
-    monkeypatch.setenv("RETR_INT8_DOT", "1")  # the same encoder on a CPU with them: the int8 graph, calibrated
-    assert enc.encode_corpus(corpus).graph["backend"] == DEFAULT and calls == [1]
-    assert enc.corpus_graph_id != base_id and enc.corpus_graph_id.startswith(f"{DEFAULT}@")
+    assert enc.calibrated_graph is None and calls == []  # asked for directly: none here either
+    monkeypatch.setenv("RETR_INT8_DOT", "1")  # a CPU with them: the int8 graph, calibrated
+    on_vnni = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    assert on_vnni.encode_corpus(corpus).graph["backend"] == DEFAULT and calls == [1]
+    assert on_vnni.corpus_graph_id != base_id and on_vnni.corpus_graph_id.startswith(f"{DEFAULT}@")
 
 
 def test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once(tiny_bi_encoder, tmp_path, monkeypatch):
