@@ -12,23 +12,19 @@ import numpy as np
 
 
 @functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags, from /proc/cpuinfo (read once); empty where it cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[-1].split())
+
+
 def cpu_has_bf16() -> bool:
     """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX), from /proc/cpuinfo; False elsewhere.
     The one check for training (bf16 autocast) and inference (OpenVINO's precision hint)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_flags_int8_dot() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+    return not _cpu_flags().isdisjoint({"avx512_bf16", "amx_bf16"})
 
 
 def cpu_has_int8_dot() -> bool:
@@ -40,7 +36,7 @@ def cpu_has_int8_dot() -> bool:
     forced = os.environ.get("RETR_INT8_DOT")
     if forced in ("0", "1"):
         return forced == "1"
-    return _cpu_flags_int8_dot()
+    return not _cpu_flags().isdisjoint({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def native_precision() -> str:
