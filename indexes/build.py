@@ -107,10 +107,10 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
         if hit is not None:
             return hit[0], {"cached": True, "cache_key": key, "encode_seconds": 0.0, "graph": hit[1].get("graph"),
                             "truncation": hit[1].get("truncation")}
-    graph = encoder.corpus_graph_id.split("/")[0].split("@")[0]  # the backend whose graph the corpus goes through
     logger.info("encoding %d %s with %s (max length %d, %s backend%s)", len(texts.texts),
                 "passages" if texts.passages else "documents", encoder.model_id, encoder.max_length, encoder.backend,
-                "" if graph == encoder.backend else f"; the {graph} graph on this CPU")
+                "" if encoder.corpus_backend == encoder.backend
+                else f"; the {encoder.corpus_backend} graph on this CPU")
     truncation = encoder.truncation(texts.texts)  # recorded with the vectors; not part of the encoding time
     t0 = time.perf_counter()
     executor = executor or ExecutorConfig()

@@ -25,6 +25,7 @@ from retr.retrieval.backends.registry import (
     DEFAULT_BACKEND,
     base_of,
     get_backend,
+    on_this_cpu,
 )
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
@@ -149,6 +150,15 @@ class BiEncoder:
             return "torch"
         return self.config.backend if self.graph.variant == base_of(self.config.backend).name else self.graph.variant
 
+    @functools.cached_property
+    def corpus_backend(self) -> str:
+        """The backend whose graph a corpus (of ``calibration_min_docs``+ documents) goes through on this CPU:
+        ``backend``, or the graph that stands in where a calibrated backend does not pay here
+        (``registry.on_this_cpu``, which says so once)."""
+        if self.graph is None or on_this_cpu(get_backend(self.config.backend)).name == self.config.backend:
+            return self.backend
+        return self.graph.variant
+
     @property
     def corpus_graph_id(self) -> str:
         """What names the graph a corpus goes through, for cache keys: the backend; for a calibrated one the sample
@@ -157,12 +167,9 @@ class BiEncoder:
         if self.graph is None:
             return self.backend
         export = f"/export{EXPORT_GENERATION}"  # another export procedure, other graphs, other vectors
-        backend = get_backend(self.config.backend)
-        if backend.calibrated and backend.pays():
+        if self.corpus_backend == self.backend and get_backend(self.config.backend).calibrated:
             return f"{self.backend}@{self.calibration.digest[:16]}{export}"
-        if backend.calibrated:  # a CPU where int8 does not pay: every corpus through the base graph
-            return f"{self.graph.variant}{export}"
-        return f"{self.backend}{export}"
+        return f"{self.corpus_backend}{export}"
 
     def describe(self) -> dict:
         info = graph_info(self.graph)
@@ -279,10 +286,7 @@ class BiEncoder:
         line and no calibration, on a CPU where it does not pay (``Backend.pays``): corpora then take the base
         graph."""
         backend = get_backend(self.config.backend)
-        if not backend.pays():
-            logger.info("%s: this CPU has no int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX), so int8 is slower "
-                        "than the %s graph here: corpora take that graph, and no calibration runs",
-                        backend.name, self.graph.variant)
+        if self.corpus_backend != self.backend:  # it does not pay on this CPU: nothing to calibrate
             return None
         try:
             return self._open(backend.name, self.calibration)

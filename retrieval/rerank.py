@@ -17,7 +17,7 @@ from retr.retrieval.backends import sample_texts
 from retr.retrieval.backends.batching import fast_pair_tokenizer, run_sorted
 from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
 from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
-from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND, get_backend
+from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND, get_backend, on_this_cpu
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
 from retr.retrieval.passages import PassageMap, passage_text
@@ -118,11 +118,7 @@ class CrossEncoderReranker:
         self._fast_pairs = fast_pair_tokenizer(self.path, self.max_length)
         self.graph: Graph | None = None
         if config.device == "cpu":
-            backend = get_backend(config.backend, SCORING)
-            if backend.calibrated and not backend.pays():
-                logger.info("%s: this CPU has no int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX), so int8 is slower "
-                            "than the %s graph here: pairs are scored by that graph", backend.name, backend.base)
-                backend = get_backend(backend.base, SCORING)
+            backend = on_this_cpu(get_backend(config.backend, SCORING), SCORING)
             calibration = self._calibration() if backend.calibrated else None
             self.graph = open_graph(lambda: self.model, self.ref.hash, backend.name, self.max_length, cache_home(),
                                     SCORING, use_cache_alone=self._fast_pairs is not None, calibration=calibration)

@@ -5,6 +5,7 @@ Each list of choices (the CLI's, the configs' checks, the reranker's) is derived
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -13,6 +14,8 @@ from retr.retrieval.backends import export, runners
 from retr.retrieval.backends.export import EMBEDDING, SCORING, GraphKind
 from retr.retrieval.backends.runners import native_precision
 from retr.retrieval.errors import RetrError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,8 @@ def _static_int8(name: str, help_: str, convert: Callable) -> Backend:
 BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
     _static_int8("openvino-int8", "a corpus of calibration_min_docs+ documents (a cross-encoder: every pair) "
                  "through static int8 MatMuls calibrated once per model on retr's fixed sample (NNCF) and checked "
-                 "for ranking noise, other texts as openvino; on a CPU without int8 dot products (AVX-512 VNNI, AVX-VNNI, "
-                 "AMX), where int8 is slower, everything as openvino", export.quantize_static_int8),
+                 "for ranking noise, other texts as openvino; on a CPU without int8 dot products (AVX-512 VNNI, "
+                 "AVX-VNNI, AMX), where int8 is slower, everything as openvino", export.quantize_static_int8),
     _static_int8("openvino-int8-ffn", "as openvino-int8, with int8 only in the feed-forward MatMuls (attention in "
                  "bf16/fp32): slower, closer to the base graph", export.quantize_static_int8_ffn),
     Backend("openvino", "OpenVINO, bf16 where the CPU has it natively, else fp32", "openvino", "model.xml",
@@ -114,5 +117,16 @@ def base_of(name: str) -> Backend:
     return BACKENDS[b.base] if b.calibrated else b
 
 
+def on_this_cpu(backend: Backend, kind: GraphKind = EMBEDDING) -> Backend:
+    """The backend that does ``backend``'s work on this CPU: itself, or its base where it does not pay here
+    (static int8 without int8 dot products), with an info line saying so. The one place that choice is made."""
+    if backend.base is None or backend.pays():
+        return backend
+    logger.info("%s: this CPU has no int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX), so int8 is slower than the %s "
+                "graph here: the %s's work goes through that graph, and nothing is calibrated", backend.name,
+                backend.base, kind.label)
+    return get_backend(backend.base, kind)
+
+
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "DEFAULT_RERANK_BACKEND", "EMBEDDING", "SCORING", "Backend", "base_of",
-           "choices", "get_backend"]
+           "choices", "get_backend", "on_this_cpu"]

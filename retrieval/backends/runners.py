@@ -18,7 +18,8 @@ def _cpu_flags() -> frozenset[str]:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return frozenset()
-    return frozenset(f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[-1].split())
+    return frozenset(flag for line in text.splitlines() if line.startswith("flags")
+                     for flag in line.split(":", 1)[-1].split())
 
 
 def cpu_has_bf16() -> bool:
