@@ -28,11 +28,12 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         print(markdown_table(entries))
         return 0
-    entries, other = for_this_cpu(entries)
+    kind = cpu_kind()
+    entries, other = for_this_cpu(entries, kind)
     if other:
-        print(f"{other} expected score(s) measured on another kind of CPU skipped (this one: {cpu_kind()})")
+        print(f"{other} expected score(s) measured on another kind of CPU skipped (this one: {kind})")
     if not entries:
-        print(f"no expected scores for this kind of CPU ({cpu_kind()}) in {args.file}: nothing measured")
+        print(f"no expected scores for this kind of CPU ({kind}) in {args.file}: nothing measured")
         return 0
     outcomes = measure(entries, Path(args.datasets) if args.datasets else None, download=not args.no_download)
     print(outcome_table(outcomes))
