@@ -50,6 +50,10 @@ def add_parser(sub) -> None:
                    help="BM25 hard negatives per pair (0: in-batch only)")
     t.add_argument("--dev-fraction", type=float, default=bi.dev_fraction,
                    help="training queries held out to pick the epoch")
+    t.add_argument("--teacher", default=None,
+                   help="cross-encoder folder whose scores of each pair's positive and negatives are distilled "
+                        "into the bi-encoder (KL beside the contrastive loss)")
+    t.add_argument("--teacher-weight", type=float, default=bi.teacher_weight, help="weight of the teacher's loss")
     _add_precision(t, bi)
     _add_common(t, bi, "BERT or sentence-transformers folder (default: bundled MiniLM)")
     t.set_defaults(run=run_bi_encoder)
@@ -123,7 +127,8 @@ def run_bi_encoder(args: argparse.Namespace) -> int:
         raise RetrError("use --corpus with --self-supervised, or --dataset for labeled training")
     cfg = BiEncoderTrainConfig(**_common(args), mini_batch_size=args.mini_batch_size,
                                num_negatives=args.num_negatives, dev_fraction=args.dev_fraction,
-                               self_supervised=args.self_supervised, precision=args.precision)
+                               self_supervised=args.self_supervised, precision=args.precision,
+                               teacher=args.teacher, teacher_weight=args.teacher_weight)
     if args.dataset:
         m = train_bi_encoder(Path(args.out), cfg, dataset=load_dataset(args.dataset, args.split), resume=args.resume)
     else:

@@ -134,6 +134,55 @@ def test_distillation_targets_keep_the_positive_first_and_follow_the_first_stage
         CrossEncoderTrainConfig(distill=1.0)
 
 
+def test_teacher_loss_is_the_contrastive_loss_plus_kl_to_the_teacher(tiny_bi_encoder):
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    from retr.train.losses import TeacherMNRL
+
+    model = SentenceTransformer(str(tiny_bi_encoder), device="cpu")
+    cols = [["solar power", "tea leaves", "river dams"], ["Solar panels", "Green tea", "Hydro dams"],
+            ["Bread dough", "Ovens", "Sea water"]]
+    features = [model.tokenize(c) for c in cols]
+    torch.manual_seed(0)
+    plain = MultipleNegativesRankingLoss(model, scale=20.0)(features, None)
+    with torch.no_grad():  # the student's own scores as the teacher: KL 0, the loss is the contrastive one
+        q, pos, neg = (torch.nn.functional.normalize(model(f)["sentence_embedding"], dim=-1) for f in features)
+        own = 20.0 * torch.stack([(q * pos).sum(-1), (q * neg).sum(-1)], dim=1)  # (B, 2)
+    loss = TeacherMNRL(model, scale=20.0, weight=1.0)
+    assert loss(features, own).item() == pytest.approx(plain.item(), abs=1e-5)
+    other = own.flip(1) * 3  # a teacher that ranks every list the other way
+    kl = torch.nn.functional.kl_div(torch.log_softmax(own, 1), torch.softmax(other, 1), reduction="batchmean")
+    assert loss(features, other).item() == pytest.approx(plain.item() + kl.item(), rel=1e-4)
+    assert TeacherMNRL(model, weight=0.0)(features, other).item() == pytest.approx(plain.item(), abs=1e-5)
+
+
+def test_tiny_training_with_a_cross_encoder_teacher(tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path):
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    from retr.retrieval.backends.export import ce_logits
+    from retr.train.data import labeled_pairs
+    from retr.train.teacher import teacher_logits
+
+    ds = load_dataset(str(tiny_train), "train", download=False)
+    cfg = _cfg(tiny_bi_encoder.parent / "bert", epochs=2, teacher=str(tiny_cross_encoder))
+    pairs = labeled_pairs(ds.queries, ds.qrels, sorted(ds.qrels))[:3]
+    doc_text = {d.doc_id: d.full_text() for d in ds.corpus.docs}
+    others = [d for d in doc_text if all(d != p.positive_id for p in pairs)]
+    negatives = [others[i:i + 2] for i in range(len(pairs))]
+    labels = teacher_logits(cfg.teacher, pairs, negatives, doc_text, cfg.max_length)
+    ce = CrossEncoder(str(tiny_cross_encoder), num_labels=1, max_length=32, device="cpu")
+    assert len(labels) == 3 and all(len(row) == 3 for row in labels)
+    for p, negs, row in zip(pairs, negatives, labels, strict=True):  # its logits, list by list, positive first
+        expected = ce_logits(ce, [(p.query, doc_text[d]) for d in (p.positive_id, *negs)])
+        assert row == pytest.approx(expected.tolist(), rel=1e-4, abs=1e-5)
+    m = train_bi_encoder(tmp_path / "bi", cfg, dataset=ds)
+    assert m["config"]["teacher"] == str(tiny_cross_encoder) and m["loss_history"]
+    with pytest.raises(RetrError, match="--teacher needs"):
+        BiEncoderTrainConfig(teacher=str(tiny_cross_encoder), num_negatives=0)
+
+
 def test_training_precision_resolves_auto_from_the_cpu(monkeypatch):
 
     monkeypatch.setattr(common, "cpu_has_bf16", lambda: True)

@@ -45,6 +45,16 @@ class BiEncoderTrainConfig(TrainConfig):
     dev_candidates: int = 10  # BM25 candidates per dev query (plus its positives) for dev nDCG@10
     self_supervised: bool = False
     precision: str = "auto"  # bf16 autocast where the CPU has native bf16, else fp32 (README, Training)
+    # a cross-encoder folder: its logits over each pair's [positive, negatives] are distilled into the bi-encoder
+    # beside the contrastive loss (KL, ``teacher_weight``); needs labeled data and at least one negative
+    teacher: str | None = None
+    teacher_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.teacher is not None and (self.self_supervised or self.num_negatives < 1):
+            raise RetrError("--teacher needs labeled training (--dataset) and --num-negatives >= 1")
+        if self.teacher_weight < 0:
+            raise RetrError(f"--teacher-weight must be >= 0, got {self.teacher_weight}")
 
 
 def load_st_model(base: str | None, max_length: int, precision: str = "fp32"):
@@ -130,6 +140,10 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     columns = {"anchor": [p.query for p in train_pairs], "positive": [doc_text_pos[p.positive_id] for p in train_pairs]}
     for j in range(cfg.num_negatives):
         columns[f"negative_{j + 1}"] = [doc_text[n[j]] for n in negatives]
+    if cfg.teacher is not None:
+        from retr.train.teacher import teacher_logits
+
+        columns["label"] = teacher_logits(cfg.teacher, train_pairs, negatives, doc_text, cfg.max_length)
     train_ds = HFDataset.from_dict(columns)
 
     precision = resolve_precision(cfg.precision)
@@ -147,7 +161,11 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
 
     evaluator = dev_evaluator(score_all, dev_qrels)
     base_dev = evaluator(model)["dev_ndcg@10"]
-    if cfg.mini_batch_size < cfg.batch_size:  # GradCache: memory bounded by the mini-batch, ~1.3x the compute
+    if cfg.teacher is not None:
+        from retr.train.losses import TeacherMNRL
+
+        loss = TeacherMNRL(model, scale=cfg.scale, weight=cfg.teacher_weight)
+    elif cfg.mini_batch_size < cfg.batch_size:  # GradCache: memory bounded by the mini-batch, ~1.3x the compute
         loss = CachedMultipleNegativesRankingLoss(model, scale=cfg.scale, mini_batch_size=cfg.mini_batch_size)
     else:  # the whole batch fits: the same loss and gradients without the extra forward pass
         loss = MultipleNegativesRankingLoss(model, scale=cfg.scale)
