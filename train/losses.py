@@ -37,9 +37,5 @@ class TeacherMNRL(nn.Module):
         kl = F.kl_div(F.log_softmax(student.float(), dim=1), teacher, reduction="batchmean")
         return contrastive + self.weight * kl
 
-    @property
-    def citation(self) -> str:
-        return ""
-
     def get_config_dict(self) -> dict:
         return {"scale": self.scale, "weight": self.weight}
