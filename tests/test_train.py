@@ -173,12 +173,21 @@ def test_tiny_training_with_a_cross_encoder_teacher(tiny_train, tiny_bi_encoder,
     negatives = [others[i:i + 2] for i in range(len(pairs))]
     labels = teacher_logits(cfg.teacher, pairs, negatives, doc_text, cfg.max_length)
     ce = CrossEncoder(str(tiny_cross_encoder), num_labels=1, max_length=32, device="cpu")
-    assert len(labels) == 3 and all(len(row) == 3 for row in labels)
+    assert labels.shape == (3, 3)
     for p, negs, row in zip(pairs, negatives, labels, strict=True):  # its logits, list by list, positive first
         expected = ce_logits(ce, [(p.query, doc_text[d]) for d in (p.positive_id, *negs)])
         assert row == pytest.approx(expected.tolist(), rel=1e-4, abs=1e-5)
+    from sentence_transformers import SentenceTransformer
+
+    from retr.train.teacher import student_units
+
+    student = SentenceTransformer(str(tiny_bi_encoder), device="cpu")
+    factor = student_units(student, labels, pairs, negatives, doc_text, 20.0)
+    assert factor > 0  # the teacher in the student's units: a teacher twice as spread gets half the factor
+    assert student_units(student, labels * 2, pairs, negatives, doc_text, 20.0) == pytest.approx(factor / 2)
+    assert student_units(student, labels, pairs, negatives, doc_text, 40.0) == pytest.approx(factor * 2)
     m = train_bi_encoder(tmp_path / "bi", cfg, dataset=ds)
-    assert m["config"]["teacher"] == str(tiny_cross_encoder) and m["loss_history"]
+    assert m["config"]["teacher"] == str(tiny_cross_encoder) and m["loss_history"] and m["teacher_factor"] > 0
     with pytest.raises(RetrError, match="--teacher needs"):
         BiEncoderTrainConfig(teacher=str(tiny_cross_encoder), num_negatives=0)
 

@@ -140,14 +140,18 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     columns = {"anchor": [p.query for p in train_pairs], "positive": [doc_text_pos[p.positive_id] for p in train_pairs]}
     for j in range(cfg.num_negatives):
         columns[f"negative_{j + 1}"] = [doc_text[n[j]] for n in negatives]
-    if cfg.teacher is not None:
-        from retr.train.teacher import teacher_logits
-
-        columns["label"] = teacher_logits(cfg.teacher, train_pairs, negatives, doc_text, cfg.max_length)
-    train_ds = HFDataset.from_dict(columns)
-
     precision = resolve_precision(cfg.precision)
+    teacher_factor = None
+    if cfg.teacher is not None:
+        from retr.train.teacher import student_units, teacher_logits
+
+        logits = teacher_logits(cfg.teacher, train_pairs, negatives, doc_text, cfg.max_length)
     model = load_st_model(cfg.base, cfg.max_length, precision)
+    if cfg.teacher is not None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):  # as the steps run
+            teacher_factor = student_units(model, logits, train_pairs, negatives, doc_text_pos, cfg.scale)
+        columns["label"] = (logits * teacher_factor).tolist()
+    train_ds = HFDataset.from_dict(columns)
 
     def score_all(model):
         qids = list(dev_queries)
@@ -178,7 +182,8 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     extra = {
         "base": cfg.base_name, "train_pairs": len(train_pairs), "dev_queries": len(dev_queries),
         "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
-        "dev_ndcg@10_before": base_dev, "precision": precision, **result, "train_seconds": seconds,
+        "dev_ndcg@10_before": base_dev, "precision": precision, "teacher_factor": teacher_factor, **result,
+        "train_seconds": seconds,
         "wall_seconds_per_epoch": seconds / max(1, cfg.epochs),
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-bi-encoder", cfg, extra)
