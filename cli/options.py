@@ -75,7 +75,8 @@ def add_query_backend_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_rerank_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rerank-depth", type=positive_int, default=DEFAULT_RERANK_DEPTH)
+    p.add_argument("--rerank-depth", type=positive_int, default=DEFAULT_RERANK_DEPTH,
+                   help="first-stage hits the cross-encoder rescores (default: chosen on dev by quality per ms)")
     p.add_argument("--rerank-max-length", type=positive_int, default=DEFAULT_RERANK_MAX_LENGTH)
     p.add_argument("--rerank-backend", choices=choices(SCORING), default=DEFAULT_RERANK_BACKEND,
                    help="cross-encoder inference")

@@ -26,7 +26,11 @@ from retr.retrieval.types import Hit, Run
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_RERANK_DEPTH = 100
+# the shallowest depth within 0.005 dev nDCG@10 of the best, on both dev studies (benchmarks/rerank_budget.py,
+# README "Reranking within a budget"): SciFact dev, a 1-epoch cross-encoder over the trained hybrid, depths
+# 10/20/30/50/100: +0.0083/+0.0192/+0.0217/+0.0174/+0.0166 over the first stage; 100 was the default at 5.8x
+# the cost of 20
+DEFAULT_RERANK_DEPTH = 20
 DEFAULT_RERANK_MAX_LENGTH = 256
 
 
