@@ -46,7 +46,8 @@ class BiEncoderTrainConfig(TrainConfig):
     self_supervised: bool = False
     precision: str = "auto"  # bf16 autocast where the CPU has native bf16, else fp32 (README, Training)
     # a cross-encoder folder: its logits over each pair's [positive, negatives] are distilled into the bi-encoder
-    # beside the contrastive loss (KL, ``teacher_weight``); needs labeled data and at least one negative
+    # beside the contrastive loss (KL, ``teacher_weight``); needs labeled data and at least one negative. The
+    # whole batch is computed at once (no GradCache: ``mini_batch_size`` does not bound its memory)
     teacher: str | None = None
     teacher_weight: float = 1.0
 

@@ -39,7 +39,7 @@ def student_units(model, teacher: np.ndarray, pairs: Sequence[Pair], negatives: 
     """The factor that puts the teacher's logits in the student's units before training: the student's mean
     absolute margin (``scale`` x cosine) between each list's positive and its negatives, over the teacher's. A
     teacher whose logits sit far closer together than the student's scores would otherwise pull the positive and
-    the negatives together (a SciFact cross-encoder: mean margin 0.40 logits, MiniLM's ~2)."""
+    the negatives together (a SciFact cross-encoder: mean margin 0.45 logits; MiniLM's 4.98)."""
     queries = model.encode([p.query for p in pairs], convert_to_numpy=True, normalize_embeddings=True)
     docs = [doc_text[d] for p, negs in zip(pairs, negatives, strict=True) for d in (p.positive_id, *negs)]
     emb = model.encode(docs, convert_to_numpy=True, normalize_embeddings=True, batch_size=32)
