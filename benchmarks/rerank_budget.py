@@ -44,10 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from proc import write_result
 
-    # each graph named is measured as named, int8 included on a CPU without int8 dot products (where retr
-    # itself would score with the base graph): the figures then say what int8 costs there
-    os.environ.setdefault("RETR_INT8_DOT", "1")
-
     from retr.eval.data import load_dataset
     from retr.eval.metrics import evaluate
     from retr.indexes.build import IndexConfig, cached_index
@@ -68,11 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     qrels = Qrels({q: ds.qrels[q] for q in qids})
     enc_cfg = EncoderConfig(model=args.model)
     cfg = IndexConfig(encoder=enc_cfg, bm25=BM25Config())
-    folder = cached_index(ds.name, ds.corpus, BiEncoder(enc_cfg), cfg).folder
+    encoder = BiEncoder(enc_cfg)  # the first stage as `retr eval` builds it on this CPU
+    folder = cached_index(ds.name, ds.corpus, encoder, cfg).folder
     searcher = Searcher(folder, enc_cfg)
     first = {q: r for q, r in zip(qids, searcher.search_many([ds.queries[q] for q in qids], max(depths), "hybrid"),
                                   strict=True)}
     searcher.close()
+    # then each reranker graph named is measured as named, int8 included on a CPU without int8 dot products (where
+    # retr itself would score with the base graph): the figures then say what int8 costs there
+    os.environ.setdefault("RETR_INT8_DOT", "1")
     full = {d.doc_id: d.full_text() for d in ds.corpus.docs}  # what the reranker reads of a document
     texts = {q: [full[h.id] for h in first[q].hits] for q in qids}
     hits = {q: [Hit(h.id, h.score) for h in first[q].hits] for q in qids}
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {"dataset": ds.name, "split": args.split, "queries": len(qids), "model": args.model,
               "reranker": args.reranker, "first_stage": "hybrid",
+              "first_stage_documents": encoder.corpus_backend,
               "first_stage_ndcg@10": ndcg({q: hits[q][:10] for q in qids}),
               "rows": []}
     timed = qids[: args.timed]
