@@ -105,13 +105,9 @@ def load_expected(path: str | Path) -> list[Expected]:
     return out
 
 
-def for_this_cpu(entries: Sequence[Expected], kind: str | None = None) -> tuple[list[Expected], int]:
-    """The entries that apply on this kind of CPU (``kind``, default ``runners.cpu_kind()``), and how many were
-    measured on another kind."""
-    if kind is None:
-        from retr.retrieval.backends.runners import cpu_kind
-
-        kind = cpu_kind()
+def for_this_cpu(entries: Sequence[Expected], kind: str) -> tuple[list[Expected], int]:
+    """The entries that apply on a CPU of ``kind`` (``runners.cpu_kind()``), and how many were measured on another
+    kind."""
     kept = [e for e in entries if e.cpu is None or e.cpu == kind]
     return kept, len(entries) - len(kept)
 
