@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = IndexConfig(encoder=enc_cfg, bm25=BM25Config())
     encoder = BiEncoder(enc_cfg)  # the first stage as `retr eval` builds it on this CPU
     folder = cached_index(ds.name, ds.corpus, encoder, cfg).folder
+    first_documents = encoder.corpus_backend  # read before int8 is forced below
     searcher = Searcher(folder, enc_cfg)
     first = {q: r for q, r in zip(qids, searcher.search_many([ds.queries[q] for q in qids], max(depths), "hybrid"),
                                   strict=True)}
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {"dataset": ds.name, "split": args.split, "queries": len(qids), "model": args.model,
               "reranker": args.reranker, "first_stage": "hybrid",
-              "first_stage_documents": encoder.corpus_backend,
+              "first_stage_documents": first_documents,
               "first_stage_ndcg@10": ndcg({q: hits[q][:10] for q in qids}),
               "rows": []}
     timed = qids[: args.timed]
@@ -112,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             del rr
     print(f"{ds.name} {args.split}, {len(qids)} queries; first stage (hybrid) nDCG@10 "
           f"{result['first_stage_ndcg@10']:.4f}")
-    write_result(args.out, result, say=False)
-    print(f"results written to {args.out}")
+    write_result(args.out, result)
     return 0
 
 
