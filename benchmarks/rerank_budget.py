@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = cached_index(ds.name, ds.corpus, encoder, cfg).folder
     first_documents = encoder.corpus_backend  # read before int8 is forced below
     searcher = Searcher(folder, enc_cfg)
-    first = {q: r for q, r in zip(qids, searcher.search_many([ds.queries[q] for q in qids], max(depths), "hybrid"),
+    fetch = max(10, *depths)  # at least the 10 hits nDCG@10 reads, under every depth's reranked head
+    first = {q: r for q, r in zip(qids, searcher.search_many([ds.queries[q] for q in qids], fetch, "hybrid"),
                                   strict=True)}
     searcher.close()
     # then each reranker graph named is measured as named, int8 included on a CPU without int8 dot products (where

@@ -21,14 +21,22 @@ _ENCODER = EncoderConfig()
 _PIPELINE = PipelineConfig()
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, least: int) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    if v < least:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= {least}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    return _int_at_least(text, 0)
 
 
 def add_k_values_arg(p: argparse.ArgumentParser) -> None:

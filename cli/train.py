@@ -28,9 +28,15 @@ def _add_precision(t, cfg) -> None:
                    help="training arithmetic (auto: bf16 autocast where the CPU has native bf16)")
 
 
+def _add_freeze(t, cfg) -> None:
+    t.add_argument("--freeze-layers", type=options.nonnegative_int, default=cfg.freeze_layers,
+                   help="train without the embeddings and the first N transformer layers (no backward through them)")
+
+
 def _common(args) -> dict:
     return dict(base=args.base, epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
-                max_length=args.max_length, seed=args.seed, max_steps=args.max_steps)
+                max_length=args.max_length, seed=args.seed, max_steps=args.max_steps,
+                **({"freeze_layers": args.freeze_layers} if hasattr(args, "freeze_layers") else {}))
 
 
 def add_parser(sub) -> None:
@@ -55,6 +61,7 @@ def add_parser(sub) -> None:
                         "into the bi-encoder (KL beside the contrastive loss)")
     t.add_argument("--teacher-weight", type=float, default=bi.teacher_weight, help="weight of the teacher's loss")
     _add_precision(t, bi)
+    _add_freeze(t, bi)
     _add_common(t, bi, "BERT or sentence-transformers folder (default: bundled MiniLM)")
     t.set_defaults(run=run_bi_encoder)
 
@@ -83,6 +90,7 @@ def add_parser(sub) -> None:
                    help="0 < w < 1: distil the first stage's ranking of each list into the targets (weight w; "
                         "ListNet loss, no in-batch negatives); 0: the judged positive alone")
     _add_precision(t, ce)
+    _add_freeze(t, ce)
     _add_common(t, ce, "BERT folder (default: the bundled MiniLM + a new head)")
     t.set_defaults(run=run_cross_encoder)
 

@@ -200,3 +200,49 @@ def test_training_precision_resolves_auto_from_the_cpu(monkeypatch):
     assert common.resolve_precision("auto") == "fp32" and common.resolve_precision("bf16") == "bf16"
     with pytest.raises(RetrError, match="unknown precision 'fp8'"):
         common.resolve_precision("fp8")
+
+
+def test_freezing_stops_gradients_at_the_first_trained_layer(tiny_bi_encoder, tiny_modernbert):
+    from transformers import AutoModel
+
+    for folder in (tiny_bi_encoder.parent / "bert", tiny_modernbert):
+        model = AutoModel.from_pretrained(str(folder))
+        embeddings, layers = common._backbone_layers(model)
+        assert common.freeze_bottom(model, 0) == {"frozen_layers": 0}
+        assert all(p.requires_grad for p in model.parameters())
+        info = common.freeze_bottom(model, 1)
+        assert not any(p.requires_grad for p in embeddings.parameters())
+        assert not any(p.requires_grad for p in layers[0].parameters())
+        assert all(p.requires_grad for layer in layers[1:] for p in layer.parameters())
+        assert info["trainable_parameters"] == sum(p.numel() for p in model.parameters() if p.requires_grad) > 0
+        with pytest.raises(RetrError, match=f"has {len(layers)} layers"):
+            common.freeze_bottom(model, len(layers))
+
+
+def test_training_with_frozen_layers_leaves_them_as_they_were(tiny_train, tiny_bi_encoder, tiny_cross_encoder,
+                                                             tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from retr.train.cross_encoder import CrossEncoderTrainConfig, train_cross_encoder
+
+    def tensors(folder):
+        return {k.split("embeddings.", 1)[-1] if "embeddings." in k else k.split("layer.", 1)[-1]: v
+                for k, v in load_file(str(folder / "model.safetensors")).items()
+                if "embeddings." in k or "encoder.layer." in k}
+
+    ds = load_dataset(str(tiny_train), "train", download=False)
+    ce_cfg = CrossEncoderTrainConfig(base=str(tiny_cross_encoder), first_stage_model=str(tiny_bi_encoder), epochs=1,
+                                     batch_size=4, learning_rate=1e-2, max_length=32, num_negatives=2,
+                                     negative_depth=8, dev_fraction=0.3, dev_depth=6, seed=0, freeze_layers=1)
+    runs = [(tiny_bi_encoder.parent / "bert", tmp_path / "bi",
+             lambda out: train_bi_encoder(out, _cfg(tiny_bi_encoder.parent / "bert", epochs=1, freeze_layers=1),
+                                          dataset=ds)),
+            (tiny_cross_encoder, tmp_path / "ce", lambda out: train_cross_encoder(out, ce_cfg, ds))]
+    for base, out, train in runs:
+        m = train(out)
+        assert m["frozen_layers"] == 1 and m["config"]["freeze_layers"] == 1
+        before, after = tensors(base), tensors(out)
+        assert set(before) == set(after) and before
+        changed = {name for name, value in before.items() if not torch.equal(value, after[name])}
+        assert changed and all(name.startswith("1.") for name in changed), changed  # layer 1 trained, no other

@@ -21,6 +21,7 @@ from retr.retrieval.types import Qrels
 from retr.train.common import (
     TrainConfig,
     dev_evaluator,
+    freeze_bottom,
     model_kwargs,
     resolve_precision,
     run_trainer,
@@ -148,6 +149,7 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
 
         logits = teacher_logits(cfg.teacher, train_pairs, negatives, doc_text, cfg.max_length)
     model = load_st_model(cfg.base, cfg.max_length, precision)
+    frozen = freeze_bottom(model, cfg.freeze_layers)
     if cfg.teacher is not None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):  # as the steps run
             teacher_factor = student_units(model, logits, train_pairs, negatives, doc_text_pos, cfg.scale)
@@ -181,7 +183,7 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     result = run_trainer(trainer, out, resume)
     seconds = time.perf_counter() - t0
     extra = {
-        "base": cfg.base_name, "train_pairs": len(train_pairs), "dev_queries": len(dev_queries),
+        "base": cfg.base_name, "train_pairs": len(train_pairs), **frozen, "dev_queries": len(dev_queries),
         "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
         "dev_ndcg@10_before": base_dev, "precision": precision, "teacher_factor": teacher_factor, **result,
         "train_seconds": seconds,

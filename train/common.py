@@ -29,6 +29,8 @@ class TrainConfig:
     max_length: int = 256
     seed: int = 42
     max_steps: int = -1
+    # the embeddings and the first N transformer layers take no gradient: no backward pass through them
+    freeze_layers: int = 0
 
     @property
     def base_name(self) -> str:
@@ -71,6 +73,35 @@ def write_output(out: Path, save_model: Callable[[Path], None], kind: str, confi
     shutil.rmtree(checkpoint_dir(out), ignore_errors=True)
     logger.info("%s written to %s", kind, out)
     return manifest
+
+
+def _backbone_layers(model):
+    """The token embeddings and the list of transformer layers of the one BERT-like backbone inside ``model``."""
+    for m in model.modules():
+        layers = getattr(getattr(m, "encoder", None), "layer", None)  # BERT
+        if layers is None:
+            layers = getattr(m, "layers", None)  # ModernBERT
+        if hasattr(m, "embeddings") and layers is not None:
+            return m.embeddings, list(layers)
+    raise RetrError(f"no transformer layers found in {type(model).__name__} to freeze")
+
+
+def freeze_bottom(model, n: int) -> dict:
+    """Freeze the embeddings and the first ``n`` transformer layers of ``model`` (a torch module holding one
+    backbone): autograd then stops at layer ``n``, so a step skips their backward pass (about two thirds of each
+    frozen layer's cost). ``n`` = 0 changes nothing. Returns what was frozen, for the manifest."""
+    if n <= 0:
+        return {"frozen_layers": 0}
+    embeddings, layers = _backbone_layers(model)
+    if n >= len(layers):
+        raise RetrError(f"--freeze-layers {n}: the model has {len(layers)} layers; leave at least one to train")
+    for module in (embeddings, *layers[:n]):
+        for param in module.parameters():
+            param.requires_grad_(False)
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    logger.info("embeddings and layers 1-%d of %d frozen: %d of %d parameters train", n, len(layers), trainable, total)
+    return {"frozen_layers": n, "trainable_parameters": trainable, "parameters": total}
 
 
 def resolve_precision(precision: str) -> str:

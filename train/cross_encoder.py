@@ -24,6 +24,7 @@ from retr.train.common import (
     TrainConfig,
     dev_evaluator,
     dev_ndcg,
+    freeze_bottom,
     model_kwargs,
     resolve_precision,
     run_trainer,
@@ -162,6 +163,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     base_path = ModelRef.resolve(cfg.base).path
     model = CrossEncoder(str(base_path), num_labels=1, max_length=cfg.max_length, device="cpu",
                          model_kwargs=model_kwargs(precision))
+    frozen = freeze_bottom(model, cfg.freeze_layers)
 
     def score_all(model):
         scores = {}
@@ -181,7 +183,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     alpha, alpha_curve = choose_interpolation(evaluator.best_scores(), first, dev_q, cfg.dev_depth, dev_qrels)
     seconds = time.perf_counter() - t0
     extra = {
-        "base": cfg.base_name, "train_lists": len(train_ds), "dev_queries": len(dev_q),
+        "base": cfg.base_name, "train_lists": len(train_ds), **frozen, "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
         "precision": precision, "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
         "interpolation": alpha, "dev_ndcg@10_by_interpolation": alpha_curve,
