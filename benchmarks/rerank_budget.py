@@ -8,7 +8,10 @@ documents' texts, tokenising, the graph, interpolation), one query at a time, wa
 ``--timed`` queries, each depth timed on its own.
 
 Queries: the dev split carved from train exactly as the trainers carve it (``--split dev``, the default; choose
-on these), or the test queries (``--split test``; report, never tune).
+on these), or the test queries (``--split test``; report, never tune). ``--curve`` adds each row's nDCG@10 at
+every interpolation weight 0, 0.1 .. 1 (the same cross-encoder scores); ``--timed 0`` measures quality only.
+Another collection's test queries (``--dataset ../shared/datasets/npl --split test``) show what the reranker does
+on text it never saw.
 
     python benchmarks/rerank_budget.py --model BI --reranker CE [--split dev|test] [--depths 10,20,30,50]
         [--lengths 128,192,256] [--backends openvino,openvino-int8] --out benchmarks/results/rerank-budget.json
@@ -39,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depths", default="10,20,30,50")
     p.add_argument("--lengths", default="128,192,256")
     p.add_argument("--backends", default="openvino,openvino-int8")
-    p.add_argument("--timed", type=int, default=40, help="queries timed per setting")
+    p.add_argument("--timed", type=int, default=40, help="queries timed per setting (0: quality only)")
+    p.add_argument("--curve", action="store_true", help="nDCG@10 at every interpolation weight 0, 0.1 .. 1")
     p.add_argument("--out", default="benchmarks/results/rerank-budget.json")
     args = p.parse_args(argv)
     from proc import write_result
@@ -97,20 +101,29 @@ def main(argv: list[str] | None = None) -> int:
             for q in timed[:3]:  # warm-up, untimed
                 rr.score(ds.queries[q], texts[q][: min(depths)])
             for depth in depths:
-                run = {q: rerank_head(hits[q][:depth], hits[q][depth:], ce[q][:depth], alpha) for q in qids}
+                def reranked(weight: float, depth: int = depth, ce: dict = ce) -> dict:
+                    return {q: rerank_head(hits[q][:depth], hits[q][depth:], ce[q][:depth], weight) for q in qids}
+
+                run = reranked(alpha)
                 seconds = []
                 for q in timed:
                     t0 = time.perf_counter()
                     rerank_head(hits[q][:depth], hits[q][depth:], rr.score(ds.queries[q], texts[q][:depth]), alpha)
                     seconds.append(time.perf_counter() - t0)
                 row = {"backend": backend, "precision": rr.describe()["precision"], "max_length": length,
-                       "depth": depth, "interpolation": alpha, "ndcg@10": ndcg(run), **_pct(seconds)}
+                       "depth": depth, "interpolation": alpha, "ndcg@10": ndcg(run),
+                       **(_pct(seconds) if seconds else {"p50_ms": None, "p95_ms": None})}
                 row["gain"] = row["ndcg@10"] - result["first_stage_ndcg@10"]
+                if args.curve:
+                    row["ndcg@10_by_interpolation"] = {f"{w / 10:.1f}": ndcg(reranked(w / 10)) for w in range(11)}
                 result["rows"].append(row)
                 write_result(args.out, result, say=False)  # row by row: a later setting's failure keeps the ones measured
+                timing = f" p50 {row['p50_ms']:7.1f} ms p95 {row['p95_ms']:7.1f} ms" if seconds else ""
                 print(f"{backend:>10} {row['precision']:>10} len {length:>4} depth {depth:>3}: nDCG@10 "
-                      f"{row['ndcg@10']:.4f} ({row['gain']:+.4f}) p50 {row['p50_ms']:7.1f} ms "
-                      f"p95 {row['p95_ms']:7.1f} ms", flush=True)
+                      f"{row['ndcg@10']:.4f} ({row['gain']:+.4f}){timing}", flush=True)
+                if args.curve:
+                    print("  by weight: " + " ".join(f"{w} {v:.4f}" for w, v in
+                                                     row["ndcg@10_by_interpolation"].items()), flush=True)
             del rr
     print(f"{ds.name} {args.split}, {len(qids)} queries; first stage (hybrid) nDCG@10 "
           f"{result['first_stage_ndcg@10']:.4f}")

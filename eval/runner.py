@@ -149,6 +149,7 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
                             empty_docs=dataset.corpus.empty_docs, qrels_check=asdict(dataset.check)),
         k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
         index={"folder": str(index.folder), "manifest": index.manifest},
-        reranker=reranker.describe() if reranker else None, config=_as_json(asdict(cfg)),
+        reranker=({**reranker.describe(), "trained_on_this_corpus": reranker.check_corpus(factory.corpus_sha256)}
+                  if reranker else None), config=_as_json(asdict(cfg)),
         environment=environment(encoder if needs_dense else None, index.manifest),
         total_seconds=time.perf_counter() - t_start)

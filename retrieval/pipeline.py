@@ -112,6 +112,12 @@ class PipelineFactory:
         self._positions: dict[str, int] | None = None
 
     @property
+    def corpus_sha256(self) -> str | None:
+        """The checksum of the corpus the index was built from (None where its manifest does not say)."""
+        corpus = (getattr(self.index, "manifest", None) or {}).get("corpus")
+        return corpus.get("sha256") if isinstance(corpus, dict) else None
+
+    @property
     def encoder(self) -> BiEncoder:
         if self._encoder is None:
             self._encoder = encoder_for_index(self.index, self.encoder_config)
@@ -170,6 +176,7 @@ class PipelineFactory:
             return first
         if reranker is None:
             raise RetrError(f"pipeline {spec.name!r} needs a cross-encoder: pass --reranker DIR")
+        reranker.check_corpus(self.corpus_sha256)
         if self._positions is None:
             self._positions = {d: i for i, d in enumerate(self.index.ids)}
         return RerankRetriever(first, reranker, self.index.docstore, self._positions, self.passages)

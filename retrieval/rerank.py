@@ -99,13 +99,14 @@ def check_cross_encoder_dir(path: Path) -> dict:
     return cfg
 
 
-def _chosen_interpolation(path: Path) -> float:
+def _training_record(path: Path) -> dict:
+    """What `retr train cross-encoder` stored with the model (its retr_manifest.json); {} for any other folder."""
     manifest = path / "retr_manifest.json"
     try:
-        chosen = json.loads(manifest.read_text()).get("interpolation") if manifest.is_file() else None
-    except (OSError, ValueError, AttributeError):
-        chosen = None
-    return float(chosen) if chosen is not None else 1.0
+        record = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    except (OSError, ValueError):
+        record = {}
+    return record if isinstance(record, dict) else {}
 
 
 class CrossEncoderReranker:
@@ -126,8 +127,27 @@ class CrossEncoderReranker:
             calibration = self._calibration() if backend.calibrated else None
             self.graph = open_graph(lambda: self.model, self.ref.hash, backend.name, self.max_length, cache_home(),
                                     SCORING, use_cache_alone=self._fast_pairs is not None, calibration=calibration)
+        record = _training_record(self.path)
+        chosen = record.get("interpolation")
         self.interpolation = config.interpolation if config.interpolation is not None \
-            else _chosen_interpolation(self.path)
+            else float(chosen) if chosen is not None else 1.0
+        self.trained_corpus: str | None = record.get("corpus_sha256")  # None: not trained by retr
+        self._warned: set[str] = set()
+
+    def check_corpus(self, corpus_sha256: str | None) -> bool | None:
+        """Whether this cross-encoder was trained on the corpus an index holds (None: unknown); a warning, once per
+        corpus, where it was not. A reranker trained on one collection can lose nDCG on another: README, "Reranking
+        on other collections"."""
+        if self.trained_corpus is None or corpus_sha256 is None:
+            return None
+        same = corpus_sha256 == self.trained_corpus
+        if not same and corpus_sha256 not in self._warned:
+            self._warned.add(corpus_sha256)
+            logger.warning("cross-encoder %s was trained on another corpus (sha256 %s...) than this index's "
+                           "(%s...): rerankers can lose nDCG on collections they never saw; measure it with "
+                           "`retr eval` on judged queries of this corpus", self.path, self.trained_corpus[:12],
+                           corpus_sha256[:12])
+        return same
 
     @property
     def model_hash(self) -> str:
@@ -177,6 +197,7 @@ class CrossEncoderReranker:
     def describe(self) -> dict:
         return {"path": str(self.path), "hash": self.model_hash, "depth": self.config.depth,
                 "max_length": self.max_length, "interpolation": self.interpolation, "backend": self.backend,
+                "trained_corpus_sha256": self.trained_corpus,
                 "precision": graph_info(self.graph)["precision"]}
 
 

@@ -125,6 +125,7 @@ def test_eval_with_rerank_pipeline_on_tiny_dataset(tiny_dataset, tiny_bi_encoder
     assert rep["pipelines"]["hybrid+rerank"]["latency_ms"]["rerank"]["n"] == 6
     assert rep["reranker"]["depth"] == 4
     assert rep["reranker"]["backend"] == "onnx" and rep["reranker"]["precision"] == "fp32"
+    assert rep["reranker"]["trained_on_this_corpus"] is None  # a folder retr did not train: unknown
     assert "NDCG@10" in capsys.readouterr().out
 
 

@@ -99,7 +99,7 @@ def test_resume_continues_from_the_last_checkpoint(tiny_train, tiny_bi_encoder, 
 
 @pytest.mark.parametrize("distill", [0.0, 0.5])
 def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
-                                                       distill):
+                                                       distill, caplog):
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
     from retr.train.cross_encoder import CrossEncoderTrainConfig, train_cross_encoder
 
@@ -117,6 +117,13 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     reranker = CrossEncoderReranker(RerankConfig(model=str(out), max_length=32))  # passes the folder check
     assert reranker.interpolation == m["interpolation"]  # the dev choice travels with the model
     assert reranker.score("solar panels", ["Solar panels convert sunlight", "Tea leaves"]).shape == (2,)
+    # the corpus it was trained on travels with it: another corpus's index gets one warning, its own none
+    assert reranker.trained_corpus == ds.corpus.sha256 and reranker.check_corpus(ds.corpus.sha256) is True
+    assert reranker.check_corpus(None) is None
+    with caplog.at_level("WARNING", logger="retr.retrieval.rerank"):
+        assert reranker.check_corpus("0" * 64) is False and reranker.check_corpus("0" * 64) is False
+    warned = [r.getMessage() for r in caplog.records if "trained on another corpus" in r.getMessage()]
+    assert len(warned) == 1 and "000000000000..." in warned[0] and ds.corpus.sha256[:12] in warned[0]
 
 
 def test_distillation_targets_keep_the_positive_first_and_follow_the_first_stage():
