@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from retr.eval.metrics import evaluate
     from retr.indexes.build import IndexConfig, cached_index
     from retr.indexes.searcher import Searcher
+    from retr.retrieval.artifacts import versions
     from retr.retrieval.bm25 import BM25Config
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig, rerank_head
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     def ndcg(run: dict) -> float:
         return evaluate(Run(run), qrels, [10]).mean["NDCG@10"]
 
-    result = {"dataset": ds.name, "split": args.split, "queries": len(qids), "model": args.model,
+    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "versions": versions(),
+              "dataset": ds.name, "split": args.split, "queries": len(qids), "model": args.model,
               "reranker": args.reranker, "first_stage": "hybrid",
               "first_stage_documents": first_documents,
               "first_stage_ndcg@10": ndcg({q: hits[q][:10] for q in qids}),
