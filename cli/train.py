@@ -35,8 +35,7 @@ def _add_freeze(t, cfg) -> None:
 
 def _common(args) -> dict:
     return dict(base=args.base, epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
-                max_length=args.max_length, seed=args.seed, max_steps=args.max_steps,
-                **({"freeze_layers": args.freeze_layers} if hasattr(args, "freeze_layers") else {}))
+                max_length=args.max_length, seed=args.seed, max_steps=args.max_steps)
 
 
 def add_parser(sub) -> None:
@@ -116,7 +115,8 @@ def run_cross_encoder(args: argparse.Namespace) -> int:
 
     cfg = CrossEncoderTrainConfig(**_common(args), first_stage_model=args.first_stage_model,
                                   num_negatives=args.num_negatives, in_batch_negatives=args.in_batch_negatives,
-                                  dev_fraction=args.dev_fraction, precision=args.precision, distill=args.distill)
+                                  dev_fraction=args.dev_fraction, precision=args.precision, distill=args.distill,
+                                  freeze_layers=args.freeze_layers)
     m = train_cross_encoder(Path(args.out), cfg, load_dataset(args.dataset, args.split), resume=args.resume)
     print(f"cross-encoder written to {args.out}: dev nDCG@10 first stage {m['dev_ndcg@10_first_stage']:.4f}, "
           f"reranked {m['dev_ndcg@10']:.4f} ({m['train_lists']} lists, {m['train_seconds']:.0f} s)")
@@ -136,7 +136,8 @@ def run_bi_encoder(args: argparse.Namespace) -> int:
     cfg = BiEncoderTrainConfig(**_common(args), mini_batch_size=args.mini_batch_size,
                                num_negatives=args.num_negatives, dev_fraction=args.dev_fraction,
                                self_supervised=args.self_supervised, precision=args.precision,
-                               teacher=args.teacher, teacher_weight=args.teacher_weight)
+                               teacher=args.teacher, teacher_weight=args.teacher_weight,
+                               freeze_layers=args.freeze_layers)
     if args.dataset:
         m = train_bi_encoder(Path(args.out), cfg, dataset=load_dataset(args.dataset, args.split), resume=args.resume)
     else:
