@@ -253,3 +253,21 @@ def test_training_with_frozen_layers_leaves_them_as_they_were(tiny_train, tiny_b
         assert set(before) == set(after) and before
         changed = {name for name, value in before.items() if not torch.equal(value, after[name])}
         assert changed and all(name.startswith("1.") for name in changed), changed  # layer 1 trained, no other
+
+
+def test_cli_trains_with_frozen_layers_and_refuses_a_negative_count(tiny_train, tiny_bi_encoder, tmp_path, capsys):
+    from retr.cli.main import main
+
+    def argv(out, frozen):
+        return ["train", "bi-encoder", "--dataset", str(tiny_train), "--base", str(tiny_bi_encoder.parent / "bert"),
+                "--out", str(tmp_path / out), "--epochs", "1", "--batch-size", "4", "--max-length", "32",
+                "--freeze-layers", frozen]
+
+    assert main(argv("bi", "1")) == 0
+    assert json.loads((tmp_path / "bi" / "retr_manifest.json").read_text())["frozen_layers"] == 1
+    with pytest.raises(SystemExit) as e:
+        main(argv("bi2", "-1"))
+    assert e.value.code == 2 and "'-1' must be >= 0" in capsys.readouterr().err
+    assert main(argv("bi2", "2")) == 2  # the tiny BERT has 2 layers: none would train
+    assert "has 2 layers; leave at least one to train" in capsys.readouterr().err
+    assert not (tmp_path / "bi2").exists()
