@@ -114,6 +114,7 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     assert m["loss_history"] and 0 <= m["dev_ndcg@10_first_stage"] <= 1
     assert 0.0 <= m["interpolation"] <= 1.0 and len(m["dev_ndcg@10_by_interpolation"]) == 11
     assert f"{m['interpolation']:.1f}" == smoothed_best(m["dev_ndcg@10_by_interpolation"])
+    assert m["interpolation_rule"] == "smoothed_best"  # models chosen by the raw dev peak before have none
     reranker = CrossEncoderReranker(RerankConfig(model=str(out), max_length=32))  # passes the folder check
     assert reranker.interpolation == m["interpolation"]  # the dev choice travels with the model
     assert reranker.score("solar panels", ["Solar panels convert sunlight", "Tea leaves"]).shape == (2,)

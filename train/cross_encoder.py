@@ -202,6 +202,6 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
         "base": cfg.base_name, "train_lists": len(train_ds), **frozen, "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
         "precision": precision, "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
-        "interpolation": alpha, "dev_ndcg@10_by_interpolation": alpha_curve,
+        "interpolation": alpha, "interpolation_rule": "smoothed_best", "dev_ndcg@10_by_interpolation": alpha_curve,
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-cross-encoder", cfg, extra)
