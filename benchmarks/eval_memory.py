@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/eval-memory")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "eval-memory.json"))
     args = ap.parse_args(argv)
-    print("command:", " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
+    from proc import command_line
+
+    print("command:", command_line(), flush=True)
     work = Path(args.work)
     base, _ = _queries_and_base()
     made: list[Path] = []

@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = {b: {"seconds": s, "docs_per_s": len(texts) / float(np.median(s)), "graph": graphs[b]}
             for b, s in seconds.items()}
     base = rows[names[0]]["docs_per_s"]
-    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "versions": versions(),
+    from proc import command_line, write_result
+
+    result = {"command": command_line(), "versions": versions(),
               "platform": platform.platform(), "cpu_count": os.cpu_count(), **cpu, "docs": len(texts),
               "rounds": args.rounds,
               "backends": rows, "ratio_to_first": {b: r["docs_per_s"] / base for b, r in rows.items()}}
@@ -65,8 +67,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{'present' if result['cpu_int8_dot'] else 'absent'}")
     for b, r in rows.items():
         print(f"{b:>18}: {r['docs_per_s']:6.1f} docs/s ({result['ratio_to_first'][b]:.2f}x {names[0]})")
-    from proc import write_result
-
     write_result(args.out, result)
     return 0
 

@@ -56,7 +56,7 @@ def graph_noise(model: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from proc import run_measured
+    from proc import command_line, run_measured
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     # int8's quality on any CPU, here and in the children (retr does not use int8 where the CPU lacks VNNI/AMX)
     os.environ["RETR_INT8_DOT"] = "1"
     out = Path(args.out or Path(__file__).parent / "results" / f"int8-quality-{Path(args.model).name}.json")
-    print("command:", " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
+    print("command:", command_line(), flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="retr-int8-"))
     reports = {}  # configuration -> dataset -> report
     chosen = configs()

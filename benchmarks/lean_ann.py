@@ -144,11 +144,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="search the lean index a previous run left under --work (no rebuild; its build figures kept)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    from proc import command_line
+
     n = args.n
     work = Path(args.work)
     size = f"{n // 1_000_000}m" if n >= 1_000_000 else f"{n // 1000}k"
     out = Path(args.out or Path(__file__).parent / "results" / f"lean-ann-{size}.json")
-    print("command:", " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
+    print("command:", command_line(), flush=True)
 
     base, xq = _queries_and_base()
     t0 = time.perf_counter()

@@ -44,6 +44,11 @@ def run_measured(target: str, args: list[str], log: Path, env: dict | None = Non
     return {"seconds": seconds, "peak_rss_mb": int(hwm.read_text()) / 1024}
 
 
+def command_line() -> str:
+    """The command that started this benchmark, as a reader would type it again (``python script.py args``)."""
+    return " ".join([Path(sys.executable).name, *sys.argv])
+
+
 def write_result(out: str | Path, result: dict, say: bool = True) -> Path:
     """A benchmark's result as JSON at ``out`` (folders made; written whole, then renamed into place: never half
     a file), numpy numbers as floats; ``say``: print where."""

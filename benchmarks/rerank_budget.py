@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curve", action="store_true", help="nDCG@10 at every interpolation weight 0, 0.1 .. 1")
     p.add_argument("--out", default="benchmarks/results/rerank-budget.json")
     args = p.parse_args(argv)
-    from proc import write_result
+    from proc import command_line, write_result
 
     from retr.eval.data import load_dataset
     from retr.eval.metrics import evaluate
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     def ndcg(run: dict) -> float:
         return evaluate(Run(run), qrels, [10]).mean["NDCG@10"]
 
-    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "versions": versions(),
+    result = {"command": command_line(), "versions": versions(),
               "dataset": ds.name, "split": args.split, "queries": len(qids), "model": args.model,
               "reranker": args.reranker, "first_stage": "hybrid",
               "first_stage_documents": first_documents,
