@@ -112,10 +112,9 @@ class PipelineFactory:
         self._positions: dict[str, int] | None = None
 
     @property
-    def corpus_sha256(self) -> str | None:
-        """The checksum of the corpus the index was built from (None where its manifest does not say)."""
-        corpus = (getattr(self.index, "manifest", None) or {}).get("corpus")
-        return corpus.get("sha256") if isinstance(corpus, dict) else None
+    def corpus_sha256(self) -> str:
+        """The checksum of the corpus the index was built from (its manifest's schema requires it on open)."""
+        return self.index.manifest["corpus"]["sha256"]
 
     @property
     def encoder(self) -> BiEncoder:
