@@ -89,7 +89,11 @@ def add_rerank_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rerank-backend", choices=choices(SCORING), default=DEFAULT_RERANK_BACKEND,
                    help="cross-encoder inference")
     p.add_argument("--rerank-alpha", type=float, default=None,
-                   help="cross-encoder weight vs the first stage (default: chosen on dev at training, else 1)")
+                   help="cross-encoder weight vs the first stage (default: chosen on dev at training, else 1; on "
+                        "a corpus it was not trained on, capped by the reranker check)")
+    p.add_argument("--no-rerank-check", dest="rerank_check", action="store_false",
+                   help="on a corpus the cross-encoder was not trained on, do not check it on pseudo-queries cut "
+                        "from the corpus (the check caps its weight there; measured once per corpus, then cached)")
 
 
 def add_fusion_arg(p: argparse.ArgumentParser) -> None:
@@ -177,5 +181,6 @@ def rerank_config(args, model: str | None):
     if not model:
         return None
     return RerankConfig(model=model, depth=args.rerank_depth, max_length=args.rerank_max_length,
-                        backend=args.rerank_backend, interpolation=args.rerank_alpha)
+                        backend=args.rerank_backend, interpolation=args.rerank_alpha,
+                        corpus_check=args.rerank_check)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from retr.eval.data import Dataset
 from retr.eval.metrics import DEFAULT_K_VALUES, evaluate
+from retr.eval.pseudo import check_reranker
 from retr.eval.report import DatasetInfo, EvalReport, Percentiles, PipelineResult
 from retr.eval.trec import write_trec
 from retr.indexes.build import IndexConfig, cached_index
@@ -110,15 +111,25 @@ def _as_json(obj):
     return json.loads(json.dumps(obj, default=str))
 
 
+def _reranker_record(reranker: CrossEncoderReranker, factory: PipelineFactory) -> dict:
+    """The reranker as the report records it: what it is, where it was trained, and the weight it got here."""
+    weight = factory.rerank_weight(reranker)
+    return {**reranker.describe(), "trained_on_this_corpus": reranker.trained_on(factory.corpus_sha256),
+            "weight": weight.weight, "weight_source": weight.source,
+            "corpus_check": asdict(weight.check) if weight.check else None}
+
+
 def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> EvalReport:
     t_start = time.perf_counter()
     needs_dense = any(p.uses_dense for p in cfg.pipelines)
     encoder = BiEncoder(cfg.encoder)
-    index = cached_index(dataset.name, dataset.corpus, encoder,
-                         IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache,
-                                     passages=cfg.passages, shards=cfg.shards, executor=cfg.executor))
+    index_cfg = IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache,
+                            passages=cfg.passages, shards=cfg.shards, executor=cfg.executor)
+    index = cached_index(dataset.name, dataset.corpus, encoder, index_cfg)
     reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
     factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
+    if reranker is not None and reranker.needs_check(factory.corpus_sha256):
+        check_reranker(dataset.corpus, encoder, reranker, index_cfg, cfg.pipeline)
     k = max(cfg.k_values)
     results: dict[str, PipelineResult] = {}
     for spec in cfg.pipelines:
@@ -149,7 +160,6 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
                             empty_docs=dataset.corpus.empty_docs, qrels_check=asdict(dataset.check)),
         k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
         index={"folder": str(index.folder), "manifest": index.manifest},
-        reranker=({**reranker.describe(), "trained_on_this_corpus": reranker.check_corpus(factory.corpus_sha256)}
-                  if reranker else None), config=_as_json(asdict(cfg)),
+        reranker=_reranker_record(reranker, factory) if reranker else None, config=_as_json(asdict(cfg)),
         environment=environment(encoder if needs_dense else None, index.manifest),
         total_seconds=time.perf_counter() - t_start)

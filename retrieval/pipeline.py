@@ -18,7 +18,7 @@ from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS, HybridRetriever
 from retr.retrieval.models import ModelRef
 from retr.retrieval.passages import AGGREGATES, PassageMap
 from retr.retrieval.protocol import Retriever
-from retr.retrieval.rerank import CrossEncoderReranker, RerankRetriever
+from retr.retrieval.rerank import CrossEncoderReranker, RerankRetriever, RerankWeight
 from retr.retrieval.shards import Merged, ShardedDense, split_positions
 
 FIRST_STAGES = ("bm25", "dense", "hybrid")
@@ -117,6 +117,15 @@ class PipelineFactory:
         return self.index.manifest["corpus"]["sha256"]
 
     @property
+    def dense_model_hash(self) -> str | None:
+        """The hash of the model that encoded the index's documents (None: an index without a dense part)."""
+        return ((self.index.manifest.get("dense") or {}).get("model") or {}).get("hash")
+
+    def rerank_weight(self, reranker: CrossEncoderReranker) -> RerankWeight:
+        """``reranker``'s interpolation weight on this index's corpus (``CrossEncoderReranker.weight_for``)."""
+        return reranker.weight_for(self.corpus_sha256, self.dense_model_hash)
+
+    @property
     def encoder(self) -> BiEncoder:
         if self._encoder is None:
             self._encoder = encoder_for_index(self.index, self.encoder_config)
@@ -175,7 +184,7 @@ class PipelineFactory:
             return first
         if reranker is None:
             raise RetrError(f"pipeline {spec.name!r} needs a cross-encoder: pass --reranker DIR")
-        reranker.check_corpus(self.corpus_sha256)
         if self._positions is None:
             self._positions = {d: i for i, d in enumerate(self.index.ids)}
-        return RerankRetriever(first, reranker, self.index.docstore, self._positions, self.passages)
+        return RerankRetriever(first, reranker, self.index.docstore, self._positions, self.passages,
+                               self.rerank_weight(reranker))

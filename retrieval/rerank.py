@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from retr.retrieval.artifacts import cache_home
+from retr.retrieval.artifacts import atomic_write_text, cache_home
 from retr.retrieval.backends import sample_texts
 from retr.retrieval.backends.batching import fast_pair_tokenizer, run_sorted
 from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
@@ -46,6 +47,9 @@ class RerankConfig:
     # weight of the cross-encoder in the final score (1.0: cross-encoder alone); None: the value
     # chosen on dev by `retr train cross-encoder` (in the folder's retr_manifest.json), else 1.0
     interpolation: float | None = None
+    # on a corpus it was not trained on, measure the cross-encoder on pseudo-queries cut from that corpus and cap
+    # its weight there by what they choose (retr.eval.pseudo; README "Reranking on other collections")
+    corpus_check: bool = True
 
     def __post_init__(self) -> None:
         get_backend(self.backend, SCORING)
@@ -74,6 +78,90 @@ def rerank_head(head: list[Hit], tail: list[Hit], ce: np.ndarray, alpha: float) 
     ranked = [Hit(head[i].doc_id, float(scores[i])) for i in order]
     floor = float(scores.min()) if len(scores) else 0.0
     return ranked + [Hit(h.doc_id, floor - 1.0 - j) for j, h in enumerate(tail)]
+
+
+def smoothed_best(curve: dict[str, float]) -> str:
+    """The weight (a key of ``curve``, weights in steps of 0.1) whose dev nDCG@10 averaged with its neighbours'
+    is highest; ties go to the smaller weight. A weight next to a cliff of its curve is fragile: a 1-epoch
+    SciFact cross-encoder peaked on dev at 0.5, one step before a drop of 0.03 at 0.6, and at 0.5 it gained
+    far less on test than at 0.3-0.4 (README, "Reranking on other collections").
+    Used on dev queries by `retr train cross-encoder` and on pseudo-queries by the corpus check."""
+    weights = sorted(curve, key=float)
+
+    def smoothed(i: int) -> float:
+        near = [curve[w] for w in weights[max(0, i - 1): i + 2]]
+        return sum(near) / len(near)
+
+    return weights[max(range(len(weights)), key=lambda i: (smoothed(i), -float(weights[i])))]
+
+
+PSEUDO_QUERIES = 200  # pseudo-queries per corpus check (eval/pseudo.py); fewer than MIN_PSEUDO_QUERIES: no check
+MIN_PSEUDO_QUERIES = 30
+CHECK_SEED = 7
+
+
+@dataclass(frozen=True)
+class CorpusCheck:
+    """A cross-encoder measured on a corpus it was not trained on, without judged queries (``retr.eval.pseudo``):
+    nDCG@10 of pseudo-queries cut out of the corpus's own documents at every interpolation weight, reranking the
+    first stage's top ``depth``; ``weight`` is the curve's ``smoothed_best``."""
+
+    corpus_sha256: str
+    reranker_hash: str
+    first_stage: str  # the pipeline reranked on the pseudo-queries
+    first_stage_model: str  # the index's dense model hash
+    depth: int
+    max_length: int
+    queries: int  # cut (up to PSEUDO_QUERIES)
+    seed: int
+    weight: float
+    curve: dict[str, float]
+    first_stage_ndcg: float
+    seconds: float
+
+    @staticmethod
+    def key(corpus_sha256: str, reranker_hash: str, first_stage_model: str, depth: int, max_length: int,
+            queries: int, seed: int) -> str:
+        raw = f"{corpus_sha256}|{reranker_hash}|{first_stage_model}|{depth}|{max_length}|{queries}|{seed}"
+        return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+    @staticmethod
+    def path(key: str) -> Path:
+        return cache_home() / "rerank-checks" / f"{key}.json"
+
+    @classmethod
+    def load(cls, key: str) -> CorpusCheck | None:
+        """The check stored under ``key``, or None (absent, or unreadable: then it is measured again)."""
+        path = cls.path(key)
+        if not path.is_file():
+            return None
+        try:
+            return cls(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as e:
+            logger.warning("reranker check %s unreadable (%s): measured again", path, e)
+            return None
+
+    def save(self, key: str) -> Path:
+        path = self.path(key)
+        atomic_write_text(path, json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+
+@dataclass(frozen=True)
+class RerankWeight:
+    """The weight a reranker gets on one corpus, and why (``CrossEncoderReranker.weight_for``)."""
+
+    weight: float
+    source: str  # one of WEIGHT_SOURCES
+    check: CorpusCheck | None = None
+
+
+WEIGHT_SOURCES = {
+    "given": "set by the user (--rerank-alpha)",
+    "trained": "chosen on the dev queries of the corpus the reranker was trained on (or not trained by retr)",
+    "checked": "the smaller of the trained weight and the one the corpus check chose on pseudo-queries",
+    "unchecked": "the trained weight, on a corpus it was not trained on and not checked on",
+}
 
 
 def check_cross_encoder_dir(path: Path) -> dict:
@@ -133,21 +221,53 @@ class CrossEncoderReranker:
             else float(chosen) if chosen is not None else 1.0
         self.trained_corpus: str | None = record.get("corpus_sha256")  # None: not trained by retr
         self._warned: set[str] = set()
+        self._checks: dict[tuple[str, str | None], CorpusCheck] = {}
 
-    def check_corpus(self, corpus_sha256: str | None) -> bool | None:
-        """Whether this cross-encoder was trained on the corpus an index holds (None: unknown); a warning, once per
-        corpus, where it was not. A reranker trained on one collection can lose nDCG on another: README, "Reranking
-        on other collections"."""
+    def trained_on(self, corpus_sha256: str | None) -> bool | None:
+        """Whether this cross-encoder was trained on the corpus an index holds (None: unknown: a folder retr did
+        not train, or no checksum)."""
         if self.trained_corpus is None or corpus_sha256 is None:
             return None
-        same = corpus_sha256 == self.trained_corpus
-        if not same and corpus_sha256 not in self._warned:
+        return corpus_sha256 == self.trained_corpus
+
+    def check_key(self, corpus_sha256: str, first_stage_model: str) -> str:
+        return CorpusCheck.key(corpus_sha256, self.model_hash, first_stage_model, self.config.depth,
+                               self.max_length, PSEUDO_QUERIES, CHECK_SEED)
+
+    def adopt(self, check: CorpusCheck) -> None:
+        """Use ``check`` (measured by ``retr.eval.pseudo.check_reranker``) on its corpus."""
+        self._checks[(check.corpus_sha256, check.first_stage_model)] = check
+
+    def needs_check(self, corpus_sha256: str | None) -> bool:
+        """Whether the corpus check applies on this corpus: enabled, no weight given, and trained on another."""
+        return self.config.corpus_check and self.config.interpolation is None \
+            and self.trained_on(corpus_sha256) is False
+
+    def weight_for(self, corpus_sha256: str | None, first_stage_model: str | None) -> RerankWeight:
+        """The interpolation weight on the corpus an index holds (``first_stage_model``: the index's dense model
+        hash). A weight the user gave wins; on the corpus the reranker was trained on (or where that is unknown),
+        the weight chosen on that corpus's dev queries; on another corpus, that weight capped by what the corpus
+        check chose there on pseudo-queries (README, "Reranking on other collections"): a reranker that loses on
+        a collection's own text is turned down there. Unchecked, the trained weight stays, with a warning once per
+        corpus."""
+        if self.config.interpolation is not None:
+            return RerankWeight(self.config.interpolation, "given")
+        if self.trained_on(corpus_sha256) is not False:
+            return RerankWeight(self.interpolation, "trained")
+        check = self._checks.get((corpus_sha256, first_stage_model)) if self.config.corpus_check else None
+        if check is None and first_stage_model is not None and self.config.corpus_check:
+            check = CorpusCheck.load(self.check_key(corpus_sha256, first_stage_model))
+            if check is not None:
+                self.adopt(check)
+        if check is not None:
+            return RerankWeight(min(self.interpolation, check.weight), "checked", check)
+        if corpus_sha256 not in self._warned:
             self._warned.add(corpus_sha256)
             logger.warning("cross-encoder %s was trained on another corpus (sha256 %s...) than this index's "
-                           "(%s...): rerankers can lose nDCG on collections they never saw; measure it with "
-                           "`retr eval` on judged queries of this corpus", self.path, self.trained_corpus[:12],
-                           corpus_sha256[:12])
-        return same
+                           "(%s...) and has not been checked on it: rerankers can lose nDCG on collections they "
+                           "never saw; `retr eval` checks it on pseudo-queries from the corpus and caps its weight",
+                           self.path, self.trained_corpus[:12], corpus_sha256[:12])
+        return RerankWeight(self.interpolation, "unchecked")
 
     @property
     def model_hash(self) -> str:
@@ -214,8 +334,9 @@ class RerankRetriever:
     query (the whole of a long document never fits the cross-encoder)."""
 
     def __init__(self, first: Retriever, reranker: CrossEncoderReranker, docstore, positions: Mapping[str, int],
-                 passages: PassageMap | None = None):
+                 passages: PassageMap | None = None, weight: RerankWeight | None = None):
         self.passages = passages
+        self.weight = weight or RerankWeight(reranker.interpolation, "trained")
         self.first = first
         self.reranker = reranker
         self.docstore = docstore
@@ -231,13 +352,16 @@ class RerankRetriever:
         with timer.stage("rerank"):
             for qid, hits in first.items():
                 head, tail = hits[: self.depth], hits[self.depth:]
+                if self.weight.weight <= 0.0:  # turned down on this corpus: the first stage's order, nothing scored
+                    out[qid] = rerank_head(head, tail, np.zeros(len(head), dtype=np.float32), 0.0)[:k]
+                    continue
                 texts, owner = self._texts(queries[qid], head)
                 ce = self.reranker.score(queries[qid], texts)
                 if len(owner) != len(head):  # passages: each document's best
                     best = np.full(len(head), -np.inf, dtype=np.float32)
                     np.maximum.at(best, owner, ce)
                     ce = best
-                out[qid] = rerank_head(head, tail, ce, self.reranker.interpolation)[:k]
+                out[qid] = rerank_head(head, tail, ce, self.weight.weight)[:k]
         return Run(out)
 
     def _texts(self, query: str, head) -> tuple[list[str], np.ndarray]:

@@ -118,13 +118,16 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     reranker = CrossEncoderReranker(RerankConfig(model=str(out), max_length=32))  # passes the folder check
     assert reranker.interpolation == m["interpolation"]  # the dev choice travels with the model
     assert reranker.score("solar panels", ["Solar panels convert sunlight", "Tea leaves"]).shape == (2,)
-    # the corpus it was trained on travels with it: another corpus's index gets one warning, its own none
-    assert reranker.trained_corpus == ds.corpus.sha256 and reranker.check_corpus(ds.corpus.sha256) is True
-    assert reranker.check_corpus(None) is None
+    # the corpus it was trained on travels with it: its own corpus keeps the dev weight; another, unchecked, gets a
+    # warning once and the same weight
+    assert reranker.trained_corpus == ds.corpus.sha256 and reranker.trained_on(ds.corpus.sha256) is True
+    assert reranker.trained_on(None) is None and reranker.weight_for(ds.corpus.sha256, "m").source == "trained"
     with caplog.at_level("WARNING", logger="retr.retrieval.rerank"):
-        assert reranker.check_corpus("0" * 64) is False and reranker.check_corpus("0" * 64) is False
+        assert reranker.trained_on("0" * 64) is False and reranker.needs_check("0" * 64)
+        assert reranker.weight_for("0" * 64, "m") == reranker.weight_for("0" * 64, "m")
     warned = [r.getMessage() for r in caplog.records if "trained on another corpus" in r.getMessage()]
     assert len(warned) == 1 and "000000000000..." in warned[0] and ds.corpus.sha256[:12] in warned[0]
+    assert reranker.weight_for("0" * 64, "m").source == "unchecked"
 
 
 def test_distillation_targets_keep_the_positive_first_and_follow_the_first_stage():

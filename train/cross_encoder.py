@@ -19,6 +19,7 @@ from pathlib import Path
 from retr.eval.data import Dataset
 from retr.retrieval.backends.export import ce_logits
 from retr.retrieval.errors import RetrError
+from retr.retrieval.rerank import smoothed_best
 from retr.retrieval.types import Qrels
 from retr.train.common import (
     TrainConfig,
@@ -84,20 +85,6 @@ def first_stage_runs(dataset: Dataset, model: str | None, queries: dict[str, str
     encoder = BiEncoder(cfg.encoder)
     index = cached_index(dataset.name, dataset.corpus, encoder, cfg)
     return PipelineFactory(index, encoder).make("hybrid").search(queries, depth)
-
-
-def smoothed_best(curve: dict[str, float]) -> str:
-    """The weight (a key of ``curve``, weights in steps of 0.1) whose dev nDCG@10 averaged with its neighbours'
-    is highest; ties go to the smaller weight. A weight next to a cliff of its curve is fragile: a 1-epoch
-    SciFact cross-encoder peaked on dev at 0.5, one step before a drop of 0.03 at 0.6, and at 0.5 it gained
-    far less on test than at 0.3-0.4 (README, "Reranking on other collections")."""
-    weights = sorted(curve, key=float)
-
-    def smoothed(i: int) -> float:
-        near = [curve[w] for w in weights[max(0, i - 1): i + 2]]
-        return sum(near) / len(near)
-
-    return weights[max(range(len(weights)), key=lambda i: (smoothed(i), -float(weights[i])))]
 
 
 def choose_interpolation(ce_scores, first, dev_q, depth: int, qrels: Qrels) -> tuple[float, dict[str, float]]:

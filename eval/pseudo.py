@@ -1,0 +1,141 @@
+"""A cross-encoder checked on a corpus it was not trained on, without judged queries.
+
+A reranker trained on one collection can lose nDCG on another (README, "Reranking on other collections"), and
+the weight chosen on its own dev queries says nothing about that. The corpus check measures it on the corpus
+itself: a span of 6-14 words is cut out of each of up to ``PSEUDO_QUERIES`` documents (seeded) and becomes a
+query whose one relevant document is what is left of that document (the inverse cloze task). The corpus with
+those documents shortened is indexed like the real one (the other documents' vectors reused), its first stage
+retrieves each pseudo-query's top ``depth``, and the cross-encoder rescores them at every interpolation weight
+0, 0.1 .. 1. The weight the curve picks (``smoothed_best``) caps the trained one on that corpus
+(``CrossEncoderReranker.weight_for``); where it is 0 the reranker is turned down there and costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from retr.eval.metrics import evaluate
+from retr.indexes.build import IndexConfig, build_index, corpus_embeddings
+from retr.indexes.cache import EmbeddingCache, embedding_key
+from retr.indexes.corpus import Corpus
+from retr.indexes.shards import open_index
+from retr.retrieval.bm25 import BM25Config
+from retr.retrieval.encoder import BiEncoder
+from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+from retr.retrieval.rerank import (
+    CHECK_SEED,
+    MIN_PSEUDO_QUERIES,
+    PSEUDO_QUERIES,
+    CorpusCheck,
+    CrossEncoderReranker,
+    rerank_head,
+    smoothed_best,
+)
+from retr.retrieval.types import Document, Qrels, Run
+
+logger = logging.getLogger(__name__)
+
+SPAN_WORDS = (6, 14)  # a pseudo-query's length in words, drawn uniformly; a document must hold twice as many
+
+
+@dataclass(frozen=True)
+class PseudoQuery:
+    position: int  # of its document in the corpus
+    query: str  # the span cut out
+    rest: str  # the document's text without it
+
+
+def cut_queries(docs: list[Document], n: int, seed: int, span: tuple[int, int] = SPAN_WORDS) -> list[PseudoQuery]:
+    """Up to ``n`` pseudo-queries, one per document, from documents (in a seeded order) whose text holds at least
+    twice the span's words."""
+    rng = np.random.default_rng(seed)
+    out: list[PseudoQuery] = []
+    for i in rng.permutation(len(docs)):
+        words = docs[i].text.split()
+        size = int(rng.integers(span[0], span[1] + 1))
+        if len(words) < 2 * size:
+            continue
+        start = int(rng.integers(0, len(words) - size + 1))
+        out.append(PseudoQuery(int(i), " ".join(words[start:start + size]),
+                               " ".join(words[:start] + words[start + size:])))
+        if len(out) == n:
+            break
+    return out
+
+
+def shortened(corpus: Corpus, cut: list[PseudoQuery], where: Path) -> Corpus:
+    """``corpus`` with each cut document replaced by what is left of it (in memory; its checksum names the cut)."""
+    rest = {c.position: c.rest for c in cut}
+    docs = [replace(d, text=rest[i]) if i in rest else d for i, d in enumerate(corpus.docs)]
+    digest = hashlib.sha256(f"{corpus.sha256}|pseudo|{[(c.position, c.query) for c in cut]}".encode()).hexdigest()
+    return Corpus(docs=docs, source=where / "pseudo-corpus.jsonl", sha256=digest)
+
+
+def check_reranker(corpus: Corpus, encoder: BiEncoder, reranker: CrossEncoderReranker, cfg: IndexConfig,
+                   pipeline: PipelineConfig | None = None, first_stage: str = "hybrid") -> CorpusCheck | None:
+    """``reranker`` measured on ``corpus``'s pseudo-queries (cached per corpus, reranker, first-stage model, depth
+    and length; adopted by ``reranker``); None where the corpus has fewer than ``MIN_PSEUDO_QUERIES`` documents
+    long enough to cut one from."""
+    key = reranker.check_key(corpus.sha256, encoder.model_hash)
+    found = CorpusCheck.load(key)
+    if found is not None:
+        logger.info("reranker check used: %s (weight %.1f on this corpus)", CorpusCheck.path(key), found.weight)
+        reranker.adopt(found)
+        return found
+    cut = cut_queries(corpus.docs, PSEUDO_QUERIES, CHECK_SEED)
+    if len(cut) < MIN_PSEUDO_QUERIES:
+        logger.warning("corpus too short to check the reranker on (%d documents of %d+ words, %d needed): its "
+                       "trained weight stays", len(cut), 2 * SPAN_WORDS[0], MIN_PSEUDO_QUERIES)
+        return None
+    t0 = time.perf_counter()
+    depth = reranker.config.depth
+    logger.info("checking reranker %s on this corpus: %d pseudo-queries, %s top %d", reranker.path, len(cut),
+                first_stage, depth)
+    base, info = corpus_embeddings(encoder, corpus)  # the index's own vectors, from the cache
+    with tempfile.TemporaryDirectory(prefix="retr-check-") as tmp:
+        where = Path(tmp)
+        short = shortened(corpus, cut, where)
+        vectors = np.array(base, dtype=np.float32)
+        rows = [c.position for c in cut]
+        texts = [short.docs[i].full_text() for i in rows]
+        vectors[rows] = encoder.encode_like(texts, info["graph"]) if info.get("graph") else encoder.encode(texts)
+        cache = EmbeddingCache(where / "cache")
+        cache.save(embedding_key(encoder.model_hash, short.sha256, encoder.max_length, encoder.corpus_graph_id,
+                                 encoder.prompts.document), vectors, {"graph": info.get("graph")})
+        plain = replace(cfg, bm25=cfg.bm25 or BM25Config(), passages=None, shards=1, use_cache=True)
+        build_index(short, where / "index", plain, encoder=encoder, cache=cache)
+        index = open_index(where / "index")
+        queries = {f"p{j}": c.query for j, c in enumerate(cut)}
+        first = PipelineFactory(index, encoder, None, pipeline or PipelineConfig()).make(first_stage).search(queries, max(10, depth))
+        full = [d.full_text() for d in short.docs]
+        positions = {d.doc_id: i for i, d in enumerate(short.docs)}
+        qrels = Qrels({q: {short.docs[c.position].doc_id: 1} for q, c in zip(queries, cut, strict=True)})
+        from tqdm.auto import tqdm
+
+        ce = {q: reranker.score(queries[q], [full[positions[h.doc_id]] for h in first[q][:depth]])
+              for q in tqdm(queries, desc="reranker check", unit="q", leave=False, disable=None)}
+        index.close()
+
+    def ndcg(weight: float) -> float:
+        run = {q: rerank_head(first[q][:depth], first[q][depth:], ce[q], weight) for q in queries}
+        return evaluate(Run(run), qrels, [10]).mean["NDCG@10"]
+
+    curve = {f"{w / 10:.1f}": ndcg(w / 10) for w in range(11)}
+    chosen = smoothed_best(curve)
+    check = CorpusCheck(corpus_sha256=corpus.sha256, reranker_hash=reranker.model_hash, first_stage=first_stage,
+                        first_stage_model=encoder.model_hash, depth=depth, max_length=reranker.max_length,
+                        queries=len(cut), seed=CHECK_SEED, weight=float(chosen), curve=curve,
+                        first_stage_ndcg=curve["0.0"], seconds=time.perf_counter() - t0)
+    check.save(key)
+    reranker.adopt(check)
+    logger.info("reranker check: nDCG@10 on %d pseudo-queries %.4f (first stage) -> %.4f at weight %s, chosen "
+                "(%.0f s)", len(cut), curve["0.0"], curve[chosen], chosen, check.seconds)
+    return check
+
