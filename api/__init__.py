@@ -67,13 +67,14 @@ class Index:
              query_backend: str | None = None, fusion: str = DEFAULT_FUSION, query_prompt: str | None = None) -> Index:
         """Open an index folder (checked against its manifest). ``model``: the query encoder (default: the one
         that built the index; ``query_prompt``: the index's unless given, and refused when another)."""
+        from retr.eval.pseudo import check_index_reranker
         from retr.indexes.searcher import Searcher
         from retr.retrieval.encoder import EncoderConfig
         from retr.retrieval.pipeline import PipelineConfig
 
         return cls(Searcher(folder, EncoderConfig(model=model, backend=backend, query_backend=query_backend,
                                                   query_prompt=query_prompt),
-                            PipelineConfig(fusion=fusion)))
+                            PipelineConfig(fusion=fusion), checker=check_index_reranker))
 
     @property
     def ids(self) -> list[str]:

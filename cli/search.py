@@ -37,10 +37,12 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from retr.eval.pseudo import check_index_reranker
     from retr.indexes.searcher import Searcher
 
     searcher = Searcher(args.index, options.query_encoder_config(args),
-                        options.pipeline_config(args), options.rerank_config(args, args.rerank))
+                        options.pipeline_config(args), options.rerank_config(args, args.rerank),
+                        checker=check_index_reranker)
     try:
         result = searcher.search(args.query, args.k, args.mode, args.rerank, dict(args.filter) or None)
     finally:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from retr.eval.pseudo import check_index_reranker
 from retr.indexes.searcher import Searcher
 from retr.retrieval.backends.runners import default_threads
 from retr.retrieval.encoder import EncoderConfig
@@ -74,8 +75,11 @@ class Generations:
             stamp = None  # mid-swap or removed: keep serving the generation we have
         with self._lock:
             if self._searcher is None or (stamp is not None and stamp != self._stamp):
-                searcher = (Searcher(self.folder, self.cfg.encoder, self.cfg.pipeline, self.cfg.rerank)
+                searcher = (Searcher(self.folder, self.cfg.encoder, self.cfg.pipeline, self.cfg.rerank,
+                                     checker=check_index_reranker)
                             if self._searcher is None else self._searcher.reopened())
+                if self.cfg.rerank is not None:  # loaded (and checked on this corpus) before any request waits on it
+                    searcher.reranker(self.cfg.rerank.model)
                 if self._searcher is not None:
                     logger.info("%s changed: generation %d opened", self.folder, self.number + 1)
                 self._searcher, self._stamp = searcher, stamp

@@ -78,6 +78,17 @@ def shortened(corpus: Corpus, cut: list[PseudoQuery], where: Path) -> Corpus:
     return Corpus(docs=docs, source=where / "pseudo-corpus.jsonl", sha256=digest)
 
 
+def check_index_reranker(index, encoder: BiEncoder, reranker: CrossEncoderReranker,
+                         pipeline: PipelineConfig | None = None) -> CorpusCheck | None:
+    """``check_reranker`` on an index folder's own documents (its doc store): what `retr search`, `retr serve` and
+    the Python API run the first time a cross-encoder trained on another corpus meets the index. The pseudo-query
+    index is built with the default dense and BM25 options; the vectors of the unchanged documents come from the
+    embedding cache when the index was built with it (else the corpus is encoded once, and cached)."""
+    docs = [index.docstore.get(i) for i in range(len(index.ids))]
+    corpus = Corpus(docs=docs, source=Path(index.folder) / "docstore", sha256=index.manifest["corpus"]["sha256"])
+    return check_reranker(corpus, encoder, reranker, IndexConfig(encoder=encoder.config), pipeline)
+
+
 def check_reranker(corpus: Corpus, encoder: BiEncoder, reranker: CrossEncoderReranker, cfg: IndexConfig,
                    pipeline: PipelineConfig | None = None, first_stage: str = "hybrid") -> CorpusCheck | None:
     """``reranker`` measured on ``corpus``'s pseudo-queries (cached per corpus, reranker, first-stage model, depth

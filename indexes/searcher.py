@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,12 +53,15 @@ class Searcher:
     own calls)."""
 
     def __init__(self, folder: str | Path, encoder: EncoderConfig | None = None,
-                 pipeline: PipelineConfig | None = None, rerank: RerankConfig | None = None):
+                 pipeline: PipelineConfig | None = None, rerank: RerankConfig | None = None,
+                 checker: Callable | None = None):
         """``encoder``: the query encoder's options (its model defaults to the one that built the index);
         ``rerank``: the options (depth, length, backend, weight) of the cross-encoders asked for by folder in
-        ``search(rerank=...)``."""
+        ``search(rerank=...)``; ``checker(index, encoder, reranker, pipeline)``: run once per cross-encoder
+        trained on another corpus (``retr.eval.pseudo.check_index_reranker``: the reranker check)."""
         self.index = open_index(folder)
-        self._options = (encoder, pipeline, rerank)
+        self._options = (encoder, pipeline, rerank, checker)
+        self._checker = checker
         self._factory = PipelineFactory(self.index, config=pipeline or PipelineConfig(),
                                         encoder_config=encoder or EncoderConfig())
         self._rerank = rerank
@@ -81,11 +84,17 @@ class Searcher:
         new._rerankers = dict(self._rerankers)
         return new
 
-    def _reranker(self, model: str) -> CrossEncoderReranker:
+    def reranker(self, model: str) -> CrossEncoderReranker:
+        """The cross-encoder in folder ``model``, loaded (and checked on this corpus, where that applies) once."""
         if model not in self._rerankers:
             options = {**self._rerank.__dict__, "model": model} if self._rerank else {"model": model}
             self._rerankers[model] = CrossEncoderReranker(RerankConfig(**options))
-        return self._rerankers[model]
+        reranker, factory = self._rerankers[model], self._factory
+        if self._checker is not None and factory.dense_model_hash is not None \
+                and reranker.needs_check(factory.corpus_sha256) \
+                and reranker.find_check(factory.corpus_sha256, factory.dense_model_hash) is None:
+            self._checker(self.index, factory.encoder, reranker, factory.config)
+        return reranker
 
     def allowed(self, conditions: Mapping[str, object] | None) -> np.ndarray | None:
         """The positions of the documents whose metadata holds every ``field: value`` of ``conditions``."""
@@ -116,7 +125,7 @@ class Searcher:
         texts = [check_query(q) for q in queries]
         spec = PipelineSpec.parse(mode + ("+rerank" if rerank else ""))
         with self._lock:  # lazy parts (encoder, its query graph, BM25, cross-encoder, filters) are made once
-            retriever = self._factory.make(spec, self._reranker(rerank) if rerank else None, self.allowed(filter))
+            retriever = self._factory.make(spec, self.reranker(rerank) if rerank else None, self.allowed(filter))
             if spec.uses_dense:
                 _ = self._factory.encoder.query_graph
         out = []

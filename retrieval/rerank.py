@@ -243,6 +243,15 @@ class CrossEncoderReranker:
         return self.config.corpus_check and self.config.interpolation is None \
             and self.trained_on(corpus_sha256) is False
 
+    def find_check(self, corpus_sha256: str, first_stage_model: str | None) -> CorpusCheck | None:
+        """The check of this cross-encoder on that corpus and first-stage model: adopted, or stored in the cache."""
+        check = self._checks.get((corpus_sha256, first_stage_model))
+        if check is None and first_stage_model is not None:
+            check = CorpusCheck.load(self.check_key(corpus_sha256, first_stage_model))
+            if check is not None:
+                self.adopt(check)
+        return check
+
     def weight_for(self, corpus_sha256: str | None, first_stage_model: str | None) -> RerankWeight:
         """The interpolation weight on the corpus an index holds (``first_stage_model``: the index's dense model
         hash). A weight the user gave wins; on the corpus the reranker was trained on (or where that is unknown),
@@ -254,11 +263,7 @@ class CrossEncoderReranker:
             return RerankWeight(self.config.interpolation, "given")
         if self.trained_on(corpus_sha256) is not False:
             return RerankWeight(self.interpolation, "trained")
-        check = self._checks.get((corpus_sha256, first_stage_model)) if self.config.corpus_check else None
-        if check is None and first_stage_model is not None and self.config.corpus_check:
-            check = CorpusCheck.load(self.check_key(corpus_sha256, first_stage_model))
-            if check is not None:
-                self.adopt(check)
+        check = self.find_check(corpus_sha256, first_stage_model) if self.config.corpus_check else None
         if check is not None:
             return RerankWeight(min(self.interpolation, check.weight), "checked", check)
         if corpus_sha256 not in self._warned:

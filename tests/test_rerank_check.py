@@ -175,3 +175,35 @@ def test_a_corpus_too_short_to_check_keeps_the_trained_weight(tiny_cross_encoder
     rep = run_eval(ds, cfg).to_dict()["reranker"]
     assert (rep["weight"], rep["weight_source"], rep["corpus_check"]) == (0.6, "unchecked", None)
     assert np.isfinite(rep["interpolation"])
+
+
+def test_search_checks_a_reranker_on_the_index_it_meets_once(tiny_cross_encoder, tiny_bi_encoder, tmp_path,
+                                                             monkeypatch):
+    from retr.eval import pseudo
+    from retr.indexes.build import IndexConfig, build_index
+    from retr.indexes.corpus import load_corpus
+    from retr.indexes.searcher import Searcher
+    from retr.retrieval.bm25 import BM25Config
+    from retr.retrieval.encoder import EncoderConfig
+
+    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
+    corpus = load_corpus(folder)
+    build_index(corpus, tmp_path / "idx", IndexConfig(encoder=EncoderConfig(model=str(tiny_bi_encoder), max_length=64),
+                                                      bm25=BM25Config()))
+    path = _trained_reranker(tiny_cross_encoder, tmp_path, weight=0.6)
+    calls = []
+    searcher = Searcher(tmp_path / "idx", rerank=RerankConfig(model=str(path), max_length=32, depth=5),
+                        checker=lambda *a: calls.append(pseudo.check_index_reranker(*a)))
+    hit = searcher.search("solar panels", k=3, mode="hybrid", rerank=str(path))
+    searcher.search("wolves", k=3, mode="hybrid", rerank=str(path))
+    assert len(calls) == 1 and calls[0] is not None and calls[0].corpus_sha256 == corpus.sha256  # once per corpus
+    weight = searcher.reranker(str(path)).weight_for(corpus.sha256, searcher.index.dense_info["model"]["hash"])
+    assert weight.source == "checked" and weight.weight == min(0.6, calls[0].weight) and len(hit.hits) == 3
+    searcher.close()
+    # another process (a fresh searcher) finds the stored check and measures nothing
+    monkeypatch.setattr(pseudo, "cut_queries", lambda *a, **k: (_ for _ in ()).throw(AssertionError("recomputed")))
+    again = Searcher(tmp_path / "idx", rerank=RerankConfig(model=str(path), max_length=32, depth=5),
+                     checker=pseudo.check_index_reranker)
+    again.search("solar", k=3, mode="hybrid", rerank=str(path))
+    assert again.reranker(str(path)).find_check(corpus.sha256, again.index.dense_info["model"]["hash"]) == calls[0]
+    again.close()
