@@ -7,6 +7,7 @@ documents are reused from the cache entry of the original corpus; the shortened 
 retrieves each pseudo-query's top ``--depth``, and the cross-encoder rescores them: nDCG@10 at every
 interpolation weight 0, 0.1 .. 1, as `rerank_budget.py --curve` reports for judged queries. The question it
 answers: does the weight these curves pick on a collection follow the weight its judged queries would pick?
+(The study behind the reranker check that `retr eval`, `retr search` and `retr serve` now run: retr.eval.pseudo.)
 
     python benchmarks/rerank_pseudo.py --dataset ../shared/datasets/npl --model BI --reranker CE
         --out benchmarks/results/rerank-pseudo-npl-CE.json
@@ -23,23 +24,6 @@ from pathlib import Path
 import numpy as np
 
 
-def cut_queries(docs, n: int, seed: int, low: int = 6, high: int = 14) -> list[tuple[int, str, str]]:
-    """(document position, pseudo-query, what is left of the document's text) for up to ``n`` documents whose text
-    holds at least twice the span's words."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in rng.permutation(len(docs)):
-        words = docs[i].text.split()
-        span = int(rng.integers(low, high + 1))
-        if len(words) < 2 * span:
-            continue
-        start = int(rng.integers(0, len(words) - span + 1))
-        out.append((int(i), " ".join(words[start:start + span]), " ".join(words[:start] + words[start + span:])))
-        if len(out) == n:
-            break
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", required=True)
@@ -54,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from retr.eval.data import load_dataset
     from retr.eval.metrics import evaluate
+    from retr.eval.pseudo import cut_queries
     from retr.indexes.build import IndexConfig, cached_index, corpus_embeddings
     from retr.indexes.cache import EmbeddingCache, embedding_key
     from retr.indexes.corpus import load_corpus
@@ -61,14 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     from retr.retrieval.artifacts import versions
     from retr.retrieval.bm25 import BM25Config
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
-    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig, rerank_head
+    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig, rerank_head, smoothed_best
     from retr.retrieval.types import Hit, Qrels, Run
-    from retr.train.cross_encoder import smoothed_best
 
     ds = load_dataset(args.dataset, "test", download=False)
     enc_cfg = EncoderConfig(model=args.model)
     encoder = BiEncoder(enc_cfg)
-    cut = cut_queries(ds.corpus.docs, args.queries, args.seed)
+    cut = [(c.position, c.query, c.rest) for c in cut_queries(ds.corpus.docs, args.queries, args.seed)]
     short = {i: rest for i, _, rest in cut}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "corpus.jsonl"
