@@ -49,7 +49,22 @@ def main_table(report: EvalReport) -> str:
     d = report.dataset
     scored = next(iter(report.pipelines.values())).num_queries_scored if report.pipelines else 0
     title = f"{d.name} ({d.split}): {d.num_docs} docs, {scored} queries scored; latency per single warm query"
-    return title + truncation_line(report.index.get("manifest", {}).get("dense") or {}) + "\n" + grid(header, rows)
+    return title + truncation_line(report.index.get("manifest", {}).get("dense") or {}) + reranker_line(report.reranker) \
+        + "\n" + grid(header, rows)
+
+
+def reranker_line(reranker: dict | None) -> str:
+    """The cross-encoder's weight on this corpus and why ('' without a reranker, or for a report from before)."""
+    if not reranker or "weight_source" not in reranker:
+        return ""
+    line = f"\nreranker weight {reranker['weight']:.1f} ({reranker['weight_source']})"
+    check = reranker.get("corpus_check")
+    if check:
+        chosen = f"{check['weight']:.1f}"
+        line += (f": trained on another corpus; on {check['queries']} pseudo-queries cut from this one, nDCG@10 "
+                 f"{check['curve']['0.0']:.4f} without it, {check['curve'][chosen]:.4f} at {chosen} (chosen)"
+                 + ("; not run here" if reranker["weight"] <= 0 else ""))
+    return line
 
 
 def truncation_line(dense: dict) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -77,11 +77,18 @@ class Searcher:
     def reopened(self) -> Searcher:
         """A searcher over the folder's current generation, with this one's options; the loaded query encoder and
         cross-encoders carry over when the new generation was built by the same model."""
-        new = Searcher(self.index.folder, *self._options)
+        encoder, pipeline, rerank, _checker = self._options
+        new = Searcher(self.index.folder, encoder, pipeline, rerank)  # a new generation never stops to check
         old = self._factory._encoder
         if old is not None and new.index.dense_info["model"]["hash"] == old.model_hash:
             new._factory._encoder = old
         new._rerankers = dict(self._rerankers)
+        before, after = self._factory, new._factory
+        if after.corpus_sha256 != before.corpus_sha256 and after.dense_model_hash == before.dense_model_hash:
+            for reranker in new._rerankers.values():  # documents added or deleted: the check made before carries
+                check = reranker.find_check(before.corpus_sha256, before.dense_model_hash)
+                if check is not None:
+                    reranker.adopt(replace(check, corpus_sha256=after.corpus_sha256))
         return new
 
     def reranker(self, model: str) -> CrossEncoderReranker:

@@ -128,6 +128,7 @@ def test_eval_checks_a_reranker_from_another_corpus_and_caps_its_weight(tiny_cro
     from retr.eval import pseudo
     from retr.eval.data import load_dataset
     from retr.eval.runner import EvalConfig, run_eval
+    from retr.eval.table import main_table
     from retr.retrieval.encoder import EncoderConfig
     from retr.retrieval.pipeline import PipelineSpec
 
@@ -139,8 +140,10 @@ def test_eval_checks_a_reranker_from_another_corpus_and_caps_its_weight(tiny_cro
     cfg = EvalConfig(pipelines=tuple(PipelineSpec.parse(p) for p in ("hybrid", "hybrid+rerank")),
                      encoder=EncoderConfig(model=str(tiny_bi_encoder), max_length=64),
                      reranker=RerankConfig(model=str(path), max_length=32, depth=5), warmup=0)
-    rep = run_eval(ds, cfg).to_dict()["reranker"]
+    report = run_eval(ds, cfg)
+    rep = report.to_dict()["reranker"]
     check = rep["corpus_check"]
+    assert f"reranker weight {rep['weight']:.1f} (checked): trained on another corpus" in main_table(report)
     assert rep["trained_on_this_corpus"] is False and rep["weight_source"] == "checked"
     assert check["queries"] == len(cut_queries(ds.corpus.docs, PSEUDO_QUERIES, CHECK_SEED)) >= 30
     assert check["corpus_sha256"] == ds.corpus.sha256
@@ -205,5 +208,17 @@ def test_search_checks_a_reranker_on_the_index_it_meets_once(tiny_cross_encoder,
     again = Searcher(tmp_path / "idx", rerank=RerankConfig(model=str(path), max_length=32, depth=5),
                      checker=pseudo.check_index_reranker)
     again.search("solar", k=3, mode="hybrid", rerank=str(path))
-    assert again.reranker(str(path)).find_check(corpus.sha256, again.index.dense_info["model"]["hash"]) == calls[0]
+    model = again.index.dense_info["model"]["hash"]
+    assert again.reranker(str(path)).find_check(corpus.sha256, model) == calls[0]
+    # a new generation (a document deleted) keeps the check made before and never stops to measure one
+    from retr.indexes.update import delete_documents
+
+    delete_documents(tmp_path / "idx", ["L3"])
+    newer = again.reopened()
+    changed = newer.index.manifest["corpus"]["sha256"]
+    assert changed != corpus.sha256 and newer.reranker(str(path)).needs_check(changed)
+    carried = newer.reranker(str(path)).weight_for(changed, model)
+    assert carried.source == "checked" and carried.check.weight == calls[0].weight
+    assert "L3" not in [h.id for h in newer.search("solar", k=40, mode="hybrid", rerank=str(path)).hits]
     again.close()
+    newer.close()
