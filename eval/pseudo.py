@@ -25,6 +25,7 @@ from retr.eval.metrics import evaluate
 from retr.indexes.build import IndexConfig, build_index, corpus_embeddings
 from retr.indexes.cache import EmbeddingCache, embedding_key
 from retr.indexes.corpus import Corpus
+from retr.indexes.dense import live_vectors
 from retr.indexes.shards import open_index
 from retr.retrieval.bm25 import BM25Config
 from retr.retrieval.encoder import BiEncoder
@@ -86,14 +87,28 @@ def check_index_reranker(index, encoder: BiEncoder, reranker: CrossEncoderRerank
     embedding cache when the index was built with it (else the corpus is encoded once, and cached)."""
     docs = [index.docstore.get(i) for i in range(len(index.ids))]
     corpus = Corpus(docs=docs, source=Path(index.folder) / "docstore", sha256=index.manifest["corpus"]["sha256"])
-    return check_reranker(corpus, encoder, reranker, IndexConfig(encoder=encoder.config), pipeline)
+    vectors = None
+    info = index.dense_info
+    if getattr(index, "shards", None) is None and not info.get("passages"):  # one vector per document, in id order
+        held = live_vectors(Path(index.folder), info, index.faiss_index)
+        if held.shape == (len(docs), encoder.dim):
+            vectors = (held, (info.get("encode") or {}).get("graph"))
+    return check_reranker(corpus, encoder, reranker, IndexConfig(encoder=encoder.config), pipeline, vectors=vectors)
+
+
+def _cached_vectors(encoder: BiEncoder, corpus: Corpus) -> tuple[np.ndarray, dict | None]:
+    """The corpus's document vectors from the embedding cache (encoded and cached where absent), and their graph."""
+    base, info = corpus_embeddings(encoder, corpus)
+    return base, info.get("graph")
 
 
 def check_reranker(corpus: Corpus, encoder: BiEncoder, reranker: CrossEncoderReranker, cfg: IndexConfig,
-                   pipeline: PipelineConfig | None = None, first_stage: str = "hybrid") -> CorpusCheck | None:
+                   pipeline: PipelineConfig | None = None, first_stage: str = "hybrid",
+                   vectors: tuple[np.ndarray, dict | None] | None = None) -> CorpusCheck | None:
     """``reranker`` measured on ``corpus``'s pseudo-queries (cached per corpus, reranker, first-stage model, depth
     and length; adopted by ``reranker``); None where the corpus has fewer than ``MIN_PSEUDO_QUERIES`` documents
-    long enough to cut one from."""
+    long enough to cut one from. ``vectors``: the corpus's document vectors and the graph that encoded them
+    (default: the embedding cache's, encoded there if absent)."""
     key = reranker.check_key(corpus.sha256, encoder.model_hash)
     found = CorpusCheck.load(key)
     if found is not None:
@@ -109,17 +124,17 @@ def check_reranker(corpus: Corpus, encoder: BiEncoder, reranker: CrossEncoderRer
     depth = reranker.config.depth
     logger.info("checking reranker %s on this corpus: %d pseudo-queries, %s top %d", reranker.path, len(cut),
                 first_stage, depth)
-    base, info = corpus_embeddings(encoder, corpus)  # the index's own vectors, from the cache
+    base, graph = vectors or _cached_vectors(encoder, corpus)
     with tempfile.TemporaryDirectory(prefix="retr-check-") as tmp:
         where = Path(tmp)
         short = shortened(corpus, cut, where)
-        vectors = np.array(base, dtype=np.float32)
+        spliced = np.array(base, dtype=np.float32)
         rows = [c.position for c in cut]
         texts = [short.docs[i].full_text() for i in rows]
-        vectors[rows] = encoder.encode_like(texts, info["graph"]) if info.get("graph") else encoder.encode(texts)
+        spliced[rows] = encoder.encode_like(texts, graph) if graph else encoder.encode(texts)
         cache = EmbeddingCache(where / "cache")
         cache.save(embedding_key(encoder.model_hash, short.sha256, encoder.max_length, encoder.corpus_graph_id,
-                                 encoder.prompts.document), vectors, {"graph": info.get("graph")})
+                                 encoder.prompts.document), spliced, {"graph": graph})
         plain = replace(cfg, bm25=cfg.bm25 or BM25Config(), passages=None, shards=1, use_cache=True)
         build_index(short, where / "index", plain, encoder=encoder, cache=cache)
         index = open_index(where / "index")

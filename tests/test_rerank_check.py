@@ -195,6 +195,8 @@ def test_search_checks_a_reranker_on_the_index_it_meets_once(tiny_cross_encoder,
                                                       bm25=BM25Config()))
     path = _trained_reranker(tiny_cross_encoder, tmp_path, weight=0.6)
     calls = []
+    # the index holds its documents' vectors: the check reads them there, encoding only the shortened documents
+    monkeypatch.setattr(pseudo, "corpus_embeddings", lambda *a, **k: (_ for _ in ()).throw(AssertionError("encoded")))
     searcher = Searcher(tmp_path / "idx", rerank=RerankConfig(model=str(path), max_length=32, depth=5),
                         checker=lambda *a: calls.append(pseudo.check_index_reranker(*a)))
     hit = searcher.search("solar panels", k=3, mode="hybrid", rerank=str(path))
