@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from retr.eval.pseudo import cut_queries
 from retr.retrieval.rerank import (
@@ -224,3 +225,33 @@ def test_search_checks_a_reranker_on_the_index_it_meets_once(tiny_cross_encoder,
     assert "L3" not in [h.id for h in newer.search("solar", k=40, mode="hybrid", rerank=str(path)).hits]
     again.close()
     newer.close()
+
+
+def test_serve_checks_its_reranker_at_startup(tiny_cross_encoder, tiny_bi_encoder, tmp_path):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from retr.cli.main import main
+    from retr.cli.serve_app import ServeConfig, create_app
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.encoder import EncoderConfig
+
+    from .serving import Server
+
+    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--max-length", "64", "--bm25"]) == 0
+    path = _trained_reranker(tiny_cross_encoder, tmp_path, weight=0.6)
+    assert not (cache_home() / "rerank-checks").exists()
+    server = Server(create_app(idx, ServeConfig(encoder=EncoderConfig(), rerank=RerankConfig(
+        model=str(path), max_length=32, depth=5))))
+    try:
+        stored = list((cache_home() / "rerank-checks").glob("*.json"))
+        assert len(stored) == 1  # measured when the server started, before any request
+        check = json.loads(stored[0].read_text())
+        status, found = server.request("/search", {"query": "solar panels", "k": 3, "mode": "hybrid", "rerank": True})
+        assert status == 200 and found["pipeline"] == "hybrid+rerank" and len(found["results"]) == 3
+        assert ("rerank" in found["latency_ms"]) and 0.0 <= check["weight"] <= 1.0
+        assert len(list((cache_home() / "rerank-checks").glob("*.json"))) == 1  # and not again
+    finally:
+        server.stop()
