@@ -80,13 +80,17 @@ def shortened(corpus: Corpus, cut: list[PseudoQuery], where: Path) -> Corpus:
 
 
 def check_index_reranker(index, encoder: BiEncoder, reranker: CrossEncoderReranker,
-                         pipeline: PipelineConfig | None = None) -> CorpusCheck | None:
+                         pipeline: PipelineConfig | None = None, corpus: Corpus | None = None) -> CorpusCheck | None:
     """``check_reranker`` on an index folder's own documents (its doc store): what `retr search`, `retr serve` and
-    the Python API run the first time a cross-encoder trained on another corpus meets the index. The pseudo-query
-    index is built with the default dense and BM25 options; the vectors of the unchanged documents come from the
-    embedding cache when the index was built with it (else the corpus is encoded once, and cached)."""
-    docs = [index.docstore.get(i) for i in range(len(index.ids))]
-    corpus = Corpus(docs=docs, source=Path(index.folder) / "docstore", sha256=index.manifest["corpus"]["sha256"])
+    the Python API run the first time a cross-encoder trained on another corpus meets the index, and `retr eval`
+    before it scores. The pseudo-query index is built with the default dense and BM25 options; the vectors of the
+    unchanged documents are the ones the index holds (one per document: flat, HNSW, the lean index's kept ones),
+    else the embedding cache's (encoded once and cached where absent). ``corpus``: the index's corpus where the
+    caller holds it already (`retr eval`), in the index's order."""
+    if corpus is None or corpus.sha256 != index.manifest["corpus"]["sha256"] or corpus.ids != list(index.ids):
+        docs = [index.docstore.get(i) for i in range(len(index.ids))]
+        corpus = Corpus(docs=docs, source=Path(index.folder) / "docstore", sha256=index.manifest["corpus"]["sha256"])
+    docs = corpus.docs
     vectors = None
     info = index.dense_info
     if getattr(index, "shards", None) is None and not info.get("passages"):  # one vector per document, in id order

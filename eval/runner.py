@@ -14,7 +14,7 @@ from pathlib import Path
 
 from retr.eval.data import Dataset
 from retr.eval.metrics import DEFAULT_K_VALUES, evaluate
-from retr.eval.pseudo import check_reranker
+from retr.eval.pseudo import check_index_reranker
 from retr.eval.report import DatasetInfo, EvalReport, Percentiles, PipelineResult
 from retr.eval.trec import write_trec
 from retr.indexes.build import IndexConfig, cached_index
@@ -129,7 +129,7 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
     reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
     factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
     if reranker is not None and reranker.needs_check(factory.corpus_sha256):
-        check_reranker(dataset.corpus, encoder, reranker, index_cfg, cfg.pipeline)
+        check_index_reranker(index, encoder, reranker, cfg.pipeline, dataset.corpus)  # as search and serve do
     k = max(cfg.k_values)
     results: dict[str, PipelineResult] = {}
     for spec in cfg.pipelines:
