@@ -197,6 +197,22 @@ def _training_record(path: Path) -> dict:
     return record if isinstance(record, dict) else {}
 
 
+def _trained_weight(record: dict, path: Path) -> float | None:
+    """The weight chosen on dev at training. A model trained before ``smoothed_best`` was the rule (its manifest
+    names no ``interpolation_rule``) stored the raw dev peak; where it also stored its dev curve, the current rule
+    is applied to that curve, so that every cross-encoder retr trained gets its weight the same way."""
+    stored = record.get("interpolation")
+    curve = record.get("dev_ndcg@10_by_interpolation")
+    if stored is None or record.get("interpolation_rule") == "smoothed_best" or not isinstance(curve, dict) \
+            or len(curve) != 11:
+        return None if stored is None else float(stored)
+    weight = float(smoothed_best({str(k): float(v) for k, v in curve.items()}))
+    if weight != float(stored):
+        logger.info("cross-encoder %s: weight %.1f by today's rule (smoothed_best) from its stored dev curve; it "
+                    "stored %.1f, the raw dev peak", path, weight, float(stored))
+    return weight
+
+
 class CrossEncoderReranker:
     """Scores (query, document) pairs with a sentence-transformers ``CrossEncoder``: through an exported,
     verified graph (OpenVINO / ONNX Runtime, cached like the bi-encoder's) or with torch."""
@@ -216,9 +232,9 @@ class CrossEncoderReranker:
             self.graph = open_graph(lambda: self.model, self.ref.hash, backend.name, self.max_length, cache_home(),
                                     SCORING, use_cache_alone=self._fast_pairs is not None, calibration=calibration)
         record = _training_record(self.path)
-        chosen = record.get("interpolation")
+        chosen = _trained_weight(record, self.path)
         self.interpolation = config.interpolation if config.interpolation is not None \
-            else float(chosen) if chosen is not None else 1.0
+            else chosen if chosen is not None else 1.0
         self.trained_corpus: str | None = record.get("corpus_sha256")  # None: not trained by retr
         self._warned: set[str] = set()
         self._checks: dict[tuple[str, str | None], CorpusCheck] = {}

@@ -255,3 +255,22 @@ def test_serve_checks_its_reranker_at_startup(tiny_cross_encoder, tiny_bi_encode
         assert len(list((cache_home() / "rerank-checks").glob("*.json"))) == 1  # and not again
     finally:
         server.stop()
+
+
+def test_a_model_trained_before_the_rule_gets_its_weight_by_the_rule_from_its_stored_curve(tiny_cross_encoder,
+                                                                                           tmp_path):
+    # ce1's dev curve (README, "Reranking on other collections"): its raw peak 0.5 sits before a cliff
+    values = [0.7722, 0.7756, 0.7787, 0.7794, 0.7840, 0.7875, 0.7574, 0.7310, 0.6952, 0.6645, 0.6267]
+    curve = {f"{i / 10:.1f}": v for i, v in enumerate(values)}
+    path = _trained_reranker(tiny_cross_encoder, tmp_path)
+    manifest = path / "retr_manifest.json"
+
+    def weight(record: dict) -> float:
+        manifest.write_text(json.dumps(record))
+        return CrossEncoderReranker(RerankConfig(model=str(path), max_length=32)).interpolation
+
+    assert weight({"interpolation": 0.5, "dev_ndcg@10_by_interpolation": curve}) == 0.4  # re-chosen by the rule
+    assert weight({"interpolation": 0.5, "dev_ndcg@10_by_interpolation": curve,
+                   "interpolation_rule": "smoothed_best"}) == 0.5  # chosen by the rule already: kept as stored
+    assert weight({"interpolation": 0.5}) == 0.5  # no curve to apply it to
+    assert weight({}) == 1.0  # not trained by retr: the cross-encoder alone
