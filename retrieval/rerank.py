@@ -147,21 +147,25 @@ class CorpusCheck:
         return path
 
 
-@dataclass(frozen=True)
-class RerankWeight:
-    """The weight a reranker gets on one corpus, and why (``CrossEncoderReranker.weight_for``)."""
-
-    weight: float
-    source: str  # one of WEIGHT_SOURCES
-    check: CorpusCheck | None = None
-
-
-WEIGHT_SOURCES = {
+WEIGHT_SOURCES = {  # what a report's reranker.weight_source means
     "given": "set by the user (--rerank-alpha)",
     "trained": "chosen on the dev queries of the corpus the reranker was trained on (or not trained by retr)",
     "checked": "the smaller of the trained weight and the one the corpus check chose on pseudo-queries",
     "unchecked": "the trained weight, on a corpus it was not trained on and not checked on",
 }
+
+
+@dataclass(frozen=True)
+class RerankWeight:
+    """The weight a reranker gets on one corpus, and why (``CrossEncoderReranker.weight_for``)."""
+
+    weight: float
+    source: str  # a key of WEIGHT_SOURCES
+    check: CorpusCheck | None = None
+
+    def __post_init__(self) -> None:
+        if self.source not in WEIGHT_SOURCES:
+            raise ValueError(f"unknown weight source {self.source!r}")
 
 
 def check_cross_encoder_dir(path: Path) -> dict:
