@@ -143,7 +143,8 @@ def check_reranker(corpus: Corpus, encoder: BiEncoder, reranker: CrossEncoderRer
         build_index(short, where / "index", plain, encoder=encoder, cache=cache)
         index = open_index(where / "index")
         queries = {f"p{j}": c.query for j, c in enumerate(cut)}
-        first = PipelineFactory(index, encoder, None, pipeline or PipelineConfig()).make(first_stage).search(queries, max(10, depth))
+        retriever = PipelineFactory(index, encoder, None, pipeline or PipelineConfig()).make(first_stage)
+        first = retriever.search(queries, max(10, depth))
         full = [d.full_text() for d in short.docs]
         positions = {d.doc_id: i for i, d in enumerate(short.docs)}
         qrels = Qrels({q: {short.docs[c.position].doc_id: 1} for q, c in zip(queries, cut, strict=True)})
