@@ -23,19 +23,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from retr.eval.data import load_dataset
     from retr.eval.pseudo import check_reranker
-    from retr.indexes.build import IndexConfig
     from retr.retrieval.artifacts import versions
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
     ds = load_dataset(args.dataset, "test", download=False)
-    enc_cfg = EncoderConfig(model=args.model)
-    encoder = BiEncoder(enc_cfg)
+    encoder = BiEncoder(EncoderConfig(model=args.model))
     result = {"command": command_line(), "versions": versions(), "dataset": ds.name, "model": args.model,
               "checks": {}}
     for name in args.rerankers:
         rr = CrossEncoderReranker(RerankConfig(model=name))
-        check = check_reranker(ds.corpus, encoder, rr, IndexConfig(encoder=enc_cfg))
+        check = check_reranker(ds.corpus, encoder, rr)
         result["checks"][name] = asdict(check) if check else None
         if check:
             print(name, check.weight, {k: round(v - check.curve["0.0"], 4) for k, v in check.curve.items()},

@@ -83,21 +83,42 @@ def check_index_reranker(index, encoder: BiEncoder, reranker: CrossEncoderRerank
                          pipeline: PipelineConfig | None = None, corpus: Corpus | None = None) -> CorpusCheck | None:
     """``check_reranker`` on an index folder's own documents (its doc store): what `retr search`, `retr serve` and
     the Python API run the first time a cross-encoder trained on another corpus meets the index, and `retr eval`
-    before it scores. The pseudo-query index is built with the default dense and BM25 options; the vectors of the
-    unchanged documents are the ones the index holds (one per document: flat, HNSW, the lean index's kept ones),
-    else the embedding cache's (encoded once and cached where absent). ``corpus``: the index's corpus where the
-    caller holds it already (`retr eval`), in the index's order."""
+    before it scores. The vectors of the unchanged documents are the ones the index holds (one per document: flat,
+    HNSW, the lean index's kept ones), else the embedding cache's (encoded once and cached where absent).
+    ``corpus``: the index's corpus where the caller holds it already (`retr eval`), in the index's order."""
     if corpus is None or corpus.sha256 != index.manifest["corpus"]["sha256"] or corpus.ids != list(index.ids):
         docs = [index.docstore.get(i) for i in range(len(index.ids))]
         corpus = Corpus(docs=docs, source=Path(index.folder) / "docstore", sha256=index.manifest["corpus"]["sha256"])
-    docs = corpus.docs
     vectors = None
     info = index.dense_info
     if getattr(index, "shards", None) is None and not info.get("passages"):  # one vector per document, in id order
         held = live_vectors(Path(index.folder), info, index.faiss_index)
-        if held.shape == (len(docs), encoder.dim):
+        if held.shape == (len(corpus.docs), encoder.dim):
             vectors = (held, (info.get("encode") or {}).get("graph"))
-    return check_reranker(corpus, encoder, reranker, IndexConfig(encoder=encoder.config), pipeline, vectors=vectors)
+    return check_reranker(corpus, encoder, reranker, pipeline, vectors=vectors)
+
+
+@dataclass(frozen=True)
+class PseudoRun:
+    """Pseudo-queries, their one relevant document each, and the first stage's ranking of the shortened corpus."""
+
+    queries: dict[str, str]
+    qrels: Qrels
+    first: Run  # each query's top max(10, depth)
+    texts: dict[str, str]  # what the cross-encoder reads of each document of the shortened corpus
+
+    def curve(self, reranker: CrossEncoderReranker, depth: int) -> dict[str, float]:
+        """nDCG@10 with ``reranker`` rescoring each query's top ``depth`` at every weight 0, 0.1 .. 1."""
+        from tqdm.auto import tqdm
+
+        ce = {q: reranker.score(self.queries[q], [self.texts[h.doc_id] for h in self.first[q][:depth]])
+              for q in tqdm(self.queries, desc="reranker check", unit="q", leave=False, disable=None)}
+
+        def ndcg(weight: float) -> float:
+            run = {q: rerank_head(self.first[q][:depth], self.first[q][depth:], ce[q], weight) for q in self.queries}
+            return evaluate(Run(run), self.qrels, [10]).mean["NDCG@10"]
+
+        return {f"{w / 10:.1f}": ndcg(w / 10) for w in range(11)}
 
 
 def _cached_vectors(encoder: BiEncoder, corpus: Corpus) -> tuple[np.ndarray, dict | None]:
@@ -106,28 +127,12 @@ def _cached_vectors(encoder: BiEncoder, corpus: Corpus) -> tuple[np.ndarray, dic
     return base, info.get("graph")
 
 
-def check_reranker(corpus: Corpus, encoder: BiEncoder, reranker: CrossEncoderReranker, cfg: IndexConfig,
-                   pipeline: PipelineConfig | None = None, first_stage: str = "hybrid",
-                   vectors: tuple[np.ndarray, dict | None] | None = None) -> CorpusCheck | None:
-    """``reranker`` measured on ``corpus``'s pseudo-queries (cached per corpus, reranker, first-stage model, depth
-    and length; adopted by ``reranker``); None where the corpus has fewer than ``MIN_PSEUDO_QUERIES`` documents
-    long enough to cut one from. ``vectors``: the corpus's document vectors and the graph that encoded them
-    (default: the embedding cache's, encoded there if absent)."""
-    key = reranker.check_key(corpus.sha256, encoder.model_hash)
-    found = CorpusCheck.load(key)
-    if found is not None:
-        logger.info("reranker check used: %s (weight %.1f on this corpus)", CorpusCheck.path(key), found.weight)
-        reranker.adopt(found)
-        return found
-    cut = cut_queries(corpus.docs, PSEUDO_QUERIES, CHECK_SEED)
-    if len(cut) < MIN_PSEUDO_QUERIES:
-        logger.warning("corpus too short to check the reranker on (%d documents of %d+ words, %d needed): its "
-                       "trained weight stays", len(cut), 2 * SPAN_WORDS[0], MIN_PSEUDO_QUERIES)
-        return None
-    t0 = time.perf_counter()
-    depth = reranker.config.depth
-    logger.info("checking reranker %s on this corpus: %d pseudo-queries, %s top %d", reranker.path, len(cut),
-                first_stage, depth)
+def pseudo_run(corpus: Corpus, encoder: BiEncoder, cut: list[PseudoQuery], fetch: int,
+               pipeline: PipelineConfig | None = None, first_stage: str = "hybrid",
+               vectors: tuple[np.ndarray, dict | None] | None = None) -> PseudoRun:
+    """``corpus`` with the ``cut`` documents shortened, indexed in a temporary folder (flat dense + BM25, default
+    options; the other documents' ``vectors``, with the graph that encoded them, reused: default the embedding
+    cache's), and ``first_stage``'s top ``fetch`` for each pseudo-query."""
     base, graph = vectors or _cached_vectors(encoder, corpus)
     with tempfile.TemporaryDirectory(prefix="retr-check-") as tmp:
         where = Path(tmp)
@@ -139,34 +144,44 @@ def check_reranker(corpus: Corpus, encoder: BiEncoder, reranker: CrossEncoderRer
         cache = EmbeddingCache(where / "cache")
         cache.save(embedding_key(encoder.model_hash, short.sha256, encoder.max_length, encoder.corpus_graph_id,
                                  encoder.prompts.document), spliced, {"graph": graph})
-        plain = replace(cfg, bm25=cfg.bm25 or BM25Config(), passages=None, shards=1, use_cache=True)
-        build_index(short, where / "index", plain, encoder=encoder, cache=cache)
+        build_index(short, where / "index", IndexConfig(encoder=encoder.config, bm25=BM25Config()), encoder=encoder,
+                    cache=cache)
         index = open_index(where / "index")
         queries = {f"p{j}": c.query for j, c in enumerate(cut)}
         retriever = PipelineFactory(index, encoder, None, pipeline or PipelineConfig()).make(first_stage)
-        first = retriever.search(queries, max(10, depth))
-        full = [d.full_text() for d in short.docs]
-        positions = {d.doc_id: i for i, d in enumerate(short.docs)}
-        qrels = Qrels({q: {short.docs[c.position].doc_id: 1} for q, c in zip(queries, cut, strict=True)})
-        from tqdm.auto import tqdm
-
-        ce = {q: reranker.score(queries[q], [full[positions[h.doc_id]] for h in first[q][:depth]])
-              for q in tqdm(queries, desc="reranker check", unit="q", leave=False, disable=None)}
+        first = retriever.search(queries, fetch)
         index.close()
+    qrels = Qrels({q: {short.docs[c.position].doc_id: 1} for q, c in zip(queries, cut, strict=True)})
+    return PseudoRun(queries, qrels, first, {d.doc_id: d.full_text() for d in short.docs})
 
-    def ndcg(weight: float) -> float:
-        run = {q: rerank_head(first[q][:depth], first[q][depth:], ce[q], weight) for q in queries}
-        return evaluate(Run(run), qrels, [10]).mean["NDCG@10"]
 
-    curve = {f"{w / 10:.1f}": ndcg(w / 10) for w in range(11)}
+def check_reranker(corpus: Corpus, encoder: BiEncoder, reranker: CrossEncoderReranker,
+                   pipeline: PipelineConfig | None = None, first_stage: str = "hybrid",
+                   vectors: tuple[np.ndarray, dict | None] | None = None) -> CorpusCheck | None:
+    """``reranker`` measured on ``corpus``'s pseudo-queries (cached per corpus, reranker, first-stage model, depth
+    and length; adopted by ``reranker``); None where the corpus has fewer than ``MIN_PSEUDO_QUERIES`` documents
+    long enough to cut one from. ``vectors``: as ``pseudo_run`` takes them."""
+    found = reranker.find_check(corpus.sha256, encoder.model_hash)
+    if found is not None:
+        logger.info("reranker check used: weight %.1f on this corpus", found.weight)
+        return found
+    cut = cut_queries(corpus.docs, PSEUDO_QUERIES, CHECK_SEED)
+    if len(cut) < MIN_PSEUDO_QUERIES:
+        logger.warning("corpus too short to check the reranker on (%d documents of %d+ words, %d needed): its "
+                       "trained weight stays", len(cut), 2 * SPAN_WORDS[0], MIN_PSEUDO_QUERIES)
+        return None
+    t0 = time.perf_counter()
+    depth = reranker.config.depth
+    logger.info("checking reranker %s on this corpus: %d pseudo-queries, %s top %d", reranker.path, len(cut),
+                first_stage, depth)
+    curve = pseudo_run(corpus, encoder, cut, max(10, depth), pipeline, first_stage, vectors).curve(reranker, depth)
     chosen = smoothed_best(curve)
     check = CorpusCheck(corpus_sha256=corpus.sha256, reranker_hash=reranker.model_hash, first_stage=first_stage,
                         first_stage_model=encoder.model_hash, depth=depth, max_length=reranker.max_length,
                         queries=len(cut), seed=CHECK_SEED, weight=float(chosen), curve=curve,
                         first_stage_ndcg=curve["0.0"], seconds=time.perf_counter() - t0)
-    check.save(key)
+    check.save(reranker.check_key(corpus.sha256, encoder.model_hash))
     reranker.adopt(check)
     logger.info("reranker check: nDCG@10 on %d pseudo-queries %.4f (first stage) -> %.4f at weight %s, chosen "
                 "(%.0f s)", len(cut), curve["0.0"], curve[chosen], chosen, check.seconds)
     return check
-

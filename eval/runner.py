@@ -123,9 +123,9 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
     t_start = time.perf_counter()
     needs_dense = any(p.uses_dense for p in cfg.pipelines)
     encoder = BiEncoder(cfg.encoder)
-    index_cfg = IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache,
-                            passages=cfg.passages, shards=cfg.shards, executor=cfg.executor)
-    index = cached_index(dataset.name, dataset.corpus, encoder, index_cfg)
+    index = cached_index(dataset.name, dataset.corpus, encoder,
+                         IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache,
+                                     passages=cfg.passages, shards=cfg.shards, executor=cfg.executor))
     reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
     factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
     if reranker is not None and reranker.needs_check(factory.corpus_sha256):

@@ -60,7 +60,7 @@ class Searcher:
         ``search(rerank=...)``; ``checker(index, encoder, reranker, pipeline)``: run once per cross-encoder
         trained on another corpus (``retr.eval.pseudo.check_index_reranker``: the reranker check)."""
         self.index = open_index(folder)
-        self._options = (encoder, pipeline, rerank, checker)
+        self._options = (encoder, pipeline, rerank)
         self._checker = checker
         self._factory = PipelineFactory(self.index, config=pipeline or PipelineConfig(),
                                         encoder_config=encoder or EncoderConfig())
@@ -77,8 +77,7 @@ class Searcher:
     def reopened(self) -> Searcher:
         """A searcher over the folder's current generation, with this one's options; the loaded query encoder and
         cross-encoders carry over when the new generation was built by the same model."""
-        encoder, pipeline, rerank, _checker = self._options
-        new = Searcher(self.index.folder, encoder, pipeline, rerank)  # a new generation never stops to check
+        new = Searcher(self.index.folder, *self._options)  # no checker: a new generation never stops to check
         old = self._factory._encoder
         if old is not None and new.index.dense_info["model"]["hash"] == old.model_hash:
             new._factory._encoder = old
