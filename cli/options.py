@@ -10,6 +10,7 @@ from retr.indexes.dense import KINDS, DenseIndexConfig
 from retr.indexes.executors import EXECUTORS, ExecutorConfig
 from retr.retrieval.backends.registry import DEFAULT_BACKEND, DEFAULT_RERANK_BACKEND, SCORING, choices
 from retr.retrieval.encoder import EncoderConfig
+from retr.retrieval.focus import INPUT_FORMS
 from retr.retrieval.fusion import FUSIONS
 from retr.retrieval.passages import AGGREGATES, DEFAULT_AGGREGATE
 from retr.retrieval.pipeline import PipelineConfig
@@ -85,7 +86,12 @@ def add_query_backend_arg(p: argparse.ArgumentParser) -> None:
 def add_rerank_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rerank-depth", type=positive_int, default=DEFAULT_RERANK_DEPTH,
                    help="first-stage hits the cross-encoder rescores (default: chosen on dev by quality per ms)")
-    p.add_argument("--rerank-max-length", type=positive_int, default=DEFAULT_RERANK_MAX_LENGTH)
+    p.add_argument("--rerank-max-length", type=positive_int, default=None,
+                   help=f"tokens of (query, document) the cross-encoder reads (default: the length it was trained "
+                        f"at, else {DEFAULT_RERANK_MAX_LENGTH})")
+    p.add_argument("--rerank-inputs", choices=tuple(INPUT_FORMS), default=None,
+                   help="what the cross-encoder reads of a document: its head, or its sentences sharing most query "
+                        "terms (default: the form it was trained on, else head)")
     p.add_argument("--rerank-backend", choices=choices(SCORING), default=DEFAULT_RERANK_BACKEND,
                    help="cross-encoder inference")
     p.add_argument("--rerank-alpha", type=float, default=None,
@@ -182,5 +188,5 @@ def rerank_config(args, model: str | None):
         return None
     return RerankConfig(model=model, depth=args.rerank_depth, max_length=args.rerank_max_length,
                         backend=args.rerank_backend, interpolation=args.rerank_alpha,
-                        corpus_check=args.rerank_check)
+                        corpus_check=args.rerank_check, inputs=args.rerank_inputs)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from retr.cli import options
+from retr.retrieval.focus import INPUT_FORMS
 from retr.train.bi_encoder import BiEncoderTrainConfig
 from retr.train.cross_encoder import CrossEncoderTrainConfig
 from retr.train.mlm import MLMTrainConfig
@@ -88,6 +89,9 @@ def add_parser(sub) -> None:
     t.add_argument("--distill", type=float, default=ce.distill,
                    help="0 < w < 1: distil the first stage's ranking of each list into the targets (weight w; "
                         "ListNet loss, no in-batch negatives); 0: the judged positive alone")
+    t.add_argument("--inputs", choices=tuple(INPUT_FORMS), default=ce.inputs,
+                   help="what the model reads of a document: its head, or its first sentence and then the "
+                        "sentences sharing most query terms, within --max-length (recorded with the model)")
     _add_precision(t, ce)
     _add_freeze(t, ce)
     _add_common(t, ce, "BERT folder (default: the bundled MiniLM + a new head)")
@@ -116,7 +120,7 @@ def run_cross_encoder(args: argparse.Namespace) -> int:
     cfg = CrossEncoderTrainConfig(**_common(args), first_stage_model=args.first_stage_model,
                                   num_negatives=args.num_negatives, in_batch_negatives=args.in_batch_negatives,
                                   dev_fraction=args.dev_fraction, precision=args.precision, distill=args.distill,
-                                  freeze_layers=args.freeze_layers)
+                                  freeze_layers=args.freeze_layers, inputs=args.inputs)
     m = train_cross_encoder(Path(args.out), cfg, load_dataset(args.dataset, args.split), resume=args.resume)
     print(f"cross-encoder written to {args.out}: dev nDCG@10 first stage {m['dev_ndcg@10_first_stage']:.4f}, "
           f"reranked {m['dev_ndcg@10']:.4f} ({m['train_lists']} lists, {m['train_seconds']:.0f} s)")

@@ -178,6 +178,7 @@ def check_reranker(corpus: Corpus, encoder: BiEncoder, reranker: CrossEncoderRer
     chosen = smoothed_best(curve)
     check = CorpusCheck(corpus_sha256=corpus.sha256, reranker_hash=reranker.model_hash, first_stage=first_stage,
                         first_stage_model=encoder.model_hash, depth=depth, max_length=reranker.max_length,
+                        inputs=reranker.inputs,
                         queries=len(cut), seed=CHECK_SEED, weight=float(chosen), curve=curve,
                         first_stage_ndcg=curve["0.0"], seconds=time.perf_counter() - t0)
     check.save(reranker.check_key(corpus.sha256, encoder.model_hash))

@@ -54,6 +54,20 @@ def tokenizer_options(cfg: BM25Config) -> dict:
     return {"stopwords": cfg.stopwords or [], "stemmer": _stemmer(cfg.stemmer)}
 
 
+def analyzer(cfg: BM25Config = BM25Config()):
+    """A ``text -> terms`` function: bm25s's tokenisation (lowercase, \\w\\w+, stopwords, Snowball) without its
+    per-call overhead; the terms a query is matched on."""
+    split = re.compile(r"(?u)\b\w\w+\b").findall
+    stop = frozenset(_stopwords(cfg.stopwords))
+    stem = _stemmer(cfg.stemmer)
+
+    def terms(text: str) -> list[str]:
+        words = [w for w in split(text.lower()) if w not in stop]
+        return stem.stemWords(words) if stem is not None else words
+
+    return terms
+
+
 def tokenize(texts: Sequence[str], cfg: BM25Config, show_progress: bool = False) -> list[list[str]]:
     import bm25s
 
@@ -76,9 +90,7 @@ class BM25Retriever:
         self.model = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
         self.ids = list(ids)
         self.vocab = self.model.vocab_dict
-        self._split = re.compile(r"(?u)\b\w\w+\b").findall
-        self._stop = frozenset(_stopwords(self.cfg.stopwords))
-        self._stem = _stemmer(self.cfg.stemmer)
+        self._terms = analyzer(self.cfg)
         self.mask: np.ndarray | None = None  # positions a metadata filter allows (``restricted``); None: all
         n = int(self.model.scores["num_docs"])
         if n != len(self.ids):
@@ -94,12 +106,9 @@ class BM25Retriever:
         return other
 
     def _query_ids(self, text: str) -> list[int]:
-        """bm25s's tokenisation (lowercase, \\w\\w+, stopwords, Snowball) without its per-call overhead."""
-        words = [w for w in self._split(text.lower()) if w not in self._stop]
-        if self._stem is not None:
-            words = self._stem.stemWords(words)
+        """The vocabulary ids of ``text``'s terms (``analyzer``)."""
         vocab = self.vocab
-        return [vocab[w] for w in words if w in vocab]
+        return [vocab[w] for w in self._terms(text) if w in vocab]
 
     def search(self, queries: Mapping[str, str], k: int, timer: StageTimer | None = None) -> Run:
         timer = timer or StageTimer()

@@ -15,11 +15,12 @@ import numpy as np
 
 from retr.retrieval.artifacts import atomic_write_text, cache_home
 from retr.retrieval.backends import sample_texts
-from retr.retrieval.backends.batching import fast_pair_tokenizer, run_sorted
+from retr.retrieval.backends.batching import fast_pair_tokenizer, plain_tokenizer, run_sorted
 from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
 from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
 from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND, get_backend, on_this_cpu
 from retr.retrieval.errors import RetrError
+from retr.retrieval.focus import DEFAULT_INPUTS, Focus, check_inputs, make_focus
 from retr.retrieval.models import ModelRef
 from retr.retrieval.passages import PassageMap, passage_text
 from retr.retrieval.protocol import Retriever, StageTimer
@@ -32,14 +33,14 @@ logger = logging.getLogger(__name__)
 # 10/20/30/50/100: +0.0181/+0.0153/+0.0155/+0.0152/+0.0158 over the first stage; bf16, depths 10/20/30:
 # 0.7745/0.7806/0.7836. 100 (the default before) reranked no better, at 6x the cost of 20
 DEFAULT_RERANK_DEPTH = 20
-DEFAULT_RERANK_MAX_LENGTH = 256
+DEFAULT_RERANK_MAX_LENGTH = 256  # for a cross-encoder that records no training length
 
 
 @dataclass(frozen=True)
 class RerankConfig:
     model: str
     depth: int = DEFAULT_RERANK_DEPTH
-    max_length: int = DEFAULT_RERANK_MAX_LENGTH
+    max_length: int | None = None  # None: the length the model was trained at (its record), else 256
     batch_size: int = 32  # torch backend: pairs per batch
     token_budget: int = 8192  # exported backends: padded tokens per batch (length-sorted)
     device: str = "cpu"
@@ -50,10 +51,15 @@ class RerankConfig:
     # on a corpus it was not trained on, measure the cross-encoder on pseudo-queries cut from that corpus and cap
     # its weight there by what they choose (retr.eval.pseudo; README "Reranking on other collections")
     corpus_check: bool = True
+    # what the model reads of a document (a key of retr.retrieval.focus.INPUT_FORMS); None: the form it was
+    # trained on (its record), else "head"
+    inputs: str | None = None
 
     def __post_init__(self) -> None:
         get_backend(self.backend, SCORING)
-        if self.depth < 1 or self.max_length < 1:
+        if self.inputs is not None:
+            check_inputs(self.inputs)
+        if self.depth < 1 or (self.max_length is not None and self.max_length < 1):
             raise RetrError(f"rerank depth and max length must be >= 1, got {self.depth} and {self.max_length}")
 
 
@@ -119,10 +125,14 @@ class CorpusCheck:
     first_stage_ndcg: float
     seconds: float
 
+    inputs: str = DEFAULT_INPUTS  # what the cross-encoder read of each document (retr.retrieval.focus)
+
     @staticmethod
     def key(corpus_sha256: str, reranker_hash: str, first_stage_model: str, depth: int, max_length: int,
-            queries: int, seed: int) -> str:
+            queries: int, seed: int, inputs: str = DEFAULT_INPUTS) -> str:
         raw = f"{corpus_sha256}|{reranker_hash}|{first_stage_model}|{depth}|{max_length}|{queries}|{seed}"
+        if inputs != DEFAULT_INPUTS:  # checks of the head form keep the keys they were stored under
+            raw += f"|{inputs}"
         return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
     @staticmethod
@@ -227,15 +237,22 @@ class CrossEncoderReranker:
         self.config = config
         self.ref = ModelRef.resolve(str(path))
         self.path = self.ref.path
-        self.max_length = min(config.max_length, int(positions)) if positions else config.max_length
+        record = _training_record(self.path)
+        trained = record.get("config") or {}
+        length = config.max_length or int(trained.get("max_length") or DEFAULT_RERANK_MAX_LENGTH)
+        self.max_length = min(length, int(positions)) if positions else length
+        # a model reads documents as it was trained to (its record); older models and others: their head
+        self.inputs = check_inputs(config.inputs or record.get("inputs") or DEFAULT_INPUTS)
         self._fast_pairs = fast_pair_tokenizer(self.path, self.max_length)
+        self._focus: Focus | None = None
+        if self.inputs == "focused":
+            self._focus = make_focus(plain_tokenizer(self.path) or self.model.tokenizer, self.max_length)
         self.graph: Graph | None = None
         if config.device == "cpu":
             backend = on_this_cpu(get_backend(config.backend, SCORING), SCORING)
             calibration = self._calibration() if backend.calibrated else None
             self.graph = open_graph(lambda: self.model, self.ref.hash, backend.name, self.max_length, cache_home(),
                                     SCORING, use_cache_alone=self._fast_pairs is not None, calibration=calibration)
-        record = _training_record(self.path)
         chosen = _trained_weight(record, self.path)
         self.interpolation = config.interpolation if config.interpolation is not None \
             else chosen if chosen is not None else 1.0
@@ -252,7 +269,7 @@ class CrossEncoderReranker:
 
     def check_key(self, corpus_sha256: str, first_stage_model: str) -> str:
         return CorpusCheck.key(corpus_sha256, self.model_hash, first_stage_model, self.config.depth,
-                               self.max_length, PSEUDO_QUERIES, CHECK_SEED)
+                               self.max_length, PSEUDO_QUERIES, CHECK_SEED, self.inputs)
 
     def adopt(self, check: CorpusCheck) -> None:
         """Use ``check`` (measured by ``retr.eval.pseudo.check_reranker``) on its corpus."""
@@ -327,9 +344,14 @@ class CrossEncoderReranker:
             types += b
         return Calibration.of(ids, types)
 
+    def read(self, query: str, texts: list[str]) -> list[str]:
+        """What the cross-encoder reads of ``texts`` after ``query`` (its input form)."""
+        return self._focus.texts(query, texts) if self._focus is not None else texts
+
     def score(self, query: str, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros(0, dtype=np.float32)
+        texts = self.read(query, texts)
         if self.graph is None:
             return ce_logits(self.model, [(query, t) for t in texts], self.config.batch_size)
         ids, types = self._pair_ids(query, texts)
@@ -341,7 +363,8 @@ class CrossEncoderReranker:
 
     def describe(self) -> dict:
         return {"path": str(self.path), "hash": self.model_hash, "depth": self.config.depth,
-                "max_length": self.max_length, "interpolation": self.interpolation, "backend": self.backend,
+                "max_length": self.max_length, "inputs": self.inputs, "interpolation": self.interpolation,
+                "backend": self.backend,
                 "trained_corpus_sha256": self.trained_corpus,
                 "precision": graph_info(self.graph)["precision"]}
 

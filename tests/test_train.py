@@ -97,9 +97,9 @@ def test_resume_continues_from_the_last_checkpoint(tiny_train, tiny_bi_encoder, 
     assert (out / "retr_manifest.json").is_file()
 
 
-@pytest.mark.parametrize("distill", [0.0, 0.5])
+@pytest.mark.parametrize(("distill", "inputs"), [(0.0, "head"), (0.5, "focused")])
 def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
-                                                       distill, caplog):
+                                                       distill, inputs, caplog):
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
     from retr.train.cross_encoder import CrossEncoderTrainConfig, smoothed_best, train_cross_encoder
 
@@ -107,16 +107,21 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     out = tmp_path / "ce"
     cfg = CrossEncoderTrainConfig(base=str(tiny_cross_encoder), first_stage_model=str(tiny_bi_encoder), epochs=2,
                                   batch_size=4, learning_rate=1e-3, max_length=32, num_negatives=2,
-                                  negative_depth=8, dev_fraction=0.3, dev_depth=6, seed=0, distill=distill)
+                                  negative_depth=8, dev_fraction=0.3, dev_depth=6, seed=0, distill=distill,
+                                  inputs=inputs)
     m = train_cross_encoder(out, cfg, ds)
-    assert m["config"]["distill"] == distill
+    assert m["config"]["distill"] == distill and m["inputs"] == inputs
     assert m["train_lists"] > 0 and len(m["dev_ndcg@10_per_epoch"]) == 2
     assert m["loss_history"] and 0 <= m["dev_ndcg@10_first_stage"] <= 1
     assert 0.0 <= m["interpolation"] <= 1.0 and len(m["dev_ndcg@10_by_interpolation"]) == 11
     assert f"{m['interpolation']:.1f}" == smoothed_best(m["dev_ndcg@10_by_interpolation"])
     assert m["interpolation_rule"] == "smoothed_best"  # models chosen by the raw dev peak before have none
-    reranker = CrossEncoderReranker(RerankConfig(model=str(out), max_length=32))  # passes the folder check
+    reranker = CrossEncoderReranker(RerankConfig(model=str(out)))  # passes the folder check
     assert reranker.interpolation == m["interpolation"]  # the dev choice travels with the model
+    # so do the length it was trained at and what it reads of a document
+    assert reranker.max_length == 32 and reranker.inputs == inputs and reranker.describe()["inputs"] == inputs
+    long = "Tea leaves are dried. " * 8 + "Solar panels convert sunlight."
+    assert (reranker.read("solar panels", [long]) == [long]) == (inputs == "head")
     assert reranker.score("solar panels", ["Solar panels convert sunlight", "Tea leaves"]).shape == (2,)
     # the corpus it was trained on travels with it: its own corpus keeps the dev weight; another, unchecked, gets a
     # warning once and the same weight

@@ -19,6 +19,7 @@ from pathlib import Path
 from retr.eval.data import Dataset
 from retr.retrieval.backends.export import ce_logits
 from retr.retrieval.errors import RetrError
+from retr.retrieval.focus import DEFAULT_INPUTS, check_inputs, make_focus
 from retr.retrieval.rerank import smoothed_best
 from retr.retrieval.types import Qrels
 from retr.train.common import (
@@ -53,10 +54,14 @@ class CrossEncoderTrainConfig(TrainConfig):
     # own ranking of the list (softmax of DISTILL_SHARPNESS x its min-max scores), so every candidate teaches;
     # the loss is ListNet (cross-entropy to that target) and no in-batch negatives are added
     distill: float = 0.0
+    # what the model reads of a document (retr.retrieval.focus.INPUT_FORMS), at training and, recorded with the
+    # model, at reranking
+    inputs: str = DEFAULT_INPUTS
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.distill < 1.0:
             raise RetrError(f"--distill must be in [0, 1), got {self.distill}")
+        check_inputs(self.inputs)
 
 
 DISTILL_SHARPNESS = 5.0  # the first stage's min-max scores in [0, 1], times this, before its softmax
@@ -109,6 +114,18 @@ def choose_interpolation(ce_scores, first, dev_q, depth: int, qrels: Qrels) -> t
     return float(best), curve
 
 
+def _reader(cfg: CrossEncoderTrainConfig, base_path: Path):
+    """``(query, texts) -> texts`` as the model reads them (``cfg.inputs``), with the base model's tokenizer."""
+    if cfg.inputs == "head":
+        return lambda query, texts: texts
+    from transformers import AutoTokenizer
+
+    from retr.retrieval.backends.batching import plain_tokenizer
+
+    focus = make_focus(plain_tokenizer(base_path) or AutoTokenizer.from_pretrained(str(base_path)), cfg.max_length)
+    return focus.texts
+
+
 def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Dataset, resume: bool = False,
                         callbacks: list | None = None) -> dict:
     import torch
@@ -147,14 +164,17 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
         floor = min(score.values())  # a positive the first stage did not retrieve: its lowest score
         return distill_labels([score.get(d, floor) for d in (p.positive_id, *negatives)], cfg.distill)
 
+    base_path = ModelRef.resolve(cfg.base).path
+    read = _reader(cfg, base_path)
+    read_lists = [read(p.query, [texts[d] for d in (p.positive_id, *negatives)]) for p, _, negatives in lists]
     columns: dict[str, list] = {"query": [p.query for p, _, _ in lists]}
     if cfg.distill:
-        columns["docs"] = [[texts[d] for d in (p.positive_id, *negatives)] for p, _, negatives in lists]
+        columns["docs"] = read_lists
         columns["labels"] = [labels(*one) for one in lists]
     else:
-        columns["positive"] = [texts[p.positive_id] for p, _, _ in lists]
+        columns["positive"] = [docs[0] for docs in read_lists]
         for j in range(cfg.num_negatives):
-            columns[f"negative_{j + 1}"] = [texts[negatives[j]] for _, _, negatives in lists]
+            columns[f"negative_{j + 1}"] = [docs[j + 1] for docs in read_lists]
     train_ds = HFDataset.from_dict(columns)
     dev_queries = {q: dataset.queries[q] for q in dev_q}
     dev_qrels = Qrels({q: qrels[q] for q in dev_q})
@@ -163,7 +183,6 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
                 len(dev_q))
 
     precision = resolve_precision(cfg.precision)
-    base_path = ModelRef.resolve(cfg.base).path
     model = CrossEncoder(str(base_path), num_labels=1, max_length=cfg.max_length, device="cpu",
                          model_kwargs=model_kwargs(precision))
     frozen = freeze_bottom(model, cfg.freeze_layers)
@@ -171,7 +190,8 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     def score_all(model):
         scores = {}
         for q, cands in candidates.items():
-            s = ce_logits(model, [(dev_queries[q], texts[d]) for d in cands])
+            s = ce_logits(model, list(zip([dev_queries[q]] * len(cands), read(dev_queries[q], [texts[d] for d in
+                                                                                          cands]), strict=True)))
             scores[q] = {d: float(v) for d, v in zip(cands, s, strict=True)}
         return scores
 
@@ -189,6 +209,6 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
         "base": cfg.base_name, "train_lists": len(train_ds), **frozen, "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
         "precision": precision, "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
-        "interpolation": alpha, "interpolation_rule": "smoothed_best", "dev_ndcg@10_by_interpolation": alpha_curve,
+        "interpolation": alpha, "interpolation_rule": "smoothed_best", "inputs": cfg.inputs, "dev_ndcg@10_by_interpolation": alpha_curve,
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-cross-encoder", cfg, extra)
