@@ -73,3 +73,38 @@ def test_an_unknown_input_form_is_refused():
     assert check_inputs("focused") == "focused"
     with pytest.raises(RetrError, match="unknown cross-encoder input form 'middle'"):
         check_inputs("middle")
+
+
+def test_a_check_of_a_focused_model_is_stored_apart_and_head_checks_keep_their_keys():
+    from retr.retrieval.rerank import CorpusCheck
+
+    args = ("c" * 64, "r" * 64, "m" * 64, 20, 128, 200, 7)
+    assert CorpusCheck.key(*args) == CorpusCheck.key(*args, "head")  # checks stored before the forms still match
+    assert CorpusCheck.key(*args, "focused") != CorpusCheck.key(*args)
+
+
+def test_a_reranker_reads_as_its_model_was_trained_unless_told_otherwise(tiny_cross_encoder, tmp_path):
+    import json
+    import shutil
+
+    from retr.retrieval.rerank import DEFAULT_RERANK_MAX_LENGTH, CrossEncoderReranker, RerankConfig
+
+    path = tmp_path / "ce"
+    shutil.copytree(tiny_cross_encoder, path)
+
+    def opened(record: dict | None, **options) -> CrossEncoderReranker:
+        if record is not None:
+            (path / "retr_manifest.json").write_text(json.dumps(record))
+        return CrossEncoderReranker(RerankConfig(model=str(path), **options))
+
+    plain = opened(None)  # not trained by retr: 256 tokens of the head
+    assert (plain.max_length, plain.inputs) == (min(DEFAULT_RERANK_MAX_LENGTH, 128), "head")
+    trained = opened({"config": {"max_length": 48}, "inputs": "focused"})
+    assert (trained.max_length, trained.inputs) == (48, "focused")
+    long = "Tea leaves are dried. " * 10 + "Solar panels convert sunlight."
+    (read,) = trained.read("solar panels", [long])
+    assert read != long and read.endswith("Solar panels convert sunlight.")
+    told = opened(None, max_length=32, inputs="head")
+    assert (told.max_length, told.inputs) == (32, "head") and told.read("solar", [long]) == [long]
+    with pytest.raises(RetrError, match="unknown cross-encoder input form 'tail'"):
+        opened({"inputs": "tail"})
