@@ -11,8 +11,9 @@ needed all of them for (README, "Reranking within a budget"). A document that fi
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from retr.retrieval.errors import RetrError
 
@@ -39,6 +40,18 @@ def sentences(text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Sentences:
+    """A document cut into sentences, each's size in the cross-encoder's tokens and its matching terms."""
+
+    parts: list[str]
+    sizes: list[int]
+    terms: list[frozenset[str]]
+
+
+SEEN_DOCUMENTS = 20_000  # documents whose sentences a Focus keeps (a reranked head's documents recur over queries)
+
+
+@dataclass(frozen=True)
 class Focus:
     """Makes focused documents for one cross-encoder: ``count`` gives each text's tokens (no special tokens) in
     its tokenizer; ``terms`` a text's matching terms."""
@@ -46,28 +59,52 @@ class Focus:
     count: Callable[[list[str]], list[int]]
     terms: Callable[[str], list[str]]
     max_length: int
+    _seen: dict[str, Sentences] = field(default_factory=dict, compare=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     def texts(self, query: str, texts: list[str]) -> list[str]:
         """``texts`` as the cross-encoder reads them after ``query``."""
+        cut = self._sentences(texts)
         budget = self.max_length - PAIR_SPECIAL_TOKENS - self.count([query])[0]
         wanted = set(self.terms(query))
-        return [self._one(t, budget, wanted) for t in texts]
+        return [text if doc is None else self._one(text, doc, budget, wanted) for text, doc in zip(texts, cut,
+                                                                                                   strict=True)]
 
-    def _one(self, text: str, budget: int, wanted: set[str]) -> str:
-        parts = sentences(text)
-        if len(parts) <= 1:
+    def _sentences(self, texts: list[str]) -> list[Sentences | None]:
+        """Each text's sentences (None: one sentence, read whole), from those seen before or measured now (one
+        tokenizer call for all: a call costs ~0.5 ms however short its texts)."""
+        with self._lock:
+            found = {t: self._seen.get(t) for t in texts}
+        new = list(dict.fromkeys(t for t, doc in found.items() if doc is None))
+        split = [sentences(t) for t in new]
+        flat = [p for parts in split if len(parts) > 1 for p in parts]
+        sizes = self.count(flat) if flat else []
+        at = 0
+        made = {}
+        for text, parts in zip(new, split, strict=True):
+            if len(parts) > 1:
+                made[text] = Sentences(parts, sizes[at: at + len(parts)], [frozenset(self.terms(p)) for p in parts])
+                at += len(parts)
+        with self._lock:
+            for text, doc in made.items():
+                if len(self._seen) >= SEEN_DOCUMENTS:
+                    self._seen.pop(next(iter(self._seen)))  # the oldest
+                self._seen[text] = doc
+        found.update(made)
+        return [found.get(t) for t in texts]
+
+    @staticmethod
+    def _one(text: str, doc: Sentences, budget: int, wanted: set[str]) -> str:
+        if sum(doc.sizes) <= budget:
             return text
-        sizes = self.count(parts)
-        if sum(sizes) <= budget:
-            return text
-        hits = [len(wanted.intersection(self.terms(p))) for p in parts]
+        hits = [len(wanted.intersection(t)) for t in doc.terms]
         keep = [0]
-        used = sizes[0]
-        for i in sorted(range(1, len(parts)), key=lambda i: (-hits[i], i)):
-            if used + sizes[i] <= budget:
+        used = doc.sizes[0]
+        for i in sorted(range(1, len(doc.parts)), key=lambda i: (-hits[i], i)):
+            if used + doc.sizes[i] <= budget:
                 keep.append(i)
-                used += sizes[i]
-        return " ".join(parts[i] for i in sorted(keep))
+                used += doc.sizes[i]
+        return " ".join(doc.parts[i] for i in sorted(keep))
 
 
 def make_focus(tokenizer, max_length: int) -> Focus:

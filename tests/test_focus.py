@@ -108,3 +108,23 @@ def test_a_reranker_reads_as_its_model_was_trained_unless_told_otherwise(tiny_cr
     assert (told.max_length, told.inputs) == (32, "head") and told.read("solar", [long]) == [long]
     with pytest.raises(RetrError, match="unknown cross-encoder input form 'tail'"):
         opened({"inputs": "tail"})
+
+
+def test_a_document_seen_before_is_not_measured_again_and_reads_the_same(tiny_cross_encoder):
+    from retr.retrieval.focus import Focus
+
+    base = make_focus(plain_tokenizer(Path(tiny_cross_encoder)), 24)
+    counted: list[list[str]] = []
+
+    def count(texts):
+        counted.append(list(texts))
+        return base.count(texts)
+
+    focus = Focus(count, base.terms, 24)
+    first = focus.texts("dust on solar panels", [DOC, "One sentence only"])
+    docs_measured = [t for call in counted for t in call if t in sentences(DOC)]
+    assert docs_measured == sentences(DOC)  # every sentence measured once, in one call with the others
+    counted.clear()
+    assert focus.texts("dust on solar panels", [DOC, "One sentence only"]) == first
+    assert counted == [["dust on solar panels"]]  # only the query: the document's sentences were kept
+    assert focus.texts("tea markets", [DOC]) != first[:1]  # kept per document, chosen per query

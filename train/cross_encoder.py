@@ -19,7 +19,7 @@ from pathlib import Path
 from retr.eval.data import Dataset
 from retr.retrieval.backends.export import ce_logits
 from retr.retrieval.errors import RetrError
-from retr.retrieval.focus import DEFAULT_INPUTS, check_inputs, make_focus
+from retr.retrieval.focus import check_inputs, make_focus
 from retr.retrieval.rerank import smoothed_best
 from retr.retrieval.types import Qrels
 from retr.train.common import (
@@ -55,8 +55,11 @@ class CrossEncoderTrainConfig(TrainConfig):
     # the loss is ListNet (cross-entropy to that target) and no in-batch negatives are added
     distill: float = 0.0
     # what the model reads of a document (retr.retrieval.focus.INPUT_FORMS), at training and, recorded with the
-    # model, at reranking
-    inputs: str = DEFAULT_INPUTS
+    # model, at reranking. Focused at 128 tokens: on SciFact, one epoch from the same bi-encoder and the same lists,
+    # dev nDCG@10 alone 0.6812 against 0.6267 for the head at 256 tokens (interpolated 0.7933 against 0.7875 at
+    # best), trained in 727 s against 1,968 s, reranking at half the cost (README, "Reranking within a budget")
+    inputs: str = "focused"
+    max_length: int = 128
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.distill < 1.0:
