@@ -14,7 +14,7 @@ Another collection's test queries (``--dataset ../shared/datasets/npl --split te
 on text it never saw.
 
     python benchmarks/rerank_budget.py --model BI --reranker CE [--split dev|test] [--depths 10,20,30,50]
-        [--lengths 128,192,256] [--backends openvino,openvino-int8] --out benchmarks/results/rerank-budget.json
+        [--lengths 128,192,256] [--inputs head,focused] [--backends openvino,openvino-int8] --out benchmarks/results/rerank-budget.json
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default="128,192,256")
     p.add_argument("--backends", default="openvino,openvino-int8")
     p.add_argument("--timed", type=int, default=40, help="queries timed per setting (0: quality only)")
+    p.add_argument("--inputs", default="",
+                   help="what the cross-encoder reads of a document, e.g. head,focused (default: its own form)")
     p.add_argument("--curve", action="store_true", help="nDCG@10 at every interpolation weight 0, 0.1 .. 1")
     p.add_argument("--out", default="benchmarks/results/rerank-budget.json")
     args = p.parse_args(argv)
@@ -95,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
               "rows": []}
     timed = qids[: args.timed]
     for backend in [b.strip() for b in args.backends.split(",")]:
-        for length in lengths:
+        for length, inputs in [(n, f) for n in lengths for f in [x.strip() for x in args.inputs.split(",")]]:
             rr = CrossEncoderReranker(RerankConfig(model=args.reranker, max_length=length, backend=backend,
+                                                   inputs=inputs or None,
                                                    depth=max(depths)))
             alpha = rr.interpolation
             ce = {q: rr.score(ds.queries[q], texts[q][: max(depths)]) for q in qids}
@@ -113,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                     rerank_head(hits[q][:depth], hits[q][depth:], rr.score(ds.queries[q], texts[q][:depth]), alpha)
                     seconds.append(time.perf_counter() - t0)
                 row = {"backend": backend, "precision": rr.describe()["precision"], "max_length": length,
+                       "inputs": rr.inputs,
                        "depth": depth, "interpolation": alpha, "ndcg@10": ndcg(run),
                        **(_pct(seconds) if seconds else {"p50_ms": None, "p95_ms": None})}
                 row["gain"] = row["ndcg@10"] - result["first_stage_ndcg@10"]
@@ -121,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["rows"].append(row)
                 write_result(args.out, result, say=False)  # row by row: a later setting's failure keeps the ones measured
                 timing = f" p50 {row['p50_ms']:7.1f} ms p95 {row['p95_ms']:7.1f} ms" if seconds else ""
-                print(f"{backend:>10} {row['precision']:>10} len {length:>4} depth {depth:>3}: nDCG@10 "
+                print(f"{backend:>10} {row['precision']:>10} len {length:>4} {rr.inputs:>7} depth {depth:>3}: nDCG@10 "
                       f"{row['ndcg@10']:.4f} ({row['gain']:+.4f}){timing}", flush=True)
                 if args.curve:
                     print("  by weight: " + " ".join(f"{w} {v:.4f}" for w, v in

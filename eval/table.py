@@ -64,6 +64,8 @@ def reranker_line(reranker: dict | None) -> str:
         line += (f": trained on another corpus; on {check['queries']} pseudo-queries cut from this one, nDCG@10 "
                  f"{check['curve']['0.0']:.4f} without it, {check['curve'][chosen]:.4f} at {chosen} (chosen)"
                  + ("; not run here" if reranker["weight"] <= 0 else ""))
+    if "inputs" in reranker:
+        line += f"; reads {reranker['inputs']} documents, {reranker['max_length']} tokens"
     return line
 
 

@@ -145,6 +145,7 @@ def test_eval_checks_a_reranker_from_another_corpus_and_caps_its_weight(tiny_cro
     rep = report.to_dict()["reranker"]
     check = rep["corpus_check"]
     assert f"reranker weight {rep['weight']:.1f} (checked): trained on another corpus" in main_table(report)
+    assert rep["inputs"] == "head" and "; reads head documents, 32 tokens" in main_table(report)
     assert rep["trained_on_this_corpus"] is False and rep["weight_source"] == "checked"
     assert check["queries"] == len(cut_queries(ds.corpus.docs, PSEUDO_QUERIES, CHECK_SEED)) >= 30
     assert check["corpus_sha256"] == ds.corpus.sha256
