@@ -227,6 +227,20 @@ def _trained_weight(record: dict, path: Path) -> float | None:
     return weight
 
 
+def trained_reading(record: dict, positions: int | None = None, max_length: int | None = None,
+                    inputs: str | None = None) -> tuple[int, str]:
+    """The tokens and the input form (retr.retrieval.focus) a cross-encoder reads with: as given, else as it was
+    trained (its ``record``), else its head at ``DEFAULT_RERANK_MAX_LENGTH``; never past its ``positions``."""
+    length = max_length or int((record.get("config") or {}).get("max_length") or DEFAULT_RERANK_MAX_LENGTH)
+    return (min(length, int(positions)) if positions else length,
+            check_inputs(inputs or record.get("inputs") or DEFAULT_INPUTS))
+
+
+def cross_encoder_reading(path: Path) -> tuple[int, str]:
+    """``trained_reading`` of the cross-encoder folder ``path``."""
+    return trained_reading(_training_record(path), check_cross_encoder_dir(path).get("max_position_embeddings"))
+
+
 class CrossEncoderReranker:
     """Scores (query, document) pairs with a sentence-transformers ``CrossEncoder``: through an exported,
     verified graph (OpenVINO / ONNX Runtime, cached like the bi-encoder's) or with torch."""
@@ -238,11 +252,7 @@ class CrossEncoderReranker:
         self.ref = ModelRef.resolve(str(path))
         self.path = self.ref.path
         record = _training_record(self.path)
-        trained = record.get("config") or {}
-        length = config.max_length or int(trained.get("max_length") or DEFAULT_RERANK_MAX_LENGTH)
-        self.max_length = min(length, int(positions)) if positions else length
-        # a model reads documents as it was trained to (its record); older models and others: their head
-        self.inputs = check_inputs(config.inputs or record.get("inputs") or DEFAULT_INPUTS)
+        self.max_length, self.inputs = trained_reading(record, positions, config.max_length, config.inputs)
         self._fast_pairs = fast_pair_tokenizer(self.path, self.max_length)
         self._focus: Focus | None = None
         if self.inputs == "focused":

@@ -147,7 +147,7 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     if cfg.teacher is not None:
         from retr.train.teacher import student_units, teacher_logits
 
-        logits = teacher_logits(cfg.teacher, train_pairs, negatives, doc_text, cfg.max_length)
+        logits = teacher_logits(cfg.teacher, train_pairs, negatives, doc_text)
     model = load_st_model(cfg.base, cfg.max_length, precision)
     frozen = freeze_bottom(model, cfg.freeze_layers)
     if cfg.teacher is not None:
