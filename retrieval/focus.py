@@ -5,7 +5,7 @@ loses whatever comes after its first sentences, which is often where the evidenc
 model has to be trained and run at 256 tokens or more to see it. ``focused`` keeps, within the same budget, the
 document's first segment (its title and first sentence) and then its sentences by how many of the query's terms
 (BM25's: stemmed, stopwords out) each holds, in the document's own order: half the tokens hold what the head
-needed all of them for (README, "Reranking within a budget"). A document that fits is read whole either way.
+needed all of them for (README, "What the cross-encoder reads"). A document that fits is read whole either way.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from retr.retrieval.errors import RetrError
 
@@ -119,3 +120,22 @@ def make_focus(tokenizer, max_length: int) -> Focus:
         def count(texts: list[str]) -> list[int]:
             return [len(x) for x in tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]]
     return Focus(count, analyzer(), max_length)
+
+
+def _whole(query: str, texts: list[str]) -> list[str]:
+    return texts
+
+
+def reader(inputs: str, model_path: Path, max_length: int) -> Callable[[str, list[str]], list[str]]:
+    """``(query, texts) -> texts`` as a cross-encoder in ``model_path`` reading ``inputs`` at ``max_length``
+    tokens reads them: what training, reranking and a teacher's scoring all feed it."""
+    if check_inputs(inputs) == "head":
+        return _whole
+    from retr.retrieval.backends.batching import plain_tokenizer
+
+    tokenizer = plain_tokenizer(model_path)
+    if tokenizer is None:  # no tokenizer.json: the model's own (slow) tokenizer counts
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    return make_focus(tokenizer, max_length).texts

@@ -15,12 +15,12 @@ import numpy as np
 
 from retr.retrieval.artifacts import atomic_write_text, cache_home
 from retr.retrieval.backends import sample_texts
-from retr.retrieval.backends.batching import fast_pair_tokenizer, plain_tokenizer, run_sorted
+from retr.retrieval.backends.batching import fast_pair_tokenizer, run_sorted
 from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
 from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
 from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND, get_backend, on_this_cpu
 from retr.retrieval.errors import RetrError
-from retr.retrieval.focus import DEFAULT_INPUTS, Focus, check_inputs, make_focus
+from retr.retrieval.focus import DEFAULT_INPUTS, check_inputs, reader
 from retr.retrieval.models import ModelRef
 from retr.retrieval.passages import PassageMap, passage_text
 from retr.retrieval.protocol import Retriever, StageTimer
@@ -254,9 +254,7 @@ class CrossEncoderReranker:
         record = _training_record(self.path)
         self.max_length, self.inputs = trained_reading(record, positions, config.max_length, config.inputs)
         self._fast_pairs = fast_pair_tokenizer(self.path, self.max_length)
-        self._focus: Focus | None = None
-        if self.inputs == "focused":
-            self._focus = make_focus(plain_tokenizer(self.path) or self.model.tokenizer, self.max_length)
+        self._read = reader(self.inputs, self.path, self.max_length)
         self.graph: Graph | None = None
         if config.device == "cpu":
             backend = on_this_cpu(get_backend(config.backend, SCORING), SCORING)
@@ -356,7 +354,7 @@ class CrossEncoderReranker:
 
     def read(self, query: str, texts: list[str]) -> list[str]:
         """What the cross-encoder reads of ``texts`` after ``query`` (its input form)."""
-        return self._focus.texts(query, texts) if self._focus is not None else texts
+        return self._read(query, texts)
 
     def score(self, query: str, texts: list[str]) -> np.ndarray:
         if not texts:

@@ -19,7 +19,7 @@ from pathlib import Path
 from retr.eval.data import Dataset
 from retr.retrieval.backends.export import ce_logits
 from retr.retrieval.errors import RetrError
-from retr.retrieval.focus import check_inputs, make_focus
+from retr.retrieval.focus import check_inputs, reader
 from retr.retrieval.rerank import smoothed_best
 from retr.retrieval.types import Qrels
 from retr.train.common import (
@@ -57,7 +57,7 @@ class CrossEncoderTrainConfig(TrainConfig):
     # what the model reads of a document (retr.retrieval.focus.INPUT_FORMS), at training and, recorded with the
     # model, at reranking. Focused at 128 tokens: on SciFact, one epoch from the same bi-encoder and the same lists,
     # dev nDCG@10 alone 0.6812 against 0.6267 for the head at 256 tokens (interpolated 0.7933 against 0.7875 at
-    # best), trained in 727 s against 1,968 s, reranking at half the cost (README, "Reranking within a budget")
+    # best), trained in 727 s against 1,968 s, reranking at half the cost (README, "What the cross-encoder reads")
     inputs: str = "focused"
     max_length: int = 128
 
@@ -117,18 +117,6 @@ def choose_interpolation(ce_scores, first, dev_q, depth: int, qrels: Qrels) -> t
     return float(best), curve
 
 
-def _reader(cfg: CrossEncoderTrainConfig, base_path: Path):
-    """``(query, texts) -> texts`` as the model reads them (``cfg.inputs``), with the base model's tokenizer."""
-    if cfg.inputs == "head":
-        return lambda query, texts: texts
-    from transformers import AutoTokenizer
-
-    from retr.retrieval.backends.batching import plain_tokenizer
-
-    focus = make_focus(plain_tokenizer(base_path) or AutoTokenizer.from_pretrained(str(base_path)), cfg.max_length)
-    return focus.texts
-
-
 def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Dataset, resume: bool = False,
                         callbacks: list | None = None) -> dict:
     import torch
@@ -168,7 +156,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
         return distill_labels([score.get(d, floor) for d in (p.positive_id, *negatives)], cfg.distill)
 
     base_path = ModelRef.resolve(cfg.base).path
-    read = _reader(cfg, base_path)
+    read = reader(cfg.inputs, base_path, cfg.max_length)  # the base model's tokenizer counts
     read_lists = [read(p.query, [texts[d] for d in (p.positive_id, *negatives)]) for p, _, negatives in lists]
     columns: dict[str, list] = {"query": [p.query for p, _, _ in lists]}
     if cfg.distill:
@@ -182,6 +170,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     dev_queries = {q: dataset.queries[q] for q in dev_q}
     dev_qrels = Qrels({q: qrels[q] for q in dev_q})
     candidates = {q: [h.doc_id for h in first[q][: cfg.dev_depth]] for q in dev_q}
+    dev_read = {q: read(dev_queries[q], [texts[d] for d in cands]) for q, cands in candidates.items()}  # once
     logger.info("%d training lists (1 positive + %d negatives), %d dev queries", len(train_ds), cfg.num_negatives,
                 len(dev_q))
 
@@ -193,8 +182,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     def score_all(model):
         scores = {}
         for q, cands in candidates.items():
-            s = ce_logits(model, list(zip([dev_queries[q]] * len(cands), read(dev_queries[q], [texts[d] for d in
-                                                                                          cands]), strict=True)))
+            s = ce_logits(model, [(dev_queries[q], t) for t in dev_read[q]])
             scores[q] = {d: float(v) for d, v in zip(cands, s, strict=True)}
         return scores
 

@@ -20,20 +20,17 @@ def teacher_logits(teacher: str, pairs: Sequence[Pair], negatives: Sequence[Sequ
     length-sorted pass."""
     from sentence_transformers.cross_encoder import CrossEncoder
 
-    from retr.retrieval.backends.batching import plain_tokenizer
     from retr.retrieval.backends.export import ce_logits
-    from retr.retrieval.focus import make_focus
+    from retr.retrieval.focus import reader
     from retr.retrieval.rerank import cross_encoder_reading
 
     path = Path(teacher)
     max_length, inputs = cross_encoder_reading(path)
     model = CrossEncoder(str(path), num_labels=1, max_length=max_length, device="cpu")
-    focus = make_focus(plain_tokenizer(path) or model.tokenizer, max_length) if inputs == "focused" else None
+    read = reader(inputs, path, max_length)
     width = 1 + len(negatives[0]) if negatives else 1
-    flat = []
-    for p, negs in zip(pairs, negatives, strict=True):
-        texts = [doc_text[d] for d in (p.positive_id, *negs)]
-        flat += [(p.query, t) for t in (focus.texts(p.query, texts) if focus is not None else texts)]
+    flat = [(p.query, t) for p, negs in zip(pairs, negatives, strict=True)
+            for t in read(p.query, [doc_text[d] for d in (p.positive_id, *negs)])]
     logger.info("teacher %s scores %d lists of %d documents", path, len(pairs), width)
     logits = ce_logits(model, flat).reshape(len(pairs), width)
     logger.info("teacher: judged positive first in %.1f%% of lists, mean margin over the negatives %.2f",
