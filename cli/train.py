@@ -92,6 +92,9 @@ def add_parser(sub) -> None:
     t.add_argument("--inputs", choices=tuple(INPUT_FORMS), default=ce.inputs,
                    help="what the model reads of a document: its head, or its first sentence and then the "
                         "sentences sharing most query terms, within --max-length (recorded with the model)")
+    t.add_argument("--corpus-lists", type=int, default=ce.corpus_lists,
+                   help="N more training lists from the corpus alone: a document's title as the query, its body "
+                        "the positive, the first stage's ranking of the title its negatives")
     _add_precision(t, ce)
     _add_freeze(t, ce)
     _add_common(t, ce, "BERT folder (default: the bundled MiniLM + a new head)")
@@ -120,7 +123,8 @@ def run_cross_encoder(args: argparse.Namespace) -> int:
     cfg = CrossEncoderTrainConfig(**_common(args), first_stage_model=args.first_stage_model,
                                   num_negatives=args.num_negatives, in_batch_negatives=args.in_batch_negatives,
                                   dev_fraction=args.dev_fraction, precision=args.precision, distill=args.distill,
-                                  freeze_layers=args.freeze_layers, inputs=args.inputs)
+                                  freeze_layers=args.freeze_layers, inputs=args.inputs,
+                                  corpus_lists=args.corpus_lists)
     m = train_cross_encoder(Path(args.out), cfg, load_dataset(args.dataset, args.split), resume=args.resume)
     print(f"cross-encoder written to {args.out}: dev nDCG@10 first stage {m['dev_ndcg@10_first_stage']:.4f}, "
           f"reranked {m['dev_ndcg@10']:.4f} ({m['train_lists']} lists, {m['train_seconds']:.0f} s)")

@@ -8,7 +8,7 @@ import json
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -86,11 +86,17 @@ def rerank_head(head: list[Hit], tail: list[Hit], ce: np.ndarray, alpha: float) 
     return ranked + [Hit(h.doc_id, floor - 1.0 - j) for j, h in enumerate(tail)]
 
 
+WEIGHT_RULE = "smoothed_best_no_loss"  # what `smoothed_best` is, as models and checks record it
+
+
 def smoothed_best(curve: dict[str, float]) -> str:
-    """The weight (a key of ``curve``, weights in steps of 0.1) whose dev nDCG@10 averaged with its neighbours'
-    is highest; ties go to the smaller weight. A weight next to a cliff of its curve is fragile: a 1-epoch
+    """The weight (a key of ``curve``, weights in steps of 0.1, the smallest the first stage alone) whose
+    nDCG@10 averaged with its neighbours' is highest, among the weights that measured no worse than the first
+    stage alone; ties go to the smaller weight. A weight next to a cliff of its curve is fragile: a 1-epoch
     SciFact cross-encoder peaked on dev at 0.5, one step before a drop of 0.03 at 0.6, and at 0.5 it gained
-    far less on test than at 0.3-0.4 (README, "Reranking on other collections").
+    far less on test than at 0.3-0.4 (README, "Reranking on other collections"). But the average alone can pick
+    a dip next to the first stage: on CISI's pseudo-queries, 0.3245 / 0.3203 / 0.3229 at 0 / 0.1 / 0.2 averaged
+    to 0.1, a weight that lost on the very queries that chose it (and on CISI's judged ones).
     Used on dev queries by `retr train cross-encoder` and on pseudo-queries by the corpus check."""
     weights = sorted(curve, key=float)
 
@@ -98,7 +104,8 @@ def smoothed_best(curve: dict[str, float]) -> str:
         near = [curve[w] for w in weights[max(0, i - 1): i + 2]]
         return sum(near) / len(near)
 
-    return weights[max(range(len(weights)), key=lambda i: (smoothed(i), -float(weights[i])))]
+    allowed = [i for i, w in enumerate(weights) if curve[w] >= curve[weights[0]]]
+    return weights[max(allowed, key=lambda i: (smoothed(i), -float(weights[i])))]
 
 
 PSEUDO_QUERIES = 200  # pseudo-queries per corpus check (eval/pseudo.py); fewer than MIN_PSEUDO_QUERIES: no check
@@ -141,15 +148,21 @@ class CorpusCheck:
 
     @classmethod
     def load(cls, key: str) -> CorpusCheck | None:
-        """The check stored under ``key``, or None (absent, or unreadable: then it is measured again)."""
+        """The check stored under ``key``, or None (absent, or unreadable: then it is measured again). Its weight
+        is its curve's ``smoothed_best`` by today's rule (a check stored under an earlier rule keeps its curve)."""
         path = cls.path(key)
         if not path.is_file():
             return None
         try:
-            return cls(**json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError) as e:
+            check = cls(**json.loads(path.read_text(encoding="utf-8")))
+            weight = float(smoothed_best({str(k): float(v) for k, v in check.curve.items()}))
+        except (OSError, ValueError, TypeError, AttributeError) as e:
             logger.warning("reranker check %s unreadable (%s): measured again", path, e)
             return None
+        if weight != check.weight:
+            logger.info("reranker check %s: weight %.1f by today's rule (%s) from its curve; it stored %.1f", path,
+                        weight, WEIGHT_RULE, check.weight)
+        return replace(check, weight=weight)
 
     def save(self, key: str) -> Path:
         path = self.path(key)
@@ -212,18 +225,18 @@ def _training_record(path: Path) -> dict:
 
 
 def _trained_weight(record: dict, path: Path) -> float | None:
-    """The weight chosen on dev at training. A model trained before ``smoothed_best`` was the rule (its manifest
-    names no ``interpolation_rule``) stored the raw dev peak; where it also stored its dev curve, the current rule
-    is applied to that curve, so that every cross-encoder retr trained gets its weight the same way."""
+    """The weight chosen on dev at training. A model trained under an earlier rule (its manifest names another
+    ``interpolation_rule``, or none: the raw dev peak) that stored its dev curve gets today's rule
+    (``WEIGHT_RULE``) applied to that curve, so that every cross-encoder retr trained gets its weight the same way."""
     stored = record.get("interpolation")
     curve = record.get("dev_ndcg@10_by_interpolation")
-    if stored is None or record.get("interpolation_rule") == "smoothed_best" or not isinstance(curve, dict) \
+    if stored is None or record.get("interpolation_rule") == WEIGHT_RULE or not isinstance(curve, dict) \
             or len(curve) != 11:
         return None if stored is None else float(stored)
     weight = float(smoothed_best({str(k): float(v) for k, v in curve.items()}))
     if weight != float(stored):
-        logger.info("cross-encoder %s: weight %.1f by today's rule (smoothed_best) from its stored dev curve; it "
-                    "stored %.1f, the raw dev peak", path, weight, float(stored))
+        logger.info("cross-encoder %s: weight %.1f by today's rule (%s) from its stored dev curve; it stored %.1f",
+                    path, weight, WEIGHT_RULE, float(stored))
     return weight
 
 

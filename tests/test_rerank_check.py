@@ -15,6 +15,7 @@ from retr.eval.pseudo import cut_queries
 from retr.retrieval.rerank import (
     CHECK_SEED,
     PSEUDO_QUERIES,
+    WEIGHT_RULE,
     CorpusCheck,
     CrossEncoderReranker,
     RerankConfig,
@@ -43,7 +44,8 @@ def _long_docs(n: int = 40) -> list[tuple[str, str, str]]:
 
 
 def _check(curve_weight: float, corpus: str, model: str | None, reranker) -> CorpusCheck:
-    curve = {f"{w / 10:.1f}": 0.5 for w in range(11)}
+    # a plateau of two weights from ``curve_weight``: the rule picks its start (below 0.9)
+    curve = {f"{w / 10:.1f}": float(0 <= w / 10 - curve_weight < 0.15) for w in range(11)}
     return CorpusCheck(corpus_sha256=corpus, reranker_hash=reranker.model_hash, first_stage="hybrid",
                        first_stage_model=model or "", depth=reranker.config.depth, max_length=reranker.max_length,
                        queries=50, seed=7, weight=curve_weight, curve=curve, first_stage_ndcg=0.5, seconds=1.0)
@@ -95,6 +97,14 @@ def test_a_stored_check_is_found_by_another_process_and_a_damaged_one_is_measure
     stored = _check(0.1, "3" * 64, "m", rr).save(key)
     fresh = CrossEncoderReranker(RerankConfig(model=str(path), max_length=32))
     assert fresh.weight_for("3" * 64, "m").weight == 0.1
+    # a check stored under an earlier rule: its weight is re-chosen from its curve. CISI's pseudo-queries for the
+    # default SciFact cross-encoder: neighbour averages alone picked 0.1, which lost to the first stage there
+    cisi = [0.3245, 0.3203, 0.3229, 0.3169, 0.3115, 0.2986, 0.2873, 0.2673, 0.2467, 0.2203, 0.2028]
+    earlier = json.loads(stored.read_text()) | {"weight": 0.1,
+                                                "curve": {f"{i / 10:.1f}": v for i, v in enumerate(cisi)}}
+    stored.write_text(json.dumps(earlier))
+    assert CorpusCheck.load(key).weight == 0.0 and json.loads(stored.read_text())["weight"] == 0.1
+    assert CrossEncoderReranker(RerankConfig(model=str(path), max_length=32)).weight_for("3" * 64, "m").weight == 0.0
     stored.write_text("{not json")
     assert CorpusCheck.load(key) is None
     assert CrossEncoderReranker(RerankConfig(model=str(path), max_length=32)).weight_for("3" * 64, "m").source \
@@ -272,6 +282,11 @@ def test_a_model_trained_before_the_rule_gets_its_weight_by_the_rule_from_its_st
 
     assert weight({"interpolation": 0.5, "dev_ndcg@10_by_interpolation": curve}) == 0.4  # re-chosen by the rule
     assert weight({"interpolation": 0.5, "dev_ndcg@10_by_interpolation": curve,
-                   "interpolation_rule": "smoothed_best"}) == 0.5  # chosen by the rule already: kept as stored
+                   "interpolation_rule": WEIGHT_RULE}) == 0.5  # chosen by the rule already: kept as stored
+    assert weight({"interpolation": 0.5, "dev_ndcg@10_by_interpolation": curve,
+                   "interpolation_rule": "smoothed_best"}) == 0.4  # an earlier rule: today's applied
+    dip = {**curve, "0.1": 0.7700, "0.2": 0.7730, "0.3": 0.7720, "0.4": 0.7710, "0.5": 0.7700, "0.6": 0.7600}
+    assert weight({"interpolation": 0.1, "dev_ndcg@10_by_interpolation": dip,
+                   "interpolation_rule": "smoothed_best"}) == 0.2  # not 0.1, below the first stage alone
     assert weight({"interpolation": 0.5}) == 0.5  # no curve to apply it to
     assert weight({}) == 1.0  # not trained by retr: the cross-encoder alone

@@ -10,7 +10,7 @@ from retr.eval.data import load_dataset
 from retr.retrieval.errors import RetrError
 from retr.train import common
 from retr.train.bi_encoder import BiEncoderTrainConfig, train_bi_encoder
-from retr.train.data import self_supervised_pairs, split_dev
+from retr.train.data import labeled_pairs, self_supervised_pairs, split_dev
 
 
 def test_negative_mining_never_takes_a_judged_or_near_duplicate_document(tmp_path):
@@ -97,10 +97,10 @@ def test_resume_continues_from_the_last_checkpoint(tiny_train, tiny_bi_encoder, 
     assert (out / "retr_manifest.json").is_file()
 
 
-@pytest.mark.parametrize(("distill", "inputs"), [(0.0, "head"), (0.5, "focused")])
+@pytest.mark.parametrize(("distill", "inputs", "corpus_lists"), [(0.0, "head", 0), (0.5, "focused", 5)])
 def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
-                                                       distill, inputs, caplog):
-    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
+                                                       distill, inputs, corpus_lists, caplog):
+    from retr.retrieval.rerank import WEIGHT_RULE, CrossEncoderReranker, RerankConfig
     from retr.train.cross_encoder import CrossEncoderTrainConfig, smoothed_best, train_cross_encoder
 
     ds = load_dataset(str(tiny_train), "train", download=False)
@@ -108,14 +108,17 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     cfg = CrossEncoderTrainConfig(base=str(tiny_cross_encoder), first_stage_model=str(tiny_bi_encoder), epochs=2,
                                   batch_size=4, learning_rate=1e-3, max_length=32, num_negatives=2,
                                   negative_depth=8, dev_fraction=0.3, dev_depth=6, seed=0, distill=distill,
-                                  inputs=inputs)
+                                  inputs=inputs, corpus_lists=corpus_lists)
     m = train_cross_encoder(out, cfg, ds)
     assert m["config"]["distill"] == distill and m["inputs"] == inputs
+    # lists from the corpus alone come on top of the judged ones (each has enough first-stage negatives here)
+    assert m["corpus_lists"] == corpus_lists and m["config"]["corpus_lists"] == corpus_lists
+    assert m["train_lists"] == len(labeled_pairs(ds.queries, ds.qrels, split_dev(ds.qrels, 0.3, 0)[0])) + corpus_lists
     assert m["train_lists"] > 0 and len(m["dev_ndcg@10_per_epoch"]) == 2
     assert m["loss_history"] and 0 <= m["dev_ndcg@10_first_stage"] <= 1
     assert 0.0 <= m["interpolation"] <= 1.0 and len(m["dev_ndcg@10_by_interpolation"]) == 11
     assert f"{m['interpolation']:.1f}" == smoothed_best(m["dev_ndcg@10_by_interpolation"])
-    assert m["interpolation_rule"] == "smoothed_best"  # models chosen by the raw dev peak before have none
+    assert m["interpolation_rule"] == WEIGHT_RULE  # models chosen by the raw dev peak before have none
     reranker = CrossEncoderReranker(RerankConfig(model=str(out)))  # passes the folder check
     assert reranker.interpolation == m["interpolation"]  # the dev choice travels with the model
     # so do the length it was trained at and what it reads of a document
@@ -133,6 +136,23 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     warned = [r.getMessage() for r in caplog.records if "trained on another corpus" in r.getMessage()]
     assert len(warned) == 1 and "000000000000..." in warned[0] and ds.corpus.sha256[:12] in warned[0]
     assert reranker.weight_for("0" * 64, "m").source == "unchecked"
+
+
+def test_corpus_pairs_are_seeded_titles_read_against_bodies_without_them(tiny_train):
+    from retr.train.cross_encoder import CrossEncoderTrainConfig, sample_corpus_pairs
+
+    ds = load_dataset(str(tiny_train), "train", download=False)
+    pairs, bodies = sample_corpus_pairs(ds, 6, seed=3)
+    assert len(pairs) == 6 and len({p.positive_id for p in pairs}) == 6
+    assert sample_corpus_pairs(ds, 6, seed=3) == (pairs, bodies) and sample_corpus_pairs(ds, 6, seed=4)[0] != pairs
+    docs = {d.doc_id: d for d in ds.corpus.docs}
+    for p in pairs:
+        d = docs[p.positive_id]
+        assert p.qid == f"ss:{d.doc_id}" and d.title  # every titled fixture document has one sentence
+        assert p.query == d.title and bodies[p.positive_id] == d.text  # the body alone, its title field left out
+    assert sample_corpus_pairs(ds, 0, seed=3) == ([], {}) and len(sample_corpus_pairs(ds, 999, seed=3)[0]) < 16
+    with pytest.raises(RetrError, match="corpus-lists"):
+        CrossEncoderTrainConfig(corpus_lists=-1)
 
 
 def test_distillation_targets_keep_the_positive_first_and_follow_the_first_stage():
@@ -312,3 +332,8 @@ def test_the_interpolation_weight_is_the_best_with_its_neighbours():
     assert smoothed_best(curve([0.1, 0.2, 0.3, 0.9, 0.3, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0])) == "0.3"  # a clear peak stays
     assert smoothed_best(curve([0.5] * 11)) == "0.0"  # flat: the smallest weight, the first stage alone
     assert smoothed_best(curve([0.0] * 10 + [1.0])) == "1.0"  # an end averages with its one neighbour
+    # never a weight that measured below the first stage alone (0.0), however its neighbours average: CISI's
+    # pseudo-queries for the default SciFact cross-encoder averaged to 0.1, which lost there (README)
+    cisi = curve([0.3245, 0.3203, 0.3229, 0.3169, 0.3115, 0.2986, 0.2873, 0.2673, 0.2467, 0.2203, 0.2028])
+    assert smoothed_best(cisi) == "0.0"
+    assert smoothed_best(curve([0.5, 0.49, 0.6, 0.4, 0.3, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0])) == "0.2"

@@ -20,7 +20,7 @@ from retr.eval.data import Dataset
 from retr.retrieval.backends.export import ce_logits
 from retr.retrieval.errors import RetrError
 from retr.retrieval.focus import check_inputs, reader
-from retr.retrieval.rerank import smoothed_best
+from retr.retrieval.rerank import WEIGHT_RULE, smoothed_best
 from retr.retrieval.types import Qrels
 from retr.train.common import (
     TrainConfig,
@@ -33,7 +33,7 @@ from retr.train.common import (
     trainer_kwargs,
     write_output,
 )
-from retr.train.data import labeled_pairs, pairs_digest, split_dev
+from retr.train.data import Pair, labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +60,16 @@ class CrossEncoderTrainConfig(TrainConfig):
     # best), trained in 727 s against 1,968 s, reranking at half the cost (README, "What the cross-encoder reads")
     inputs: str = "focused"
     max_length: int = 128
+    # > 0: that many more lists made from the corpus itself, no judgement needed (``self_supervised_pairs``: a
+    # document's title is the query and its body the positive, else one sentence and the rest), their negatives
+    # from the first stage's ranking of that query; every document of such a list is read without its title
+    corpus_lists: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.distill < 1.0:
             raise RetrError(f"--distill must be in [0, 1), got {self.distill}")
+        if self.corpus_lists < 0:
+            raise RetrError(f"--corpus-lists must be >= 0, got {self.corpus_lists}")
         check_inputs(self.inputs)
 
 
@@ -81,6 +87,16 @@ def distill_labels(first_scores: list[float], weight: float) -> list[float]:
     target = weight * teacher / teacher.sum()
     target[0] += 1.0 - weight
     return np.log(target).tolist()
+
+
+def sample_corpus_pairs(dataset: Dataset, n: int, seed: int) -> tuple[list[Pair], dict[str, str]]:
+    """``n`` self-supervised pairs (seeded) from ``dataset``'s corpus and the texts their positives are read from:
+    a titled document's body is its title's positive (``self_supervised_pairs``)."""
+    if n <= 0:
+        return [], {}
+    pairs, positives = self_supervised_pairs(dataset.corpus.docs, seed)
+    chosen = random.Random(seed).sample(pairs, min(n, len(pairs)))
+    return chosen, {p.positive_id: positives[p.positive_id] for p in chosen}
 
 
 def first_stage_runs(dataset: Dataset, model: str | None, queries: dict[str, str], depth: int):
@@ -140,25 +156,34 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     if not pairs or not dev_q:
         raise RetrError(f"too little training data: {len(pairs)} pairs, {len(dev_q)} dev queries")
     texts = {d.doc_id: d.full_text() for d in dataset.corpus.docs}
-    wanted = {**{p.qid: p.query for p in pairs}, **{q: dataset.queries[q] for q in dev_q}}
+    corpus_pairs, bodies = sample_corpus_pairs(dataset, cfg.corpus_lists, cfg.seed)
+    wanted = {**{p.qid: p.query for p in pairs}, **{q: dataset.queries[q] for q in dev_q},
+              **{p.qid: p.query for p in corpus_pairs}}
     first = first_stage_runs(dataset, cfg.first_stage_model, wanted, max(cfg.negative_depth, cfg.dev_depth))
     gc.collect()  # the first stage's graphs and thread pools go before training starts
-    lists = []  # (pair, its first-stage ranking, its hard negatives)
+    lists = []  # (pair, its first-stage ranking, its hard negatives, the texts its documents are read from)
     for p in pairs:
         ranked = first[p.qid]
         cands = [h.doc_id for h in ranked[: cfg.negative_depth] if h.doc_id not in qrels[p.qid]]
         if len(cands) >= cfg.num_negatives:
-            lists.append((p, ranked, rng.sample(cands, cfg.num_negatives)))
+            lists.append((p, ranked, rng.sample(cands, cfg.num_negatives), texts))
+    judged_lists = len(lists)
+    untitled = {**{d.doc_id: d.text for d in dataset.corpus.docs}, **bodies} if corpus_pairs else {}
+    for p in corpus_pairs:
+        ranked = first[p.qid]
+        cands = [h.doc_id for h in ranked[: cfg.negative_depth] if h.doc_id != p.positive_id]
+        if len(cands) >= cfg.num_negatives:
+            lists.append((p, ranked, rng.sample(cands, cfg.num_negatives), untitled))
 
-    def labels(p, ranked, negatives) -> list[float]:
+    def labels(p, ranked, negatives, _texts) -> list[float]:
         score = {h.doc_id: h.score for h in ranked}
         floor = min(score.values())  # a positive the first stage did not retrieve: its lowest score
         return distill_labels([score.get(d, floor) for d in (p.positive_id, *negatives)], cfg.distill)
 
     base_path = ModelRef.resolve(cfg.base).path
     read = reader(cfg.inputs, base_path, cfg.max_length)  # the base model's tokenizer counts
-    read_lists = [read(p.query, [texts[d] for d in (p.positive_id, *negatives)]) for p, _, negatives in lists]
-    columns: dict[str, list] = {"query": [p.query for p, _, _ in lists]}
+    read_lists = [read(p.query, [of[d] for d in (p.positive_id, *negatives)]) for p, _, negatives, of in lists]
+    columns: dict[str, list] = {"query": [p.query for p, _, _, _ in lists]}
     if cfg.distill:
         columns["docs"] = read_lists
         columns["labels"] = [labels(*one) for one in lists]
@@ -171,8 +196,8 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     dev_qrels = Qrels({q: qrels[q] for q in dev_q})
     candidates = {q: [h.doc_id for h in first[q][: cfg.dev_depth]] for q in dev_q}
     dev_read = {q: read(dev_queries[q], [texts[d] for d in cands]) for q, cands in candidates.items()}  # once
-    logger.info("%d training lists (1 positive + %d negatives), %d dev queries", len(train_ds), cfg.num_negatives,
-                len(dev_q))
+    logger.info("%d training lists (1 positive + %d negatives; %d of them from the corpus alone), %d dev queries",
+                len(train_ds), cfg.num_negatives, len(lists) - judged_lists, len(dev_q))
 
     precision = resolve_precision(cfg.precision)
     model = CrossEncoder(str(base_path), num_labels=1, max_length=cfg.max_length, device="cpu",
@@ -197,9 +222,10 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     alpha, alpha_curve = choose_interpolation(evaluator.best_scores(), first, dev_q, cfg.dev_depth, dev_qrels)
     seconds = time.perf_counter() - t0
     extra = {
-        "base": cfg.base_name, "train_lists": len(train_ds), **frozen, "dev_queries": len(dev_q),
+        "base": cfg.base_name, "train_lists": len(train_ds), "corpus_lists": len(lists) - judged_lists,
+        "corpus_pairs_sha256": pairs_digest(corpus_pairs), **frozen, "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
         "precision": precision, "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
-        "interpolation": alpha, "interpolation_rule": "smoothed_best", "inputs": cfg.inputs, "dev_ndcg@10_by_interpolation": alpha_curve,
+        "interpolation": alpha, "interpolation_rule": WEIGHT_RULE, "inputs": cfg.inputs, "dev_ndcg@10_by_interpolation": alpha_curve,
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-cross-encoder", cfg, extra)
