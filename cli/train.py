@@ -95,6 +95,8 @@ def add_parser(sub) -> None:
     t.add_argument("--corpus-lists", type=int, default=ce.corpus_lists,
                    help="N more training lists from the corpus alone: a document's title as the query, its body "
                         "the positive, the first stage's ranking of the title its negatives")
+    t.add_argument("--layers", type=options.nonnegative_int, default=ce.layers,
+                   help="keep only the base's first N transformer layers (0: all): a smaller, faster reranker")
     _add_precision(t, ce)
     _add_freeze(t, ce)
     _add_common(t, ce, "BERT folder (default: the bundled MiniLM + a new head)")
@@ -124,7 +126,7 @@ def run_cross_encoder(args: argparse.Namespace) -> int:
                                   num_negatives=args.num_negatives, in_batch_negatives=args.in_batch_negatives,
                                   dev_fraction=args.dev_fraction, precision=args.precision, distill=args.distill,
                                   freeze_layers=args.freeze_layers, inputs=args.inputs,
-                                  corpus_lists=args.corpus_lists)
+                                  corpus_lists=args.corpus_lists, layers=args.layers)
     m = train_cross_encoder(Path(args.out), cfg, load_dataset(args.dataset, args.split), resume=args.resume)
     print(f"cross-encoder written to {args.out}: dev nDCG@10 first stage {m['dev_ndcg@10_first_stage']:.4f}, "
           f"reranked {m['dev_ndcg@10']:.4f} ({m['train_lists']} lists, {m['train_seconds']:.0f} s)")

@@ -97,9 +97,10 @@ def test_resume_continues_from_the_last_checkpoint(tiny_train, tiny_bi_encoder, 
     assert (out / "retr_manifest.json").is_file()
 
 
-@pytest.mark.parametrize(("distill", "inputs", "corpus_lists"), [(0.0, "head", 0), (0.5, "focused", 5)])
+@pytest.mark.parametrize(("distill", "inputs", "corpus_lists", "layers"),
+                         [(0.0, "head", 0, 0), (0.5, "focused", 5, 1)])
 def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
-                                                       distill, inputs, corpus_lists, caplog):
+                                                       distill, inputs, corpus_lists, layers, caplog):
     from retr.retrieval.rerank import WEIGHT_RULE, CrossEncoderReranker, RerankConfig
     from retr.train.cross_encoder import CrossEncoderTrainConfig, smoothed_best, train_cross_encoder
 
@@ -108,8 +109,9 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     cfg = CrossEncoderTrainConfig(base=str(tiny_cross_encoder), first_stage_model=str(tiny_bi_encoder), epochs=2,
                                   batch_size=4, learning_rate=1e-3, max_length=32, num_negatives=2,
                                   negative_depth=8, dev_fraction=0.3, dev_depth=6, seed=0, distill=distill,
-                                  inputs=inputs, corpus_lists=corpus_lists)
+                                  inputs=inputs, corpus_lists=corpus_lists, layers=layers)
     m = train_cross_encoder(out, cfg, ds)
+    assert m["layers"] == (layers or 2) and json.loads((out / "config.json").read_text())["num_hidden_layers"] == m["layers"]
     assert m["config"]["distill"] == distill and m["inputs"] == inputs
     # lists from the corpus alone come on top of the judged ones (each has enough first-stage negatives here)
     assert m["corpus_lists"] == corpus_lists and m["config"]["corpus_lists"] == corpus_lists
@@ -271,6 +273,30 @@ def test_freezing_stops_gradients_at_the_first_trained_layer(tiny_bi_encoder, ti
         assert info["trainable_parameters"] == sum(p.numel() for p in model.parameters() if p.requires_grad) > 0
         with pytest.raises(RetrError, match=f"has {len(layers)} layers"):
             common.freeze_bottom(model, len(layers))
+
+
+def test_keeping_the_bottom_layers_makes_a_smaller_model_that_computes_as_their_stack(tiny_bi_encoder,
+                                                                                        tiny_modernbert, tmp_path):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    for folder in (tiny_bi_encoder.parent / "bert", tiny_modernbert):
+        full, cut = AutoModel.from_pretrained(str(folder)), AutoModel.from_pretrained(str(folder))
+        n = len(common._backbone_layers(full)[1])
+        assert common.keep_bottom(cut, 0) == {"layers": n} and len(common._backbone_layers(cut)[1]) == n
+        assert common.keep_bottom(cut, 1) == {"layers": 1, "layers_of_base": n}
+        assert len(common._backbone_layers(cut)[1]) == 1 and cut.config.num_hidden_layers == 1
+        cut.save_pretrained(tmp_path / folder.name)
+        again = AutoModel.from_pretrained(str(tmp_path / folder.name))  # loads as a 1-layer model, nothing missing
+        assert again.config.num_hidden_layers == 1 and len(common._backbone_layers(again)[1]) == 1
+        batch = AutoTokenizer.from_pretrained(str(folder))(["solar panels make electricity"], return_tensors="pt")
+        with torch.no_grad():  # the kept model computes what the full one computes after its first layer
+            hidden = full(**batch, output_hidden_states=True).hidden_states[1]
+            kept = again(**batch).last_hidden_state
+            hidden = full.final_norm(hidden) if hasattr(full, "final_norm") else hidden  # ModernBERT's last norm
+        assert torch.allclose(hidden, kept, atol=1e-5)
+        with pytest.raises(RetrError, match=f"has only {n} layers"):
+            common.keep_bottom(AutoModel.from_pretrained(str(folder)), n + 1)
 
 
 def test_training_with_frozen_layers_leaves_them_as_they_were(tiny_train, tiny_bi_encoder, tiny_cross_encoder,

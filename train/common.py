@@ -75,15 +75,47 @@ def write_output(out: Path, save_model: Callable[[Path], None], kind: str, confi
     return manifest
 
 
+def _backbone(model):
+    """The one BERT-like backbone inside ``model``: its token embeddings, the module holding its transformer layers
+    and that module's attribute for them."""
+    for m in model.modules():
+        if not hasattr(m, "embeddings"):
+            continue
+        encoder = getattr(m, "encoder", None)
+        if getattr(encoder, "layer", None) is not None:  # BERT
+            return m.embeddings, encoder, "layer"
+        if getattr(m, "layers", None) is not None:  # ModernBERT
+            return m.embeddings, m, "layers"
+    raise RetrError(f"no transformer layers found in {type(model).__name__}")
+
+
 def _backbone_layers(model):
     """The token embeddings and the list of transformer layers of the one BERT-like backbone inside ``model``."""
+    embeddings, holder, attr = _backbone(model)
+    return embeddings, list(getattr(holder, attr))
+
+
+def keep_bottom(model, n: int) -> dict:
+    """Keep only the first ``n`` transformer layers of the one backbone inside ``model`` (its config says so, so the
+    saved model loads with ``n``): a smaller, faster model that starts from the bottom of a trained one. ``n`` = 0
+    keeps them all. Returns what was kept, for the manifest."""
+    import torch
+
+    _, holder, attr = _backbone(model)
+    layers = list(getattr(holder, attr))
+    if n <= 0 or n == len(layers):
+        return {"layers": len(layers)}
+    if n > len(layers):
+        raise RetrError(f"--layers {n}: the model has only {len(layers)} layers")
+    setattr(holder, attr, torch.nn.ModuleList(layers[:n]))
     for m in model.modules():
-        layers = getattr(getattr(m, "encoder", None), "layer", None)  # BERT
-        if layers is None:
-            layers = getattr(m, "layers", None)  # ModernBERT
-        if hasattr(m, "embeddings") and layers is not None:
-            return m.embeddings, list(layers)
-    raise RetrError(f"no transformer layers found in {type(model).__name__} to freeze")
+        cfg = getattr(m, "config", None)
+        if cfg is not None and getattr(cfg, "num_hidden_layers", None) == len(layers):
+            cfg.num_hidden_layers = n
+            if isinstance(getattr(cfg, "layer_types", None), list):  # per-layer attention kinds (ModernBERT)
+                cfg.layer_types = cfg.layer_types[:n]
+    logger.info("the first %d of %d transformer layers kept", n, len(layers))
+    return {"layers": n, "layers_of_base": len(layers)}
 
 
 def freeze_bottom(model, n: int) -> dict:

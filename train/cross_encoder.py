@@ -27,6 +27,7 @@ from retr.train.common import (
     dev_evaluator,
     dev_ndcg,
     freeze_bottom,
+    keep_bottom,
     model_kwargs,
     resolve_precision,
     run_trainer,
@@ -64,10 +65,13 @@ class CrossEncoderTrainConfig(TrainConfig):
     # document's title is the query and its body the positive, else one sentence and the rest), their negatives
     # from the first stage's ranking of that query; every document of such a list is read without its title
     corpus_lists: int = 0
+    layers: int = 0  # > 0: keep only the base's first ``layers`` transformer layers (a smaller, faster reranker)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.distill < 1.0:
             raise RetrError(f"--distill must be in [0, 1), got {self.distill}")
+        if self.layers < 0:
+            raise RetrError(f"--layers must be >= 0, got {self.layers}")
         if self.corpus_lists < 0:
             raise RetrError(f"--corpus-lists must be >= 0, got {self.corpus_lists}")
         check_inputs(self.inputs)
@@ -202,6 +206,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     precision = resolve_precision(cfg.precision)
     model = CrossEncoder(str(base_path), num_labels=1, max_length=cfg.max_length, device="cpu",
                          model_kwargs=model_kwargs(precision))
+    kept = keep_bottom(model, cfg.layers)
     frozen = freeze_bottom(model, cfg.freeze_layers)
 
     def score_all(model):
@@ -223,7 +228,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     seconds = time.perf_counter() - t0
     extra = {
         "base": cfg.base_name, "train_lists": len(train_ds), "corpus_lists": len(lists) - judged_lists,
-        "corpus_pairs_sha256": pairs_digest(corpus_pairs), **frozen, "dev_queries": len(dev_q),
+        "corpus_pairs_sha256": pairs_digest(corpus_pairs), **kept, **frozen, "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
         "precision": precision, "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
         "interpolation": alpha, "interpolation_rule": WEIGHT_RULE, "inputs": cfg.inputs, "dev_ndcg@10_by_interpolation": alpha_curve,
