@@ -92,7 +92,7 @@ def add_parser(sub) -> None:
     t.add_argument("--inputs", choices=tuple(INPUT_FORMS), default=ce.inputs,
                    help="what the model reads of a document: its head, or its first sentence and then the "
                         "sentences sharing most query terms, within --max-length (recorded with the model)")
-    t.add_argument("--corpus-lists", type=int, default=ce.corpus_lists,
+    t.add_argument("--corpus-lists", type=options.nonnegative_int, default=ce.corpus_lists,
                    help="N more training lists from the corpus alone: a document's title as the query, its body "
                         "the positive, the first stage's ranking of the title its negatives")
     t.add_argument("--layers", type=options.nonnegative_int, default=ce.layers,
