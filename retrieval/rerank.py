@@ -108,6 +108,11 @@ def smoothed_best(curve: dict[str, float]) -> str:
     return weights[max(allowed, key=lambda i: (smoothed(i), -float(weights[i])))]
 
 
+def rule_weight(curve: Mapping) -> float:
+    """``smoothed_best`` of a curve as stored in JSON (a model's record, a check): today's rule on old records."""
+    return float(smoothed_best({str(k): float(v) for k, v in curve.items()}))
+
+
 PSEUDO_QUERIES = 200  # pseudo-queries per corpus check (eval/pseudo.py); fewer than MIN_PSEUDO_QUERIES: no check
 MIN_PSEUDO_QUERIES = 30
 CHECK_SEED = 7
@@ -155,7 +160,7 @@ class CorpusCheck:
             return None
         try:
             check = cls(**json.loads(path.read_text(encoding="utf-8")))
-            weight = float(smoothed_best({str(k): float(v) for k, v in check.curve.items()}))
+            weight = rule_weight(check.curve)
         except (OSError, ValueError, TypeError, AttributeError) as e:
             logger.warning("reranker check %s unreadable (%s): measured again", path, e)
             return None
@@ -233,7 +238,7 @@ def _trained_weight(record: dict, path: Path) -> float | None:
     if stored is None or record.get("interpolation_rule") == WEIGHT_RULE or not isinstance(curve, dict) \
             or len(curve) != 11:
         return None if stored is None else float(stored)
-    weight = float(smoothed_best({str(k): float(v) for k, v in curve.items()}))
+    weight = rule_weight(curve)
     if weight != float(stored):
         logger.info("cross-encoder %s: weight %.1f by today's rule (%s) from its stored dev curve; it stored %.1f",
                     path, weight, WEIGHT_RULE, float(stored))
