@@ -10,6 +10,8 @@ def add_parser(sub) -> None:
     p.add_argument("file", help="TOML file of [[expect]] entries")
     p.add_argument("--tier", choices=("ci", "all"), default="all", help="ci: only the entries marked cheap")
     p.add_argument("--datasets", default=None, help="folder holding the datasets the entries name")
+    p.add_argument("--models", default=None, help="folder holding the trained models the entries name "
+                                                  "(options model and reranker)")
     p.add_argument("--markdown", action="store_true", help="print the expected figures as a Markdown table, measure "
                                                            "nothing")
     p.add_argument("--no-download", action="store_true", help="never download a dataset")
@@ -35,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if not entries:
         print(f"no expected scores for this kind of CPU ({kind}) in {args.file}: nothing measured")
         return 0
-    outcomes = measure(entries, Path(args.datasets) if args.datasets else None, download=not args.no_download)
+    outcomes = measure(entries, Path(args.datasets) if args.datasets else None, download=not args.no_download,
+                       models=Path(args.models) if args.models else None)
     print(outcome_table(outcomes))
     drifted = [o for o in outcomes if not o.ok]
     print(f"\n{len(outcomes) - len(drifted)} of {len(outcomes)} expected scores hold"

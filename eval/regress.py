@@ -8,8 +8,13 @@ runner that measures them all again and reports every drift.
     value = 0.5248
     tolerance = 0.0005
     tier = "ci"                  # cheap enough for every CI run; others run when asked for (--tier all)
-    options = { kind = "flat" }  # eval options: backend, query_backend, model, kind, fusion, fusion_depth, split
+    options = { kind = "flat" }  # eval options: backend, query_backend, model, reranker, kind, fusion,
+                                 # fusion_depth, split
     cpu = "bf16+int8"            # measured on this kind of CPU (runners.cpu_kind()); absent: the same on any CPU
+
+``model`` and ``reranker`` name a folder: a path, or a name under ``--models DIR`` (trained models are not in the
+repository; a file of trained figures says in its comments which `retr train` command makes each one). A
+``+rerank`` pipeline needs a ``reranker``.
 
 Entries sharing a dataset and options are measured in one `retr eval` (every pipeline they name at once). An entry
 with a ``cpu`` is measured only on that kind of CPU: exported graphs compute in bf16 or fp32, and use int8 or not,
@@ -29,7 +34,8 @@ from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
 
-OPTIONS = ("backend", "query_backend", "model", "kind", "fusion", "fusion_depth", "split")
+OPTIONS = ("backend", "query_backend", "model", "reranker", "kind", "fusion", "fusion_depth", "split")
+MODEL_OPTIONS = ("model", "reranker")  # folders: a path, or a name under the runner's models folder
 TIERS = ("ci", "full")
 
 
@@ -44,6 +50,11 @@ class Expected:
     options: dict = field(default_factory=dict)
     cpu: str | None = None  # the CPU kind it was measured on (runners.cpu_kind()); None: any
     line: int = 0  # the entry's position in its file, for messages
+    source: str = ""  # the file it came from, for messages
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}: [[expect]] #{self.line}"
 
     @property
     def group(self) -> tuple:
@@ -97,11 +108,13 @@ def load_expected(path: str | Path) -> list[Expected]:
             raise RetrError(f"{where}: value and tolerance must be numbers") from None
         if tolerance < 0:
             raise RetrError(f"{where}: tolerance must be >= 0")
+        if "+rerank" in str(e["pipeline"]) and "reranker" not in options:
+            raise RetrError(f"{where}: pipeline {e['pipeline']!r} needs a reranker in its options")
         cpu = e.get("cpu")
         if cpu is not None and not isinstance(cpu, str):
             raise RetrError(f"{where}: cpu must be a string such as \"bf16+int8\" or \"fp32\"")
         out.append(Expected(str(e["dataset"]), str(e["pipeline"]), str(e["metric"]), value, tolerance, tier,
-                            dict(options), cpu, i))
+                            dict(options), cpu, i, str(path)))
     return out
 
 
@@ -118,7 +131,16 @@ def _dataset_spec(name: str, datasets: Path | None) -> str:
     return name
 
 
-def measure(entries: Sequence[Expected], datasets: Path | None = None, download: bool = False) -> list[Outcome]:
+def _model_spec(name: str | None, models: Path | None) -> str | None:
+    """A model option as retr reads it: the folder of that name under ``models`` where one exists, else the name
+    itself (a path, the bundled model's alias, or a hub name)."""
+    if name is not None and models is not None and (models / name).is_dir():
+        return str(models / name)
+    return name
+
+
+def measure(entries: Sequence[Expected], datasets: Path | None = None, download: bool = False,
+            models: Path | None = None) -> list[Outcome]:
     """Run one eval per (dataset, options) group and read every entry's metric from it."""
     from retr.eval.data import load_dataset
     from retr.eval.runner import EvalConfig, run_eval
@@ -126,31 +148,43 @@ def measure(entries: Sequence[Expected], datasets: Path | None = None, download:
     from retr.retrieval.backends.registry import DEFAULT_BACKEND
     from retr.retrieval.bm25 import BM25Config
     from retr.retrieval.encoder import EncoderConfig
+    from retr.retrieval.models import ModelRef
     from retr.retrieval.pipeline import PipelineConfig, parse_pipelines
+    from retr.retrieval.rerank import RerankConfig
 
     groups: dict[tuple, list[Expected]] = {}
     for e in entries:
         groups.setdefault(e.group, []).append(e)
+    folders = {}  # every group's models found before anything is measured: a missing one fails at once
+    for key, group in groups.items():
+        folders[key] = tuple(_model_spec(group[0].options.get(opt), models) for opt in MODEL_OPTIONS)
+        for name in folders[key]:
+            if name is not None:
+                try:
+                    ModelRef.resolve(name)
+                except RetrError as err:
+                    raise RetrError(f"{group[0].where}: {err}") from None
     outcomes = []
-    for (dataset, _), group in groups.items():
+    for (dataset, opts), group in groups.items():
         o = group[0].options
+        model, reranker = folders[dataset, opts]
         ks = sorted({int(e.metric.rsplit("@", 1)[1]) for e in group if "@" in e.metric} | {10})
         pipe_defaults = PipelineConfig()
         cfg = EvalConfig(
             pipelines=parse_pipelines(",".join(dict.fromkeys(e.pipeline for e in group))), k_values=tuple(ks),
-            encoder=EncoderConfig(model=o.get("model"), backend=o.get("backend", DEFAULT_BACKEND),
+            encoder=EncoderConfig(model=model, backend=o.get("backend", DEFAULT_BACKEND),
                                   query_backend=o.get("query_backend")),
             dense=DenseIndexConfig(kind=o.get("kind", "flat")), bm25=BM25Config(),
             pipeline=PipelineConfig(fusion=o.get("fusion", pipe_defaults.fusion),
                                     fusion_depth=int(o.get("fusion_depth", pipe_defaults.fusion_depth))),
-            warmup=1)
+            reranker=RerankConfig(model=reranker) if reranker else None, warmup=1)
         logger.info("measuring %s (%s)", dataset, ", ".join(f"{k}={v}" for k, v in sorted(o.items())) or "defaults")
         report = run_eval(load_dataset(_dataset_spec(dataset, datasets), o.get("split", "test"), download=download),
                           cfg)
         for e in group:
             metrics = report.pipelines[e.pipeline].metrics
             if e.metric not in metrics:
-                raise RetrError(f"[[expect]] #{e.line}: metric {e.metric!r} is not measured "
+                raise RetrError(f"{e.where}: metric {e.metric!r} is not measured "
                                 f"(choose from {', '.join(sorted(metrics))})")
             outcomes.append(Outcome(e, float(metrics[e.metric])))
     return outcomes

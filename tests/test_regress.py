@@ -86,9 +86,10 @@ def test_expected_scores_of_another_kind_of_cpu_are_skipped_and_said_so(tmp_path
     assert "1 expected score(s) measured on another kind of CPU skipped" in out and "nothing measured" in out
 
 
-def test_the_readme_figures_come_from_the_expected_file():
-    table = markdown_table(load_expected(SCORES))
-    assert table in (REPO / "README.md").read_text(), "regenerate it: retr regress benchmarks/expected/scores.toml --markdown"
+@pytest.mark.parametrize("name", ["scores.toml", "trained.toml"])
+def test_the_readme_figures_come_from_the_expected_file(name):
+    table = markdown_table(load_expected(SCORES.parent / name))
+    assert table in (REPO / "README.md").read_text(), f"regenerate it: retr regress benchmarks/expected/{name} --markdown"
 
 
 @pytest.mark.skipif(not (SHARED / "adi").is_dir() or not (SHARED / "cisi").is_dir(), reason="shared datasets absent")
@@ -96,3 +97,35 @@ def test_the_cheap_expected_scores_hold(capsys, monkeypatch):
     monkeypatch.delenv("RETR_INT8_DOT")  # this CPU as it is: its own expected figures
     assert main(["regress", str(SCORES), "--tier", "ci", "--datasets", str(SHARED), "--no-download"]) == 0, \
         capsys.readouterr().out
+
+
+def test_trained_models_are_named_under_a_models_folder_and_reranked_figures_checked(
+        tiny_dataset, tiny_bi_encoder, tiny_cross_encoder, tmp_path, capsys):
+    report = tmp_path / "r.json"
+    assert main(["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--backend", "onnx",
+                 "--pipelines", "hybrid,hybrid+rerank", "--reranker", str(tiny_cross_encoder), "--k-values", "10",
+                 "--warmup", "1", "--out", str(report)]) == 0
+    measured = json.loads(report.read_text())["pipelines"]
+    assert measured["hybrid+rerank"]["metrics"]["NDCG@10"] != measured["hybrid"]["metrics"]["NDCG@10"]
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "bi").symlink_to(tiny_bi_encoder)
+    (models / "ce").symlink_to(tiny_cross_encoder)
+    opts = {"model": "bi", "reranker": "ce", "backend": "onnx"}
+    entries = [{"dataset": str(tiny_dataset), "pipeline": p, "metric": "NDCG@10",
+                "value": measured[p]["metrics"]["NDCG@10"], "tolerance": 1e-9, "options": opts}
+               for p in ("hybrid", "hybrid+rerank")]
+    path = tmp_path / "trained.toml"
+    path.write_text(_toml(entries))
+    capsys.readouterr()
+    assert main(["regress", str(path), "--models", str(models)]) == 0
+    assert "2 of 2 expected scores hold" in capsys.readouterr().out
+    # without the models folder the names are no folders: refused before anything is measured, naming the entry
+    assert main(["regress", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}: [[expect]] #1" in err[0] and "'bi'" in err[0]
+    # a +rerank entry with no reranker is refused as the file is read
+    del entries[1]["options"]["reranker"]
+    path.write_text(_toml(entries[1:]))
+    assert main(["regress", str(path), "--models", str(models)]) == 2
+    assert "needs a reranker" in capsys.readouterr().err
