@@ -76,6 +76,8 @@ class Outcome:
 
 
 def load_expected(path: str | Path) -> list[Expected]:
+    from retr.retrieval.pipeline import PipelineSpec
+
     path = Path(path)
     try:
         data = tomllib.loads(read_text(path))
@@ -108,8 +110,12 @@ def load_expected(path: str | Path) -> list[Expected]:
             raise RetrError(f"{where}: value and tolerance must be numbers") from None
         if tolerance < 0:
             raise RetrError(f"{where}: tolerance must be >= 0")
-        if "+rerank" in str(e["pipeline"]) and "reranker" not in options:
-            raise RetrError(f"{where}: pipeline {e['pipeline']!r} needs a reranker in its options")
+        try:
+            pipeline = PipelineSpec.parse(str(e["pipeline"]))
+        except RetrError as err:
+            raise RetrError(f"{where}: {err}") from None
+        if pipeline.rerank and "reranker" not in options:
+            raise RetrError(f"{where}: pipeline {pipeline.name!r} needs a reranker in its options")
         cpu = e.get("cpu")
         if cpu is not None and not isinstance(cpu, str):
             raise RetrError(f"{where}: cpu must be a string such as \"bf16+int8\" or \"fp32\"")
