@@ -39,6 +39,11 @@ MODEL_OPTIONS = ("model", "reranker")  # folders: a path, or a name under the ru
 TIERS = ("ci", "full")
 
 
+def _where(source: str | Path, line: int) -> str:
+    """An entry's position, as every message about it starts."""
+    return f"{source}: [[expect]] #{line}"
+
+
 @dataclass(frozen=True)
 class Expected:
     dataset: str
@@ -54,7 +59,7 @@ class Expected:
 
     @property
     def where(self) -> str:
-        return f"{self.source}: [[expect]] #{self.line}"
+        return _where(self.source, self.line)
 
     @property
     def group(self) -> tuple:
@@ -88,7 +93,7 @@ def load_expected(path: str | Path) -> list[Expected]:
         raise RetrError(f"{path}: no [[expect]] entries")
     out = []
     for i, e in enumerate(entries, start=1):
-        where = f"{path}: [[expect]] #{i}"
+        where = _where(path, i)
         if not isinstance(e, dict):
             raise RetrError(f"{where}: not a table")
         missing = [k for k in ("dataset", "pipeline", "metric", "value", "tolerance") if k not in e]
@@ -161,19 +166,18 @@ def measure(entries: Sequence[Expected], datasets: Path | None = None, download:
     groups: dict[tuple, list[Expected]] = {}
     for e in entries:
         groups.setdefault(e.group, []).append(e)
-    folders = {}  # every group's models found before anything is measured: a missing one fails at once
-    for key, group in groups.items():
-        folders[key] = tuple(_model_spec(group[0].options.get(opt), models) for opt in MODEL_OPTIONS)
-        for name in folders[key]:
-            if name is not None:
-                try:
-                    ModelRef.resolve(name)
-                except RetrError as err:
-                    raise RetrError(f"{group[0].where}: {err}") from None
+    plan = []  # every group's models found before anything is measured: a missing one fails at once
+    for (dataset, _), group in groups.items():
+        names = [_model_spec(group[0].options.get(opt), models) for opt in MODEL_OPTIONS]
+        for name in filter(None, names):
+            try:
+                ModelRef.resolve(name)
+            except RetrError as err:
+                raise RetrError(f"{group[0].where}: {err}") from None
+        plan.append((dataset, group, *names))
     outcomes = []
-    for (dataset, opts), group in groups.items():
+    for dataset, group, model, reranker in plan:
         o = group[0].options
-        model, reranker = folders[dataset, opts]
         ks = sorted({int(e.metric.rsplit("@", 1)[1]) for e in group if "@" in e.metric} | {10})
         pipe_defaults = PipelineConfig()
         cfg = EvalConfig(
