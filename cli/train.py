@@ -22,6 +22,11 @@ def _add_common(t, cfg, base_help: str) -> None:
     t.add_argument("--seed", type=int, default=cfg.seed)
     t.add_argument("--max-steps", type=int, default=cfg.max_steps)
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint of --out")
+    for kind, what in (("attention", "the attention probabilities"), ("hidden", "every other backbone layer")):
+        default = getattr(cfg, f"{kind}_dropout")
+        shown = "the base model's own" if default is None else default
+        t.add_argument(f"--{kind}-dropout", type=float, default=default,
+                       help=f"dropout on {what} while training (default: {shown})")
 
 
 def _add_precision(t, cfg) -> None:
@@ -36,7 +41,8 @@ def _add_freeze(t, cfg) -> None:
 
 def _common(args) -> dict:
     return dict(base=args.base, epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
-                max_length=args.max_length, seed=args.seed, max_steps=args.max_steps)
+                max_length=args.max_length, seed=args.seed, max_steps=args.max_steps,
+                attention_dropout=args.attention_dropout, hidden_dropout=args.hidden_dropout)
 
 
 def add_parser(sub) -> None:

@@ -10,6 +10,7 @@ from retr.eval.data import load_dataset
 from retr.retrieval.errors import RetrError
 from retr.train import common
 from retr.train.bi_encoder import BiEncoderTrainConfig, train_bi_encoder
+from retr.train.common import TrainConfig
 from retr.train.data import labeled_pairs, self_supervised_pairs, split_dev
 
 
@@ -363,3 +364,45 @@ def test_the_interpolation_weight_is_the_best_with_its_neighbours():
     cisi = curve([0.3245, 0.3203, 0.3229, 0.3169, 0.3115, 0.2986, 0.2873, 0.2673, 0.2467, 0.2203, 0.2028])
     assert smoothed_best(cisi) == "0.0"
     assert smoothed_best(curve([0.5, 0.49, 0.6, 0.4, 0.3, 0.2, 0.1, 0.0, 0.0, 0.0, 0.0])) == "0.2"
+
+
+def test_dropout_overrides_name_each_architectures_entries(tiny_bi_encoder, tiny_modernbert, tmp_path):
+    from retr.train.cross_encoder import CrossEncoderTrainConfig
+
+    bert = tiny_bi_encoder.parent / "bert"
+    assert common.dropout_overrides(bert, TrainConfig()) == {}  # nothing asked: the base's own dropout
+    assert common.dropout_overrides(bert, TrainConfig(attention_dropout=0.0)) == {"attention_probs_dropout_prob": 0.0}
+    assert common.dropout_overrides(bert, CrossEncoderTrainConfig(attention_dropout=0.0, hidden_dropout=0.05)) == {
+        "attention_probs_dropout_prob": 0.0, "hidden_dropout_prob": 0.05}  # classifier_dropout is a head's: kept
+    modern = json.loads((tiny_modernbert / "config.json").read_text())
+    assert {"attention_dropout", "mlp_dropout", "embedding_dropout", "classifier_dropout"} <= set(modern)
+    assert common.dropout_overrides(tiny_modernbert, TrainConfig(attention_dropout=0.0, hidden_dropout=0.0)) == {
+        "attention_dropout": 0.0, "mlp_dropout": 0.0, "embedding_dropout": 0.0}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_dropout_prob": 0.1}))
+    with pytest.raises(RetrError, match=r"config.json: no attention dropout entry"):
+        common.dropout_overrides(tmp_path, TrainConfig(attention_dropout=0.0))
+    with pytest.raises(RetrError, match=r"cannot read the backbone's config"):
+        common.dropout_overrides(tmp_path / "missing", TrainConfig(hidden_dropout=0.0))
+    for bad in (-0.1, 1.0):
+        with pytest.raises(RetrError, match="--attention-dropout must be in"):
+            BiEncoderTrainConfig(attention_dropout=bad)
+
+
+def test_training_without_attention_dropout_writes_it_into_the_model(tiny_train, tiny_bi_encoder, tiny_cross_encoder,
+                                                                   tmp_path):
+    """The override reaches the module the trainer steps (what the saved config says it was built with), for both
+    trainers, and the manifest records it; the base's other dropout is left as it was."""
+    from retr.cli.main import main
+
+    runs = {"bi-encoder": ["--base", str(tiny_bi_encoder.parent / "bert")],
+            "cross-encoder": ["--base", str(tiny_cross_encoder), "--first-stage-model", str(tiny_bi_encoder),
+                              "--num-negatives", "2"]}
+    for trainer, extra in runs.items():
+        out = tmp_path / trainer
+        assert main(["train", trainer, "--dataset", str(tiny_train), "--out", str(out), "--epochs", "1",
+                     "--batch-size", "4", "--max-length", "32", "--max-steps", "2", "--attention-dropout", "0",
+                     *extra]) == 0
+        saved = json.loads((out / "config.json").read_text())
+        assert saved["attention_probs_dropout_prob"] == 0.0 and saved["hidden_dropout_prob"] == 0.1, trainer
+        config = json.loads((out / "retr_manifest.json").read_text())["config"]
+        assert config["attention_dropout"] == 0.0 and config["hidden_dropout"] is None, trainer

@@ -21,6 +21,7 @@ from retr.retrieval.types import Qrels
 from retr.train.common import (
     TrainConfig,
     dev_evaluator,
+    dropout_overrides,
     freeze_bottom,
     model_kwargs,
     resolve_precision,
@@ -53,15 +54,17 @@ class BiEncoderTrainConfig(TrainConfig):
     teacher_weight: float = 1.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.teacher is not None and (self.self_supervised or self.num_negatives < 1):
             raise RetrError("--teacher needs labeled training (--dataset) and --num-negatives >= 1")
         if self.teacher_weight < 0:
             raise RetrError(f"--teacher-weight must be >= 0, got {self.teacher_weight}")
 
 
-def load_st_model(base: str | None, max_length: int, precision: str = "fp32"):
-    """A SentenceTransformer from ``base``, loaded for training in ``precision`` (``common.model_kwargs``); a raw
-    BERT gets mean pooling and normalisation."""
+def load_st_model(base: str | None, max_length: int, precision: str = "fp32",
+                  cfg: TrainConfig | None = None):
+    """A SentenceTransformer from ``base``, loaded for training in ``precision`` (``common.model_kwargs``) with
+    ``cfg``'s dropout (``common.dropout_overrides``); a raw BERT gets mean pooling and normalisation."""
     from sentence_transformers import SentenceTransformer
 
     from retr.retrieval.models import ModelRef
@@ -69,8 +72,9 @@ def load_st_model(base: str | None, max_length: int, precision: str = "fp32"):
     path = ModelRef.resolve(base).path
     source = str(path)
     kwargs = model_kwargs(precision)
+    config_kwargs = dropout_overrides(path, cfg) if cfg is not None else {}
     if (path / "modules.json").is_file():
-        model = SentenceTransformer(source, device="cpu", model_kwargs=kwargs)
+        model = SentenceTransformer(source, device="cpu", model_kwargs=kwargs, config_kwargs=config_kwargs)
     else:
         try:
             from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
@@ -78,7 +82,7 @@ def load_st_model(base: str | None, max_length: int, precision: str = "fp32"):
             from sentence_transformers.models import Normalize, Pooling, Transformer
         if not (path / "config.json").is_file():
             raise RetrError(f"{path}: not a BERT or sentence-transformers folder (no config.json)")
-        word = Transformer(source, max_seq_length=max_length, model_kwargs=kwargs)
+        word = Transformer(source, max_seq_length=max_length, model_kwargs=kwargs, config_kwargs=config_kwargs)
         dim = word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension") \
             else word.get_word_embedding_dimension()
         model = SentenceTransformer(modules=[word, Pooling(dim, "mean"), Normalize()], device="cpu")
@@ -148,7 +152,7 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
         from retr.train.teacher import student_units, teacher_logits
 
         logits = teacher_logits(cfg.teacher, train_pairs, negatives, doc_text)
-    model = load_st_model(cfg.base, cfg.max_length, precision)
+    model = load_st_model(cfg.base, cfg.max_length, precision, cfg)
     frozen = freeze_bottom(model, cfg.freeze_layers)
     if cfg.teacher is not None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):  # as the steps run

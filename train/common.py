@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Callable, Mapping
@@ -31,6 +32,16 @@ class TrainConfig:
     max_steps: int = -1
     # the embeddings and the first N transformer layers take no gradient: no backward pass through them
     freeze_layers: int = 0
+    # dropout while training, on the attention probabilities and on every other layer of the backbone (not a
+    # classifier head's); None keeps the base's own config. See ``dropout_overrides``
+    attention_dropout: float | None = None
+    hidden_dropout: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("attention_dropout", "hidden_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise RetrError(f"--{name.replace('_', '-')} must be in [0, 1), got {value}")
 
     @property
     def base_name(self) -> str:
@@ -143,6 +154,32 @@ def resolve_precision(precision: str) -> str:
     if precision == "auto":
         return "bf16" if cpu_has_bf16() else "fp32"
     return precision
+
+
+def dropout_overrides(base: Path, cfg: TrainConfig) -> dict[str, float]:
+    """The config entries that set ``cfg``'s dropout in the backbone at ``base`` (its config.json), to pass as
+    ``config_kwargs`` when it is loaded. Names differ by architecture, so they are found by name: an entry with
+    ``dropout`` and ``attention`` in it is attention dropout (BERT's ``attention_probs_dropout_prob``, ModernBERT's
+    ``attention_dropout``); any other ``dropout`` entry but a classifier's is hidden dropout (BERT's
+    ``hidden_dropout_prob``, ModernBERT's ``mlp_dropout`` and ``embedding_dropout``). Empty when both are None."""
+    wanted = {"attention": cfg.attention_dropout, "hidden": cfg.hidden_dropout}
+    if all(v is None for v in wanted.values()):
+        return {}
+    config = base / "config.json"
+    try:
+        entries = json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        raise RetrError(f"{config}: cannot read the backbone's config to set its dropout ({e})") from None
+    out: dict[str, float] = {}
+    for kind, value in wanted.items():
+        if value is None:
+            continue
+        keys = [k for k, v in entries.items() if "dropout" in k and "classifier" not in k
+                and isinstance(v, (int, float)) and not isinstance(v, bool) and ("attention" in k) == (kind == "attention")]
+        if not keys:
+            raise RetrError(f"{config}: no {kind} dropout entry to set --{kind}-dropout with")
+        out.update(dict.fromkeys(keys, value))
+    return out
 
 
 def model_kwargs(precision: str) -> dict | None:

@@ -26,6 +26,7 @@ from retr.train.common import (
     TrainConfig,
     dev_evaluator,
     dev_ndcg,
+    dropout_overrides,
     freeze_bottom,
     keep_bottom,
     model_kwargs,
@@ -71,6 +72,7 @@ class CrossEncoderTrainConfig(TrainConfig):
     layers: int = 0  # > 0: keep only the base's first ``layers`` transformer layers (a smaller, faster reranker)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 <= self.distill < 1.0:
             raise RetrError(f"--distill must be in [0, 1), got {self.distill}")
         if self.layers < 0:
@@ -208,7 +210,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
 
     precision = resolve_precision(cfg.precision)
     model = CrossEncoder(str(base_path), num_labels=1, max_length=cfg.max_length, device="cpu",
-                         model_kwargs=model_kwargs(precision))
+                         model_kwargs=model_kwargs(precision), config_kwargs=dropout_overrides(base_path, cfg))
     kept = keep_bottom(model, cfg.layers)
     frozen = freeze_bottom(model, cfg.freeze_layers)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from retr.indexes.corpus import Corpus
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
-from retr.train.common import TrainConfig, common_training_args, run_trainer, write_output
+from retr.train.common import TrainConfig, common_training_args, dropout_overrides, run_trainer, write_output
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,8 @@ def train_mlm(out: Path, cfg: MLMTrainConfig, corpus: Corpus, resume: bool = Fal
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.mask_token_id is None:
         raise RetrError(f"{source}: its tokenizer has no [MASK] token")
-    model = AutoModelForMaskedLM.from_pretrained(source)  # adds a fresh MLM head where there is none
+    # adds a fresh MLM head where there is none
+    model = AutoModelForMaskedLM.from_pretrained(source, **dropout_overrides(ref.path, cfg))
     model.tie_weights()
     texts = [d.full_text() for d in corpus.docs if d.full_text().strip()]
     order = list(range(len(texts)))
