@@ -54,7 +54,7 @@ class BiEncoderTrainConfig(TrainConfig):
     teacher_weight: float = 1.0
     # no dropout on the attention probabilities: with it, torch's CPU attention leaves its fused kernel for a
     # masked softmax, a random mask and a multiply on every (batch, head, L, L) tensor. One SciFact epoch (fp32,
-    # AVX2): trainer 348 s against 573 s, dev nDCG@10 0.8375 against 0.8330 (README, Training)
+    # AVX2): trainer 348 s against 726 s in the same session, dev nDCG@10 0.8375 against 0.8330 (README, Training)
     attention_dropout: float | None = 0.0
 
     def __post_init__(self) -> None:
