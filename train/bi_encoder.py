@@ -65,18 +65,18 @@ class BiEncoderTrainConfig(TrainConfig):
             raise RetrError(f"--teacher-weight must be >= 0, got {self.teacher_weight}")
 
 
-def load_st_model(base: str | None, max_length: int, precision: str = "fp32",
-                  cfg: TrainConfig | None = None):
-    """A SentenceTransformer from ``base``, loaded for training in ``precision`` (``common.model_kwargs``) with
-    ``cfg``'s dropout (``common.dropout_overrides``); a raw BERT gets mean pooling and normalisation."""
+def load_st_model(cfg: TrainConfig, precision: str):
+    """A SentenceTransformer from ``cfg.base`` at ``cfg.max_length``, loaded for training in ``precision``
+    (``common.model_kwargs``) with ``cfg``'s dropout (``common.dropout_overrides``); a raw BERT gets mean pooling
+    and normalisation."""
     from sentence_transformers import SentenceTransformer
 
     from retr.retrieval.models import ModelRef
 
-    path = ModelRef.resolve(base).path
+    path = ModelRef.resolve(cfg.base).path
     source = str(path)
     kwargs = model_kwargs(precision)
-    config_kwargs = dropout_overrides(path, cfg) if cfg is not None else {}
+    config_kwargs = dropout_overrides(path, cfg)
     if (path / "modules.json").is_file():
         model = SentenceTransformer(source, device="cpu", model_kwargs=kwargs, config_kwargs=config_kwargs)
     else:
@@ -86,11 +86,11 @@ def load_st_model(base: str | None, max_length: int, precision: str = "fp32",
             from sentence_transformers.models import Normalize, Pooling, Transformer
         if not (path / "config.json").is_file():
             raise RetrError(f"{path}: not a BERT or sentence-transformers folder (no config.json)")
-        word = Transformer(source, max_seq_length=max_length, model_kwargs=kwargs, config_kwargs=config_kwargs)
+        word = Transformer(source, max_seq_length=cfg.max_length, model_kwargs=kwargs, config_kwargs=config_kwargs)
         dim = word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension") \
             else word.get_word_embedding_dimension()
         model = SentenceTransformer(modules=[word, Pooling(dim, "mean"), Normalize()], device="cpu")
-    model.max_seq_length = max_length
+    model.max_seq_length = cfg.max_length
     return model
 
 
@@ -156,7 +156,7 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
         from retr.train.teacher import student_units, teacher_logits
 
         logits = teacher_logits(cfg.teacher, train_pairs, negatives, doc_text)
-    model = load_st_model(cfg.base, cfg.max_length, precision, cfg)
+    model = load_st_model(cfg, precision)
     frozen = freeze_bottom(model, cfg.freeze_layers)
     if cfg.teacher is not None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):  # as the steps run
