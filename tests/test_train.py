@@ -388,6 +388,23 @@ def test_dropout_overrides_name_each_architectures_entries(tiny_bi_encoder, tiny
             BiEncoderTrainConfig(attention_dropout=bad)
 
 
+def test_bf16_training_takes_the_fused_attention_unless_attention_dropout_is_on(tiny_bi_encoder, tiny_modernbert,
+                                                                               tmp_path):
+    """Eager attention only where bf16 would otherwise leave SDPA's fused kernel (attention probabilities dropped
+    out); the dropout read from the overrides first, then from the base's config, BERT's 0.1 when unreadable."""
+    bert = tiny_bi_encoder.parent / "bert"
+    eager = {"attn_implementation": "eager"}
+    assert common.model_kwargs("fp32", bert, {}) is None
+    assert common.model_kwargs("bf16", bert, {}) == eager  # the base's own 0.1
+    assert common.model_kwargs("bf16", bert, common.dropout_overrides(bert, TrainConfig(attention_dropout=0.0))) is None
+    assert common.model_kwargs("bf16", bert, {"hidden_dropout_prob": 0.0}) == eager
+    no_dropout = common.dropout_overrides(tiny_modernbert, TrainConfig(attention_dropout=0.0))
+    assert common.model_kwargs("bf16", tiny_modernbert, no_dropout) is None
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "attention_probs_dropout_prob": 0.0}))
+    assert common.model_kwargs("bf16", tmp_path, {}) is None  # a base trained without it keeps training without it
+    assert common.model_kwargs("bf16", tmp_path / "missing", {}) == eager
+
+
 def test_training_without_attention_dropout_writes_it_into_the_model(tiny_train, tiny_bi_encoder, tiny_cross_encoder,
                                                                    tmp_path):
     """The override reaches the module the trainer steps (what the saved config says it was built with), for both

@@ -75,8 +75,8 @@ def load_st_model(cfg: TrainConfig, precision: str):
 
     path = ModelRef.resolve(cfg.base).path
     source = str(path)
-    kwargs = model_kwargs(precision)
     config_kwargs = dropout_overrides(path, cfg)
+    kwargs = model_kwargs(precision, path, config_kwargs)
     if (path / "modules.json").is_file():
         model = SentenceTransformer(source, device="cpu", model_kwargs=kwargs, config_kwargs=config_kwargs)
     else:

@@ -174,18 +174,42 @@ def dropout_overrides(base: Path, cfg: TrainConfig) -> dict[str, float]:
     for kind, value in wanted.items():
         if value is None:
             continue
-        keys = [k for k, v in entries.items() if "dropout" in k and "classifier" not in k
-                and isinstance(v, (int, float)) and not isinstance(v, bool) and ("attention" in k) == (kind == "attention")]
+        keys = [k for k, v in entries.items() if _dropout_kind(k, v) == kind]
         if not keys:
             raise RetrError(f"{config}: no {kind} dropout entry to set --{kind}-dropout with")
         out.update(dict.fromkeys(keys, value))
     return out
 
 
-def model_kwargs(precision: str) -> dict | None:
-    """What a trainer loads its transformer with for ``precision``: eager attention under bf16 (with padding
-    masks under bf16 autocast, torch's CPU SDPA takes a slower path, ~20% a step)."""
-    return {"attn_implementation": "eager"} if precision == "bf16" else None
+def model_kwargs(precision: str, base: Path, config_kwargs: dict[str, float]) -> dict | None:
+    """What a trainer loads the transformer at ``base`` with for ``precision`` and the dropout overrides
+    ``config_kwargs`` (``dropout_overrides``): under bf16, torch's SDPA where the attention probabilities are not
+    dropped out (its fused kernel: 1.2-1.3x faster a step than eager on an AMX CPU, 1.44x for a whole bi-encoder
+    epoch), eager where they are (SDPA then leaves its fused kernel: ~20% slower than eager on an AVX-512 EPYC, a
+    tie on AMX; ``benchmarks/train_step.py``). fp32 keeps transformers' default."""
+    if precision != "bf16":
+        return None
+    return {"attn_implementation": "eager"} if _attention_dropout(base, config_kwargs) > 0 else None
+
+
+def _attention_dropout(base: Path, config_kwargs: dict[str, float]) -> float:
+    """The attention dropout the model at ``base`` trains with: ``config_kwargs``'s, else its config.json's
+    (the largest attention dropout entry; 0.1, BERT's, where the config cannot be read or names none)."""
+    entries = dict(config_kwargs)
+    if not any(_dropout_kind(k, v) == "attention" for k, v in entries.items()):
+        try:
+            entries = json.loads((base / "config.json").read_text())
+        except (OSError, ValueError):
+            return 0.1
+    values = [v for k, v in entries.items() if _dropout_kind(k, v) == "attention"]
+    return max(values) if values else 0.1
+
+
+def _dropout_kind(key: str, value) -> str | None:
+    """``attention`` or ``hidden`` for a config entry that sets dropout (a classifier's aside), else None."""
+    if "dropout" not in key or "classifier" in key or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    return "attention" if "attention" in key else "hidden"
 
 
 def trainer_kwargs(out: Path, cfg, n_examples: int) -> dict:

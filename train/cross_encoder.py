@@ -209,8 +209,9 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
                 len(train_ds), cfg.num_negatives, len(lists) - judged_lists, len(dev_q))
 
     precision = resolve_precision(cfg.precision)
+    config_kwargs = dropout_overrides(base_path, cfg)
     model = CrossEncoder(str(base_path), num_labels=1, max_length=cfg.max_length, device="cpu",
-                         model_kwargs=model_kwargs(precision), config_kwargs=dropout_overrides(base_path, cfg))
+                         model_kwargs=model_kwargs(precision, base_path, config_kwargs), config_kwargs=config_kwargs)
     kept = keep_bottom(model, cfg.layers)
     frozen = freeze_bottom(model, cfg.freeze_layers)
 
