@@ -1,8 +1,8 @@
 """Documents per second of each document graph on this CPU: the same texts, the backends alternating.
 
-Whether static int8 pays depends on the CPU: with int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX) it is the
-fastest graph; with AVX2 alone it can be slower than the base graph, and retr then encodes corpora with the base
-graph (``Backend.pays``). This script measures that choice on the machine it runs on: each backend's graph is
+Whether static int8 pays depends on the CPU: with int8 dot products (AVX-512 VNNI, AVX-VNNI) it is the fastest
+graph; with AVX2 alone it can be slower than the base graph, and with AMX no faster than bf16, and retr then
+encodes corpora with the base graph (``Backend.pays``, ``runners.int8_pays``). This script measures that choice on the machine it runs on: each backend's graph is
 forced (``RETR_INT8_DOT=1``) so that int8 is timed even where retr would not use it. One process, graphs exported
 and warmed before timing, ``--rounds`` passes over ``--docs`` SciFact documents, backends alternating within each
 pass so that drift on a shared machine falls on all of them; the median pass is reported.
@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     from retr.retrieval.backends import runners
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
-    cpu = {"cpu_bf16": runners.cpu_has_bf16(), "cpu_int8_dot": runners.cpu_has_int8_dot()}  # as this CPU reads
+    cpu = {"cpu_bf16": runners.cpu_has_bf16(), "cpu_int8_dot": runners.cpu_has_int8_dot(),
+           "int8_used": runners.int8_pays()}  # as this CPU reads, before int8 is forced below
     os.environ["RETR_INT8_DOT"] = "1"  # then time every graph named, int8 included
 
     ds = load_dataset(args.dataset, "test", download=False)
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
               "backends": rows, "ratio_to_first": {b: r["docs_per_s"] / base for b, r in rows.items()}}
     print(f"{len(texts)} {ds.name} documents, median of {args.rounds} alternating passes; this CPU: "
           f"bf16 {'native' if result['cpu_bf16'] else 'absent'}, int8 dot products "
-          f"{'present' if result['cpu_int8_dot'] else 'absent'}")
+          f"{'present' if result['cpu_int8_dot'] else 'absent'}, static int8 used by retr: "
+          f"{'yes' if result['int8_used'] else 'no'}")
     for b, r in rows.items():
         print(f"{b:>18}: {r['docs_per_s']:6.1f} docs/s ({result['ratio_to_first'][b]:.2f}x {names[0]})")
     write_result(args.out, result)

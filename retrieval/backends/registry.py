@@ -33,8 +33,8 @@ class Backend:
     batch_invariant: bool = True  # False: a text's output depends on the batch it is in (dynamic int8)
     # most ranking noise a graph may add per graph kind (GraphKind.rank_noise); a kind not listed: not checked
     max_rank_noise: Mapping[str, float] = field(default_factory=dict)
-    # whether this CPU runs the backend faster than its base (static int8: only with int8 dot products); where
-    # not, what it would encode or score takes the base graph instead
+    # whether this CPU runs the backend faster than its base (static int8: runners.int8_pays); where not, what it
+    # would encode or score takes the base graph instead
     pays: Callable[[], bool] = lambda: True
 
     @property
@@ -74,14 +74,14 @@ def _static_int8(name: str, help_: str, convert: Callable) -> Backend:
     return Backend(name, help_, "openvino", "model.xml", {"bi": 0.98, "ce": CE_STATIC_INT8_FLOOR}, convert,
                    lambda: f"int8+{native_precision()}", base="openvino",
                    max_rank_noise={"bi": MAX_RANK_NOISE, "ce": CE_MAX_RANK_NOISE},
-                   pays=lambda: runners.cpu_has_int8_dot())
+                   pays=lambda: runners.int8_pays())
 
 
 BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
     _static_int8("openvino-int8", "a corpus of calibration_min_docs+ documents (a cross-encoder: every pair) "
                  "through static int8 MatMuls calibrated once per model on retr's fixed sample (NNCF) and checked "
-                 "for ranking noise, other texts as openvino; on a CPU without int8 dot products (AVX-512 VNNI, "
-                 "AVX-VNNI, AMX), where int8 is slower, everything as openvino", export.quantize_static_int8),
+                 "for ranking noise, other texts as openvino; on a CPU where int8 is no faster (no AVX-512 VNNI or "
+                 "AVX-VNNI; or AMX, whose bf16 is as fast), everything as openvino", export.quantize_static_int8),
     _static_int8("openvino-int8-ffn", "as openvino-int8, with int8 only in the feed-forward MatMuls (attention in "
                  "bf16/fp32): slower, closer to the base graph", export.quantize_static_int8_ffn),
     Backend("openvino", "OpenVINO, bf16 where the CPU has it natively, else fp32", "openvino", "model.xml",
@@ -119,12 +119,13 @@ def base_of(name: str) -> Backend:
 
 def on_this_cpu(backend: Backend, kind: GraphKind = EMBEDDING) -> Backend:
     """The backend that does ``backend``'s work on this CPU: itself, or its base where it does not pay here
-    (static int8 without int8 dot products), with an info line saying so. The one place that choice is made."""
+    (static int8 where ``runners.int8_pays`` says no), with an info line saying so. The one place that choice is
+    made."""
     if backend.base is None or backend.pays():
         return backend
-    logger.info("%s: this CPU has no int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX), so int8 is slower than the %s "
-                "graph here: the %s's work goes through that graph, and nothing is calibrated", backend.name,
-                backend.base, kind.label)
+    logger.info("%s: on this CPU int8 is no faster than the %s graph (%s): the %s's work goes through that graph, "
+                "and nothing is calibrated", backend.name, backend.base,
+                "AMX runs bf16 as fast" if runners.cpu_has_int8_dot() else "no int8 dot products", kind.label)
     return get_backend(backend.base, kind)
 
 

@@ -29,15 +29,22 @@ def cpu_has_bf16() -> bool:
 
 
 def cpu_has_int8_dot() -> bool:
-    """Whether this CPU multiplies int8 in one instruction (AVX-512 VNNI, AVX-VNNI or AMX), from /proc/cpuinfo.
-    Without one (AVX2 alone), static int8 graphs run slower than the base graph: measured on an AVX2 EPYC, MiniLM
-    documents through OpenVINO at 19.2 docs/s in int8 against 22.7 in fp32 (`benchmarks/graph_speed.py`; README,
-    "First run on a new corpus").
-    ``RETR_INT8_DOT=1`` / ``0`` overrides the reading (tests; CPUs whose flags a VM hides)."""
+    """Whether this CPU multiplies int8 in one instruction (AVX-512 VNNI, AVX-VNNI or AMX), from /proc/cpuinfo."""
+    return not _cpu_flags().isdisjoint({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def int8_pays() -> bool:
+    """Whether static int8 graphs run faster than the base graph on this CPU: with int8 dot products and without
+    AMX. Without int8 dot products (AVX2 alone) int8 is slower: MiniLM documents through OpenVINO at 19.2 docs/s
+    in int8 against 22.7 in fp32 on an AVX2 EPYC. With AMX its bf16 tiles make the bf16 graph as fast: 104.5 docs/s
+    in int8 against 107.6 in bf16 on an AMX Xeon, and a new 1,000-document corpus indexed in 15.5 s against 12.0 s
+    (`benchmarks/graph_speed.py`, `benchmarks/speed.py --sections 7`; README, "First run on a new corpus"). Where
+    it pays (AVX-512 VNNI or AVX-VNNI without AMX): 3.4x sentence-transformers against 2.6x for bf16.
+    ``RETR_INT8_DOT=1`` / ``0`` overrides the reading (tests; benchmarks that time int8 anyway)."""
     forced = os.environ.get("RETR_INT8_DOT")
     if forced in ("0", "1"):
         return forced == "1"
-    return not _cpu_flags().isdisjoint({"avx512_vnni", "avx_vnni", "amx_int8"})
+    return cpu_has_int8_dot() and "amx_bf16" not in _cpu_flags()
 
 
 def native_precision() -> str:
@@ -47,8 +54,8 @@ def native_precision() -> str:
 
 def cpu_kind() -> str:
     """What decides an exported graph's numbers on this CPU: its native precision, ``+int8`` where static int8
-    graphs are used (``bf16+int8``, ``fp32+int8``, ``fp32``). Expected scores are recorded per kind."""
-    return native_precision() + ("+int8" if cpu_has_int8_dot() else "")
+    graphs are used (``bf16+int8``, ``bf16``, ``fp32+int8``, ``fp32``). Expected scores are recorded per kind."""
+    return native_precision() + ("+int8" if int8_pays() else "")
 
 
 def default_threads() -> int:
