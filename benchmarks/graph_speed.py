@@ -2,10 +2,11 @@
 
 Whether static int8 pays depends on the CPU: with int8 dot products (AVX-512 VNNI, AVX-VNNI) it is the fastest
 graph; with AVX2 alone it can be slower than the base graph, and with AMX no faster than bf16, and retr then
-encodes corpora with the base graph (``Backend.pays``, ``runners.int8_pays``). This script measures that choice on the machine it runs on: each backend's graph is
-forced (``RETR_INT8_DOT=1``) so that int8 is timed even where retr would not use it. One process, graphs exported
-and warmed before timing, ``--rounds`` passes over ``--docs`` SciFact documents, backends alternating within each
-pass so that drift on a shared machine falls on all of them; the median pass is reported.
+encodes corpora with the base graph (``Backend.pays``, ``runners.int8_pays``). This script measures that choice
+on the machine it runs on: each backend's graph is forced (``RETR_INT8_DOT=1``) so that int8 is timed even where
+retr would not use it. One process, graphs exported and warmed before timing, ``--rounds`` passes over ``--docs``
+SciFact documents, backends alternating within each pass so that drift on a shared machine falls on all of them;
+the median pass is reported.
 
     python benchmarks/graph_speed.py [--docs 300] [--rounds 3]
         [--backends openvino,openvino-int8,openvino-int8-ffn,onnx-int8,torch] --out benchmarks/results/graph-speed.json

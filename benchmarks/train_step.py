@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 
 def step_times(impl: str, precision: str, dropout: float, batch: int, length: int, steps: int) -> list[float]:
     """Seconds per training step, in this process."""
@@ -69,11 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(step_times(impl, precision, float(dropout), args.batch, args.length, args.steps)))
         return 0
 
-    from retr.retrieval.backends.runners import cpu_kind
+    from proc import command_line, write_result
+
+    from retr.retrieval.backends.runners import cpu_has_bf16, cpu_kind
 
     settings = []
     for setting in args.settings.split(","):
-        if setting.split(":")[1] == "bf16" and cpu_kind() == "fp32":
+        if setting.split(":")[1] == "bf16" and not cpu_has_bf16():
             print(f"{setting}: skipped (no native bf16 on this CPU)", file=sys.stderr)
         else:
             settings.append(setting)
@@ -96,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                      "median_s_per_process": values, "median_s": statistics.median(values)})
         print(f"{impl:6s} {precision:5s} attention dropout {dropout:4s}: {statistics.median(values):.3f} s a step "
               f"(median of {len(values)} processes)")
-    result = {"cpu_kind": cpu_kind(), "cpu": platform.processor() or platform.machine(), "batch": args.batch,
-              "length": args.length, "steps": args.steps, "warmup_steps": args.warmup, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    result = {"command": command_line(), "cpu_kind": cpu_kind(), "cpu": platform.processor() or platform.machine(),
+              "batch": args.batch, "length": args.length, "steps": args.steps, "warmup_steps": args.warmup,
+              "rows": rows}
+    write_result(args.out, result)
     return 0
 
 

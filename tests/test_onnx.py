@@ -329,8 +329,9 @@ def test_static_int8_is_used_only_where_the_cpu_has_int8_dot_products_and_no_amx
 
 def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_nothing_is_calibrated(
         tiny_bi_encoder, tiny_cross_encoder, tmp_path, monkeypatch):
-    """On a CPU where int8 is slower than the base graph (no VNNI or AMX), the static int8 backends hand their
-    work to their base graph: the same vectors and scores as it, no calibration and no int8 graph in the cache."""
+    """On a CPU where int8 is no faster than the base graph (no int8 dot products; or AMX), the static int8
+    backends hand their work to their base graph: the same vectors and scores as it, no calibration and no int8
+    graph in the cache."""
     from retr.retrieval.backends.runners import int8_pays
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 

@@ -403,6 +403,9 @@ def test_bf16_training_takes_the_fused_attention_unless_attention_dropout_is_on(
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "attention_probs_dropout_prob": 0.0}))
     assert common.model_kwargs("bf16", tmp_path, {}) is None  # a base trained without it keeps training without it
     assert common.model_kwargs("bf16", tmp_path / "missing", {}) == eager
+    # what the trainers load with: both together, the bi-encoder's default (no attention dropout) on SDPA
+    assert common.transformer_kwargs(bert, BiEncoderTrainConfig(), "bf16") == {
+        "model_kwargs": None, "config_kwargs": {"attention_probs_dropout_prob": 0.0}}
 
 
 def test_training_without_attention_dropout_writes_it_into_the_model(tiny_train, tiny_bi_encoder, tiny_cross_encoder,

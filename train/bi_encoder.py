@@ -21,12 +21,11 @@ from retr.retrieval.types import Qrels
 from retr.train.common import (
     TrainConfig,
     dev_evaluator,
-    dropout_overrides,
     freeze_bottom,
-    model_kwargs,
     resolve_precision,
     run_trainer,
     trainer_kwargs,
+    transformer_kwargs,
     write_output,
 )
 from retr.train.data import labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
@@ -67,18 +66,17 @@ class BiEncoderTrainConfig(TrainConfig):
 
 def load_st_model(cfg: TrainConfig, precision: str):
     """A SentenceTransformer from ``cfg.base`` at ``cfg.max_length``, loaded for training in ``precision``
-    (``common.model_kwargs``) with ``cfg``'s dropout (``common.dropout_overrides``); a raw BERT gets mean pooling
-    and normalisation."""
+    with ``cfg``'s dropout and the attention they call for (``common.transformer_kwargs``); a raw BERT gets mean
+    pooling and normalisation."""
     from sentence_transformers import SentenceTransformer
 
     from retr.retrieval.models import ModelRef
 
     path = ModelRef.resolve(cfg.base).path
     source = str(path)
-    config_kwargs = dropout_overrides(path, cfg)
-    kwargs = model_kwargs(precision, path, config_kwargs)
+    kwargs = transformer_kwargs(path, cfg, precision)
     if (path / "modules.json").is_file():
-        model = SentenceTransformer(source, device="cpu", model_kwargs=kwargs, config_kwargs=config_kwargs)
+        model = SentenceTransformer(source, device="cpu", **kwargs)
     else:
         try:
             from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
@@ -86,7 +84,7 @@ def load_st_model(cfg: TrainConfig, precision: str):
             from sentence_transformers.models import Normalize, Pooling, Transformer
         if not (path / "config.json").is_file():
             raise RetrError(f"{path}: not a BERT or sentence-transformers folder (no config.json)")
-        word = Transformer(source, max_seq_length=cfg.max_length, model_kwargs=kwargs, config_kwargs=config_kwargs)
+        word = Transformer(source, max_seq_length=cfg.max_length, **kwargs)
         dim = word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension") \
             else word.get_word_embedding_dimension()
         model = SentenceTransformer(modules=[word, Pooling(dim, "mean"), Normalize()], device="cpu")

@@ -181,6 +181,14 @@ def dropout_overrides(base: Path, cfg: TrainConfig) -> dict[str, float]:
     return out
 
 
+def transformer_kwargs(base: Path, cfg: TrainConfig, precision: str) -> dict:
+    """What a trainer loads the transformer at ``base`` with, as sentence-transformers' ``model_kwargs`` and
+    ``config_kwargs``: ``cfg``'s dropout (``dropout_overrides``) and the attention that ``precision`` and that
+    dropout call for (``model_kwargs``)."""
+    config_kwargs = dropout_overrides(base, cfg)
+    return {"model_kwargs": model_kwargs(precision, base, config_kwargs), "config_kwargs": config_kwargs}
+
+
 def model_kwargs(precision: str, base: Path, config_kwargs: dict[str, float]) -> dict | None:
     """What a trainer loads the transformer at ``base`` with for ``precision`` and the dropout overrides
     ``config_kwargs`` (``dropout_overrides``): under bf16, torch's SDPA where the attention probabilities are not

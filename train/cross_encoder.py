@@ -26,13 +26,12 @@ from retr.train.common import (
     TrainConfig,
     dev_evaluator,
     dev_ndcg,
-    dropout_overrides,
     freeze_bottom,
     keep_bottom,
-    model_kwargs,
     resolve_precision,
     run_trainer,
     trainer_kwargs,
+    transformer_kwargs,
     write_output,
 )
 from retr.train.data import Pair, labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
@@ -209,9 +208,8 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
                 len(train_ds), cfg.num_negatives, len(lists) - judged_lists, len(dev_q))
 
     precision = resolve_precision(cfg.precision)
-    config_kwargs = dropout_overrides(base_path, cfg)
     model = CrossEncoder(str(base_path), num_labels=1, max_length=cfg.max_length, device="cpu",
-                         model_kwargs=model_kwargs(precision, base_path, config_kwargs), config_kwargs=config_kwargs)
+                         **transformer_kwargs(base_path, cfg, precision))
     kept = keep_bottom(model, cfg.layers)
     frozen = freeze_bottom(model, cfg.freeze_layers)
 
