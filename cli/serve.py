@@ -28,9 +28,9 @@ def run(args: argparse.Namespace) -> int:
     from retr.retrieval.errors import RetrError
 
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - checked here, for the message below
 
-        from retr.cli.serve_app import ServeConfig, create_app
+        from retr.cli.serve_app import ServeConfig, uvicorn_server
     except ImportError as e:
         raise RetrError(f"retr serve needs fastapi and uvicorn ({e.name} is missing): "
                         f"pip install 'retr[serve]'") from None
@@ -38,6 +38,5 @@ def run(args: argparse.Namespace) -> int:
     cfg = ServeConfig(encoder=options.query_encoder_config(args),
                       pipeline=options.pipeline_config(args), rerank=options.rerank_config(args, args.reranker),
                       timeout_s=args.timeout, max_batch=args.max_batch)
-    app = create_app(args.index, cfg)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn_server(args.index, cfg, host=args.host, port=args.port).run()
     return 0

@@ -3,8 +3,8 @@
 Endpoints: ``POST /search`` (one query or a batch; the JSON of `retr search --json`), ``GET /doc/{id}``,
 ``GET /healthz``, ``GET /metrics`` (Prometheus text), ``GET /`` (a search page), OpenAPI at ``/docs``.
 Every input is bounded (query length, k, batch size, body size, time per request); a bad request gets a 4xx
-with a JSON error. Searches run in a worker thread (the event loop never blocks on them) and share one loaded
-index and encoder. When the folder is rebuilt or replaced (atomic rename), the next request opens the new
+with a JSON error. Searches run in a worker thread (the event loop never blocks on them; ``Dispatch`` says when
+one lone client's query runs on the loop's thread instead) and share one loaded index and encoder. When the folder is rebuilt or replaced (atomic rename), the next request opens the new
 generation; requests already running finish on the one they started with.
 """
 
@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,36 @@ class Generations:
             return self._searcher
 
 
+class Dispatch:
+    """Where a search runs. On the pool's threads, so that the event loop never waits on a search and concurrent
+    searches run side by side; except a single query while the server holds only the connection it came on and no
+    other search is in flight: no other request can then be waiting for the loop, so the query runs on the loop's
+    own thread and saves the two thread hand-offs (0.4-0.5 ms of the HTTP overhead at one client on 2 cores,
+    measured with ``benchmarks/serve_load.py``). A connection that opens meanwhile waits at most that one query.
+    ``open_connections``: the ASGI server's count of open connections (uvicorn's server state, see
+    ``uvicorn_server``); None where unknown, and then every search takes the pool. A search on the loop cannot be
+    cut off at the request's deadline (batches, which may run long, always take the pool, where it is kept)."""
+
+    def __init__(self, pool: ThreadPoolExecutor, timeout_s: float, open_connections: Callable[[], int] | None = None):
+        self.pool = pool
+        self.timeout_s = timeout_s
+        self.open_connections = open_connections
+        self.in_flight = 0  # searches on the pool (read and written on the event loop's thread only)
+        self.inline = self.pooled = 0  # searches run on the loop and on the pool, counted for tests
+
+    async def run(self, fn: Callable, *args, single: bool):
+        if single and not self.in_flight and self.open_connections is not None and self.open_connections() <= 1:
+            self.inline += 1
+            return fn(*args)
+        self.in_flight += 1
+        self.pooled += 1
+        try:
+            async with asyncio.timeout(self.timeout_s):  # no task of its own, unlike wait_for
+                return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        finally:
+            self.in_flight -= 1
+
+
 class Metrics:
     """Counters and latency histograms, rendered as Prometheus text."""
 
@@ -105,6 +136,12 @@ class Metrics:
             counts = self.hist[stage]
             counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
             self.sums[stage] += seconds
+
+    def observe_results(self, results) -> None:
+        """Every stage latency of ``results`` (search results with ``latency_ms``)."""
+        for r in results:
+            for stage, ms in r.latency_ms.items():
+                self.observe(stage, ms / 1000.0)
 
     def render(self, generation: int) -> str:
         with self._lock:
@@ -247,7 +284,18 @@ class Bounded:
         self.metrics.request(path, status[0] or 500)
 
 
-def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
+def uvicorn_server(folder: str | Path, cfg: ServeConfig = ServeConfig(), host: str = "127.0.0.1", port: int = 8000):
+    """A uvicorn server of ``create_app(folder, cfg)``, its app told how many connections the server holds."""
+    import uvicorn
+
+    server = None  # bound below: the app asks for the count only once requests arrive, after the server exists
+    app = create_app(folder, cfg, open_connections=lambda: len(server.server_state.connections))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    return server
+
+
+def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
+               open_connections: Callable[[], int] | None = None):
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -255,6 +303,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
 
     generations = Generations(Path(folder), cfg)
     pool = ThreadPoolExecutor(cfg.search_threads or default_threads(), thread_name_prefix="retr-search")
+    dispatch = Dispatch(pool, cfg.timeout_s, open_connections)
     metrics = Metrics()
     dumps = json_encoder()
     app = FastAPI(title="retr", description=f"Search the retr index {folder}", version="1")
@@ -297,16 +346,14 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
         rerank = cfg.rerank.model if req.rerank else None
         try:
             searcher = generations.current()
-            async with asyncio.timeout(cfg.timeout_s):  # no task of its own, unlike wait_for
-                results = await asyncio.get_running_loop().run_in_executor(
-                    pool, searcher.search_many, queries, req.k, req.mode, rerank, req.filter)
+            results = await dispatch.run(searcher.search_many, queries, req.k, req.mode, rerank, req.filter,
+                                         single=len(queries) == 1)
         except TimeoutError:
             return 504, error_body(f"search took longer than {cfg.timeout_s} s")
         except RetrError as e:
             return 400, error_body(str(e))
-        for r in results:
-            for stage, ms in r.latency_ms.items():
-                metrics.observe(stage, ms / 1000.0)
+        # recorded once this task has written the response (the loop's next round), not while the client waits
+        asyncio.get_running_loop().call_soon(metrics.observe_results, results)
         body = [r.to_dict() for r in results]
         # serialised here: FastAPI's generic encoder walks every field of every hit (~2 ms for ten documents)
         return 200, dumps(body[0] if req.query is not None else {"results": body})
@@ -346,6 +393,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig()):
 
     app.state.generations = generations
     app.state.metrics = metrics
+    app.state.dispatch = dispatch
     service = Bounded(LeanSearch(app, SearchRequest, answer), max_body_bytes=cfg.max_body_bytes, metrics=metrics)
     service.state = app.state
     return service

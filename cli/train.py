@@ -103,6 +103,9 @@ def add_parser(sub) -> None:
                         "the positive, the first stage's ranking of the title its negatives")
     t.add_argument("--layers", type=options.nonnegative_int, default=ce.layers,
                    help="keep only the base's first N transformer layers (0: all): a smaller, faster reranker")
+    t.add_argument("--teacher", default=None,
+                   help="trained cross-encoder folder whose scores of each list are distilled into the targets "
+                        "instead of the first stage's (weight --distill)")
     _add_precision(t, ce)
     _add_freeze(t, ce)
     _add_common(t, ce, "BERT folder (default: the bundled MiniLM + a new head)")
@@ -132,7 +135,7 @@ def run_cross_encoder(args: argparse.Namespace) -> int:
                                   num_negatives=args.num_negatives, in_batch_negatives=args.in_batch_negatives,
                                   dev_fraction=args.dev_fraction, precision=args.precision, distill=args.distill,
                                   freeze_layers=args.freeze_layers, inputs=args.inputs,
-                                  corpus_lists=args.corpus_lists, layers=args.layers)
+                                  corpus_lists=args.corpus_lists, layers=args.layers, teacher=args.teacher)
     m = train_cross_encoder(Path(args.out), cfg, load_dataset(args.dataset, args.split), resume=args.resume)
     print(f"cross-encoder written to {args.out}: dev nDCG@10 first stage {m['dev_ndcg@10_first_stage']:.4f}, "
           f"reranked {m['dev_ndcg@10']:.4f} ({m['train_lists']} lists, {m['train_seconds']:.0f} s)")

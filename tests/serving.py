@@ -1,4 +1,5 @@
-"""A real uvicorn server on 127.0.0.1 (a free port) in a thread, and a small HTTP client for tests."""
+"""A real uvicorn server of an index folder on 127.0.0.1 (a free port) in a thread, as `retr serve` makes it, and a
+small HTTP client for tests."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import time
 import urllib.error
 import urllib.request
 
-import uvicorn
-
 
 class Server:
-    def __init__(self, app):
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    def __init__(self, folder, cfg):
+        from retr.cli.serve_app import uvicorn_server
+
+        self.server = uvicorn_server(folder, cfg, host="127.0.0.1", port=0)
+        self.app = self.server.config.app
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.time() + 30

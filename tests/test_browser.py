@@ -41,7 +41,7 @@ def test_the_search_page_finds_highlights_and_links(tiny_dataset, tiny_bi_encode
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    from retr.cli.serve_app import ServeConfig, create_app
+    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
 
     from .serving import Server
@@ -49,7 +49,7 @@ def test_the_search_page_finds_highlights_and_links(tiny_dataset, tiny_bi_encode
     idx = tmp_path / "idx"
     assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--model", str(tiny_bi_encoder),
                  "--backend", "onnx", "--bm25"]) == 0
-    server = Server(create_app(idx, ServeConfig(encoder=EncoderConfig(backend="onnx"))))
+    server = Server(idx, ServeConfig(encoder=EncoderConfig(backend="onnx")))
     try:
         browser.get(server.url + "/")
         assert browser.title == "retr search"

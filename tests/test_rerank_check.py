@@ -242,7 +242,7 @@ def test_serve_checks_its_reranker_at_startup(tiny_cross_encoder, tiny_bi_encode
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     from retr.cli.main import main
-    from retr.cli.serve_app import ServeConfig, create_app
+    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.encoder import EncoderConfig
 
@@ -254,8 +254,8 @@ def test_serve_checks_its_reranker_at_startup(tiny_cross_encoder, tiny_bi_encode
                  "--max-length", "64", "--bm25"]) == 0
     path = _trained_reranker(tiny_cross_encoder, tmp_path, weight=0.6)
     assert not (cache_home() / "rerank-checks").exists()
-    server = Server(create_app(idx, ServeConfig(encoder=EncoderConfig(), rerank=RerankConfig(
-        model=str(path), max_length=32, depth=5))))
+    server = Server(idx, ServeConfig(encoder=EncoderConfig(), rerank=RerankConfig(
+        model=str(path), max_length=32, depth=5)))
     try:
         stored = list((cache_home() / "rerank-checks").glob("*.json"))
         assert len(stored) == 1  # measured when the server started, before any request

@@ -17,13 +17,13 @@ from .serving import Server  # noqa: E402 - after the skips: it imports uvicorn
 
 @pytest.fixture
 def served(tiny_dataset, tiny_bi_encoder, tmp_path):
-    from retr.cli.serve_app import ServeConfig, create_app
+    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
 
     idx = tmp_path / "idx"
     assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--model", str(tiny_bi_encoder),
                  "--backend", "onnx", "--bm25"]) == 0
-    server = Server(create_app(idx, ServeConfig(encoder=EncoderConfig(backend="onnx"), max_batch=4)))
+    server = Server(idx, ServeConfig(encoder=EncoderConfig(backend="onnx"), max_batch=4))
     yield server, idx
     server.stop()
 
@@ -152,3 +152,65 @@ def test_added_and_deleted_documents_are_served_as_a_new_generation(served, tmp_
     assert status == 200 and "pulsar1" not in [r["id"] for r in after["results"]]
     assert server.request("/doc/pulsar1")[0] == 404
     assert server.request("/healthz")[1]["generation"] == generation + 2
+
+
+def test_a_lone_clients_query_runs_on_the_event_loop_and_concurrent_ones_on_the_pool():
+    import asyncio
+    import threading
+
+    from retr.cli.serve_app import Dispatch
+
+    pool = ThreadPoolExecutor(2, thread_name_prefix="retr-search")
+    connections = [1]
+
+    def where():
+        return threading.current_thread().name
+
+    async def go(single: bool):
+        loop_thread = threading.current_thread().name
+        return (await dispatch.run(where, single=single)) == loop_thread
+
+    dispatch = Dispatch(pool, 5.0, lambda: connections[0])
+    assert asyncio.run(go(True)) is True  # one connection, one query, nothing in flight: on the loop
+    assert asyncio.run(go(False)) is False  # a batch: the pool (where the deadline holds)
+    connections[0] = 2
+    assert asyncio.run(go(True)) is False  # another connection may be waiting for the loop
+    assert Dispatch(pool, 5.0, None).open_connections is None
+    assert asyncio.run(Dispatch(pool, 5.0, None).run(where, single=True)).startswith("retr-search")
+
+    async def overlapping():  # a query arriving while a pool search is in flight does not take the loop
+        started, release = threading.Event(), threading.Event()
+
+        def slow():
+            started.set()
+            release.wait(5)
+            return where()
+
+        connections[0] = 2
+        first = asyncio.ensure_future(dispatch.run(slow, single=True))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        connections[0] = 1  # the other client is gone, but its search is still running
+        second = await dispatch.run(where, single=True)
+        release.set()
+        return await first, second
+
+    first, second = asyncio.run(overlapping())
+    assert first.startswith("retr-search") and second.startswith("retr-search")
+    assert (dispatch.inline, dispatch.pooled) == (1, 4)
+    pool.shutdown()
+
+
+def test_served_searches_take_the_loop_for_one_client_and_the_pool_under_load(served):
+    server, _ = served
+    dispatch = server.app.state.dispatch
+    conn = __import__("http.client").client.HTTPConnection(server.url.removeprefix("http://"), timeout=30)
+    for q in ("solar panels", "volcanoes", "coffee"):  # one keep-alive connection: the server holds only it
+        conn.request("POST", "/search", json.dumps({"query": q, "k": 3}), {"content-type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["results"]
+    conn.close()
+    assert (dispatch.inline, dispatch.pooled) == (3, 0)
+    test_concurrent_requests_share_one_index_without_errors(served)  # 8 clients at once: same answers, no errors
+    assert dispatch.inline + dispatch.pooled == 3 + 32
+    assert dispatch.pooled > 0, "concurrent clients' searches must go to the pool"

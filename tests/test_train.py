@@ -210,7 +210,8 @@ def test_tiny_training_with_a_cross_encoder_teacher(tiny_train, tiny_bi_encoder,
     doc_text = {d.doc_id: d.full_text() for d in ds.corpus.docs}
     others = [d for d in doc_text if all(d != p.positive_id for p in pairs)]
     negatives = [others[i:i + 2] for i in range(len(pairs))]
-    labels = teacher_logits(cfg.teacher, pairs, negatives, doc_text)
+    lists = [[doc_text[d] for d in (p.positive_id, *negs)] for p, negs in zip(pairs, negatives, strict=True)]
+    labels = teacher_logits(cfg.teacher, [p.query for p in pairs], lists)
     ce = CrossEncoder(str(tiny_cross_encoder), num_labels=1, max_length=128, device="cpu")  # its 128 positions
     assert labels.shape == (3, 3)
     for p, negs, row in zip(pairs, negatives, labels, strict=True):  # its logits, list by list, positive first
@@ -227,7 +228,8 @@ def test_tiny_training_with_a_cross_encoder_teacher(tiny_train, tiny_bi_encoder,
     shutil.copytree(tiny_cross_encoder, focused)
     (focused / "retr_manifest.json").write_text(json.dumps({"config": {"max_length": 16}, "inputs": "focused"}))
     long_text = {d: f"{t}. " + " ".join(f"Sentence {i} of {t}." for i in range(6)) for d, t in doc_text.items()}
-    got = teacher_logits(str(focused), pairs, negatives, long_text)
+    got = teacher_logits(str(focused), [p.query for p in pairs],
+                         [[long_text[d] for d in (p.positive_id, *negs)] for p, negs in zip(pairs, negatives, strict=True)])
     ce16 = CrossEncoder(str(focused), num_labels=1, max_length=16, device="cpu")
     focus = make_focus(plain_tokenizer(focused), 16)
     for p, negs, row in zip(pairs, negatives, got, strict=True):

@@ -153,7 +153,9 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     if cfg.teacher is not None:
         from retr.train.teacher import student_units, teacher_logits
 
-        logits = teacher_logits(cfg.teacher, train_pairs, negatives, doc_text)
+        logits = teacher_logits(cfg.teacher, [p.query for p in train_pairs],
+                                [[doc_text[d] for d in (p.positive_id, *negs)]
+                                 for p, negs in zip(train_pairs, negatives, strict=True)])
     model = load_st_model(cfg, precision)
     frozen = freeze_bottom(model, cfg.freeze_layers)
     if cfg.teacher is not None:

@@ -69,6 +69,9 @@ class CrossEncoderTrainConfig(TrainConfig):
     # from the first stage's ranking of that query; every document of such a list is read without its title
     corpus_lists: int = 0
     layers: int = 0  # > 0: keep only the base's first ``layers`` transformer layers (a smaller, faster reranker)
+    # a trained cross-encoder whose logits for each list (softmax, mixed with the judged positive by ``distill``)
+    # are the ListNet target instead of the first stage's ranking: a smaller student learns from a larger model
+    teacher: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -76,6 +79,8 @@ class CrossEncoderTrainConfig(TrainConfig):
             raise RetrError(f"--distill must be in [0, 1), got {self.distill}")
         if self.layers < 0:
             raise RetrError(f"--layers must be >= 0, got {self.layers}")
+        if self.teacher is not None and self.distill <= 0:
+            raise RetrError("--teacher needs --distill w > 0 (the teacher's share of each list's target)")
         if self.corpus_lists < 0:
             raise RetrError(f"--corpus-lists must be >= 0, got {self.corpus_lists}")
         check_inputs(self.inputs)
@@ -85,13 +90,22 @@ DISTILL_SHARPNESS = 5.0  # the first stage's min-max scores in [0, 1], times thi
 
 
 def distill_labels(first_scores: list[float], weight: float) -> list[float]:
-    """ListNet labels (the loss takes softmax(labels) as its target) for a list whose first item is the judged
-    positive: log((1 - weight) * one-hot(0) + weight * softmax(DISTILL_SHARPNESS * minmax(first_scores)))."""
+    """ListNet labels for a list whose first item is the judged positive, distilling the first stage's ranking:
+    ``mixed_target`` of softmax(DISTILL_SHARPNESS x minmax(first_scores))."""
     import numpy as np
 
     from retr.retrieval.rerank import minmax
 
-    teacher = np.exp(DISTILL_SHARPNESS * minmax(np.asarray(first_scores, dtype=np.float64)))
+    return mixed_target(DISTILL_SHARPNESS * minmax(np.asarray(first_scores, dtype=np.float64)), weight)
+
+
+def mixed_target(teacher_logits, weight: float) -> list[float]:
+    """ListNet labels (the loss takes softmax(labels) as its target) for a list whose first item is the judged
+    positive: log((1 - weight) * one-hot(0) + weight * softmax(teacher_logits))."""
+    import numpy as np
+
+    z = np.asarray(teacher_logits, dtype=np.float64)
+    teacher = np.exp(z - z.max())
     target = weight * teacher / teacher.sum()
     target[0] += 1.0 - weight
     return np.log(target).tolist()
@@ -105,6 +119,15 @@ def sample_corpus_pairs(dataset: Dataset, n: int, seed: int) -> tuple[list[Pair]
     pairs, positives = self_supervised_pairs(dataset.corpus.docs, seed)
     chosen = random.Random(seed).sample(pairs, min(n, len(pairs)))
     return chosen, {p.positive_id: positives[p.positive_id] for p in chosen}
+
+
+def teacher_labels(cfg: CrossEncoderTrainConfig, lists) -> list[list[float]]:
+    """ListNet labels of each (pair, ranking, negatives, texts) list from ``cfg.teacher``'s logits."""
+    from retr.train.teacher import teacher_logits
+
+    logits = teacher_logits(cfg.teacher, [p.query for p, _, _, _ in lists],
+                            [[of[d] for d in (p.positive_id, *negatives)] for p, _, negatives, of in lists])
+    return [mixed_target(row, cfg.distill) for row in logits]
 
 
 def first_stage_runs(dataset: Dataset, model: str | None, queries: dict[str, str], depth: int):
@@ -194,7 +217,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     columns: dict[str, list] = {"query": [p.query for p, _, _, _ in lists]}
     if cfg.distill:
         columns["docs"] = read_lists
-        columns["labels"] = [labels(*one) for one in lists]
+        columns["labels"] = teacher_labels(cfg, lists) if cfg.teacher else [labels(*one) for one in lists]
     else:
         columns["positive"] = [docs[0] for docs in read_lists]
         for j in range(cfg.num_negatives):
@@ -235,6 +258,6 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
         "corpus_pairs_sha256": pairs_digest(corpus_pairs), **kept, **frozen, "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
         "precision": precision, "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
-        "interpolation": alpha, "interpolation_rule": WEIGHT_RULE, "inputs": cfg.inputs, "dev_ndcg@10_by_interpolation": alpha_curve,
+        "interpolation": alpha, "interpolation_rule": WEIGHT_RULE, "teacher": cfg.teacher, "inputs": cfg.inputs, "dev_ndcg@10_by_interpolation": alpha_curve,
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-cross-encoder", cfg, extra)

@@ -13,11 +13,10 @@ from retr.train.data import Pair
 logger = logging.getLogger(__name__)
 
 
-def teacher_logits(teacher: str, pairs: Sequence[Pair], negatives: Sequence[Sequence[str]],
-                   doc_text: dict[str, str]) -> np.ndarray:
-    """For each pair, the cross-encoder's raw logits for [positive, *negatives] (the scores it reranks with before
-    any interpolation: its documents read as it reads them when reranking, at its length), scored in one
-    length-sorted pass."""
+def teacher_logits(teacher: str, queries: Sequence[str], docs: Sequence[Sequence[str]]) -> np.ndarray:
+    """For each query, the cross-encoder's raw logits for its documents (the judged positive first, then its
+    negatives; every list as long): the scores it reranks with before any interpolation, its documents read as it
+    reads them when reranking, at its length, scored in one length-sorted pass."""
     from sentence_transformers.cross_encoder import CrossEncoder
 
     from retr.retrieval.backends.export import ce_logits
@@ -28,11 +27,10 @@ def teacher_logits(teacher: str, pairs: Sequence[Pair], negatives: Sequence[Sequ
     max_length, inputs = cross_encoder_reading(path)
     model = CrossEncoder(str(path), num_labels=1, max_length=max_length, device="cpu")
     read = reader(inputs, path, max_length)
-    width = 1 + len(negatives[0]) if negatives else 1
-    flat = [(p.query, t) for p, negs in zip(pairs, negatives, strict=True)
-            for t in read(p.query, [doc_text[d] for d in (p.positive_id, *negs)])]
-    logger.info("teacher %s scores %d lists of %d documents", path, len(pairs), width)
-    logits = ce_logits(model, flat).reshape(len(pairs), width)
+    width = len(docs[0]) if docs else 1
+    flat = [(q, t) for q, texts in zip(queries, docs, strict=True) for t in read(q, list(texts))]
+    logger.info("teacher %s scores %d lists of %d documents", path, len(queries), width)
+    logits = ce_logits(model, flat).reshape(len(queries), width)
     logger.info("teacher: judged positive first in %.1f%% of lists, mean margin over the negatives %.2f",
                 100 * float(np.mean(logits.argmax(1) == 0)), float(np.mean(logits[:, :1] - logits[:, 1:])))
     return logits
