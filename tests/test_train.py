@@ -98,10 +98,11 @@ def test_resume_continues_from_the_last_checkpoint(tiny_train, tiny_bi_encoder, 
     assert (out / "retr_manifest.json").is_file()
 
 
-@pytest.mark.parametrize(("distill", "inputs", "corpus_lists", "layers"),
-                         [(0.0, "head", 0, 0), (0.5, "focused", 5, 1)])
+@pytest.mark.parametrize(("distill", "inputs", "corpus_lists", "layers", "teacher"),
+                         [(0.0, "head", 0, 0, False), (0.5, "focused", 5, 1, False), (0.7, "head", 0, 1, True)])
 def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
-                                                       distill, inputs, corpus_lists, layers, caplog):
+                                                       distill, inputs, corpus_lists, layers, teacher, caplog,
+                                                       monkeypatch):
     from retr.retrieval.rerank import WEIGHT_RULE, CrossEncoderReranker, RerankConfig
     from retr.train.cross_encoder import CrossEncoderTrainConfig, smoothed_best, train_cross_encoder
 
@@ -110,8 +111,34 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     cfg = CrossEncoderTrainConfig(base=str(tiny_cross_encoder), first_stage_model=str(tiny_bi_encoder), epochs=2,
                                   batch_size=4, learning_rate=1e-3, max_length=32, num_negatives=2,
                                   negative_depth=8, dev_fraction=0.3, dev_depth=6, seed=0, distill=distill,
-                                  inputs=inputs, corpus_lists=corpus_lists, layers=layers)
+                                  inputs=inputs, corpus_lists=corpus_lists, layers=layers,
+                                  teacher=str(tiny_cross_encoder) if teacher else None)
+    if teacher:  # the lists' targets: the teacher's logits of exactly the lists trained on, mixed as configured
+        import numpy as np
+
+        import retr.train.teacher as teacher_module
+        from retr.train.cross_encoder import mixed_target
+
+        seen = {}
+        real = teacher_module.teacher_logits
+
+        def spy(path, queries, docs):
+            seen["logits"] = real(path, queries, docs)
+            seen["docs"] = docs
+            return seen["logits"]
+
+        monkeypatch.setattr(teacher_module, "teacher_logits", spy)
+        from datasets import Dataset as HFDataset
+
+        made = {}
+        monkeypatch.setattr(HFDataset, "from_dict", classmethod(
+            lambda cls, columns, _real=HFDataset.from_dict.__func__: made.setdefault("ds", _real(cls, columns))))
     m = train_cross_encoder(out, cfg, ds)
+    if teacher:
+        labels = np.asarray(made["ds"]["labels"])
+        assert m["teacher"] == str(tiny_cross_encoder) and labels.shape == (m["train_lists"], 3)
+        np.testing.assert_allclose(labels, [mixed_target(row, 0.7) for row in seen["logits"]], rtol=1e-6)
+        assert all(len(d) == 3 for d in seen["docs"]) and len(seen["docs"]) == m["train_lists"]
     assert m["layers"] == (layers or 2) and json.loads((out / "config.json").read_text())["num_hidden_layers"] == m["layers"]
     assert m["config"]["distill"] == distill and m["inputs"] == inputs
     # lists from the corpus alone come on top of the judged ones (each has enough first-stage negatives here)
@@ -171,6 +198,19 @@ def test_distillation_targets_keep_the_positive_first_and_follow_the_first_stage
     np.testing.assert_allclose(flat, [0.5 + 0.5 / 3, 0.5 / 3, 0.5 / 3])
     with pytest.raises(RetrError, match="--distill must be in"):
         CrossEncoderTrainConfig(distill=1.0)
+    with pytest.raises(RetrError, match="--teacher needs --distill"):
+        CrossEncoderTrainConfig(teacher="some-ce")
+
+
+def test_a_teachers_target_is_its_softmax_mixed_with_the_judged_positive():
+    import numpy as np
+
+    from retr.train.cross_encoder import mixed_target
+
+    logits = np.array([2.0, 3.0, -1.0])
+    soft = np.exp(logits) / np.exp(logits).sum()
+    np.testing.assert_allclose(np.exp(mixed_target(logits, 0.6)), 0.6 * soft + [0.4, 0, 0], rtol=1e-12)
+    np.testing.assert_allclose(np.exp(mixed_target(logits + 500.0, 0.6)), np.exp(mixed_target(logits, 0.6)))
 
 
 def test_teacher_loss_is_the_contrastive_loss_plus_kl_to_the_teacher(tiny_bi_encoder):
