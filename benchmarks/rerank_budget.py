@@ -25,12 +25,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def _pct(seconds: list[float]) -> dict:
-    p50, p95 = np.percentile(np.asarray(seconds) * 1000.0, [50, 95])
-    return {"p50_ms": float(p50), "p95_ms": float(p95)}
+    """p50 and p95 in ms of ``seconds``, by eval's latency percentiles."""
+    from retr.eval.report import Percentiles
+
+    pc = Percentiles.of([1000.0 * s for s in seconds])
+    return {"p50_ms": pc.p50, "p95_ms": pc.p95}
 
 
 def main(argv: list[str] | None = None) -> int:

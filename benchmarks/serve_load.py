@@ -28,11 +28,12 @@ import numpy as np
 
 
 def _pct(ms: list[float]) -> dict:
-    a = np.asarray(ms, dtype=np.float64)
-    if not len(a):
-        return {"p50": None, "p95": None, "p99": None, "n": 0}
-    p50, p95, p99 = np.percentile(a, [50, 95, 99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "n": int(a.size)}
+    """eval's latency percentiles of ``ms`` (p50/p95/p99/mean/n); None where nothing was answered."""
+    from dataclasses import asdict
+
+    from retr.eval.report import Percentiles
+
+    return asdict(Percentiles.of(ms)) if len(ms) else {"p50": None, "p95": None, "p99": None, "mean": None, "n": 0}
 
 
 def _free_port() -> int:

@@ -38,8 +38,12 @@ import numpy as np
 
 
 def _pct(samples_s: list[float]) -> dict:
-    ms = np.asarray(samples_s) * 1000
-    return {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)), "mean": float(ms.mean())}
+    """eval's latency percentiles (p50/p95/p99/mean/n, in ms) of ``samples_s`` seconds."""
+    from dataclasses import asdict
+
+    from retr.eval.report import Percentiles
+
+    return asdict(Percentiles.of([1000.0 * s for s in samples_s]))
 
 
 def _table(title: str, header: list[str], rows: list[list]) -> str:
