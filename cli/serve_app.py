@@ -90,13 +90,14 @@ class Generations:
 
 class Dispatch:
     """Where a search runs. On the pool's threads, so that the event loop never waits on a search and concurrent
-    searches run side by side; except a single query while the server holds only the connection it came on and no
-    other search is in flight: no other request can then be waiting for the loop, so the query runs on the loop's
-    own thread and saves the two thread hand-offs (0.4-0.5 ms of the HTTP overhead at one client on 2 cores,
-    measured with ``benchmarks/serve_load.py``). A connection that opens meanwhile waits at most that one query.
-    ``open_connections``: the ASGI server's count of open connections (uvicorn's server state, see
-    ``uvicorn_server``); None where unknown, and then every search takes the pool. A search on the loop cannot be
-    cut off at the request's deadline (batches, which may run long, always take the pool, where it is kept)."""
+    searches run side by side; except brief work (one query, no reranking) while the server holds only the
+    connection it came on and no other search is in flight: no other request can then be waiting for the loop, so
+    the query runs on the loop's own thread and saves the two thread hand-offs (0.3-0.4 ms of the HTTP overhead at
+    one client on 2 cores, measured with ``benchmarks/serve_load.py``). A connection that opens meanwhile waits at
+    most that one first-stage search (a hybrid SciFact query: ~10 ms). ``open_connections``: the ASGI server's
+    count of open connections (uvicorn's server state, see ``uvicorn_server``); None where unknown, and then every
+    search takes the pool. Batches and reranked queries, which may run long, always take the pool, where the
+    request's deadline is kept."""
 
     def __init__(self, pool: ThreadPoolExecutor, timeout_s: float, open_connections: Callable[[], int] | None = None):
         self.pool = pool
@@ -105,8 +106,8 @@ class Dispatch:
         self.in_flight = 0  # searches on the pool (read and written on the event loop's thread only)
         self.inline = self.pooled = 0  # searches run on the loop and on the pool, counted for tests
 
-    async def run(self, fn: Callable, *args, single: bool):
-        if single and not self.in_flight and self.open_connections is not None and self.open_connections() <= 1:
+    async def run(self, fn: Callable, *args, brief: bool):
+        if brief and not self.in_flight and self.open_connections is not None and self.open_connections() <= 1:
             self.inline += 1
             return fn(*args)
         self.in_flight += 1
@@ -347,7 +348,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
         try:
             searcher = generations.current()
             results = await dispatch.run(searcher.search_many, queries, req.k, req.mode, rerank, req.filter,
-                                         single=len(queries) == 1)
+                                         brief=len(queries) == 1 and rerank is None)
         except TimeoutError:
             return 504, error_body(f"search took longer than {cfg.timeout_s} s")
         except RetrError as e:

@@ -264,6 +264,11 @@ def test_serve_checks_its_reranker_at_startup(tiny_cross_encoder, tiny_bi_encode
         assert status == 200 and found["pipeline"] == "hybrid+rerank" and len(found["results"]) == 3
         assert ("rerank" in found["latency_ms"]) and 0.0 <= check["weight"] <= 1.0
         assert len(list((cache_home() / "rerank-checks").glob("*.json"))) == 1  # and not again
+        # a reranked query, long work, takes the search threads even from a lone client; a first-stage one the loop
+        dispatch = server.app.state.dispatch
+        assert (dispatch.inline, dispatch.pooled) == (0, 1)
+        assert server.request("/search", {"query": "solar panels", "k": 3, "mode": "hybrid"})[0] == 200
+        assert (dispatch.inline, dispatch.pooled) == (1, 1)
     finally:
         server.stop()
 

@@ -166,17 +166,17 @@ def test_a_lone_clients_query_runs_on_the_event_loop_and_concurrent_ones_on_the_
     def where():
         return threading.current_thread().name
 
-    async def go(single: bool):
+    async def go(brief: bool):
         loop_thread = threading.current_thread().name
-        return (await dispatch.run(where, single=single)) == loop_thread
+        return (await dispatch.run(where, brief=brief)) == loop_thread
 
     dispatch = Dispatch(pool, 5.0, lambda: connections[0])
-    assert asyncio.run(go(True)) is True  # one connection, one query, nothing in flight: on the loop
-    assert asyncio.run(go(False)) is False  # a batch: the pool (where the deadline holds)
+    assert asyncio.run(go(True)) is True  # one connection, brief work, nothing in flight: on the loop
+    assert asyncio.run(go(False)) is False  # a batch or a reranked query: the pool (the deadline holds)
     connections[0] = 2
     assert asyncio.run(go(True)) is False  # another connection may be waiting for the loop
     assert Dispatch(pool, 5.0, None).open_connections is None
-    assert asyncio.run(Dispatch(pool, 5.0, None).run(where, single=True)).startswith("retr-search")
+    assert asyncio.run(Dispatch(pool, 5.0, None).run(where, brief=True)).startswith("retr-search")
 
     async def overlapping():  # a query arriving while a pool search is in flight does not take the loop
         started, release = threading.Event(), threading.Event()
@@ -187,11 +187,11 @@ def test_a_lone_clients_query_runs_on_the_event_loop_and_concurrent_ones_on_the_
             return where()
 
         connections[0] = 2
-        first = asyncio.ensure_future(dispatch.run(slow, single=True))
+        first = asyncio.ensure_future(dispatch.run(slow, brief=True))
         while not started.is_set():
             await asyncio.sleep(0.01)
         connections[0] = 1  # the other client is gone, but its search is still running
-        second = await dispatch.run(where, single=True)
+        second = await dispatch.run(where, brief=True)
         release.set()
         return await first, second
 
