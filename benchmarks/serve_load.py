@@ -155,6 +155,13 @@ def paired_overhead(url: str, folder, queries: list[str], body: dict, rounds: in
             "median_paired_ms": float(np.median(http - inproc))}
 
 
+def searches_on(metrics: str) -> dict[str, int]:
+    """``retr_searches_total`` from the server's /metrics: searches by the thread they ran on."""
+    import re
+
+    return {m[1]: int(m[2]) for m in re.finditer(r'^retr_searches_total\{on="(\w+)"\} (\d+)$', metrics, re.M)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1].parent / "shared/datasets/scifact"))
@@ -202,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         # HTTP overhead at one client: in-process and over HTTP in alternating passes over the same queries
         # while the server idles between its requests, so that drift on a shared machine falls on both sides
         results["overhead"] = paired_overhead(url + "/search", folder, queries, body, args.rounds)
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:  # where the server ran its searches
+            results["searches_on"] = searches_on(r.read().decode())
     finally:
         server.terminate()
         server.wait(10)
@@ -215,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ov = results["overhead"]
     print(f"one client, {ov['rounds']} alternating passes of {ov['queries']} queries: in-process p50 "
           f"{ov['in_process']['p50']:.2f} ms, HTTP p50 {ov['http']['p50']:.2f} ms; median per-query difference "
-          f"{ov['median_paired_ms']:.2f} ms")
+          f"{ov['median_paired_ms']:.2f} ms; searches by thread, all levels: {results['searches_on']}")
     overhead = ov["http"]["p50"] - ov["in_process"]["p50"]
     results["http_overhead_p50_ms"] = overhead
     results["throughput_ratio"] = {str(r["concurrency"]): r["qps"] / base["qps"] for r in results["levels"]}

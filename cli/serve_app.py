@@ -144,7 +144,7 @@ class Metrics:
             for stage, ms in r.latency_ms.items():
                 self.observe(stage, ms / 1000.0)
 
-    def render(self, generation: int) -> str:
+    def render(self, generation: int, searches_on: dict[str, int] | None = None) -> str:
         with self._lock:
             lines = ["# HELP retr_requests_total HTTP requests by path and status.",
                      "# TYPE retr_requests_total counter"]
@@ -165,6 +165,11 @@ class Metrics:
                 lines.append(f'retr_stage_latency_seconds_count{{stage="{stage}"}} {cum}')
             lines += ["# HELP retr_index_generation Generation of the index folder being served.",
                       "# TYPE retr_index_generation gauge", f"retr_index_generation {generation}"]
+            if searches_on is not None:
+                lines += ["# HELP retr_searches_total Searches by the thread they ran on: the event loop's (one "
+                          "query without reranking from a lone client) or the search threads.",
+                          "# TYPE retr_searches_total counter"]
+                lines += [f'retr_searches_total{{on="{on}"}} {n}' for on, n in searches_on.items()]
         return "\n".join(lines) + "\n"
 
 
@@ -291,7 +296,8 @@ def uvicorn_server(folder: str | Path, cfg: ServeConfig = ServeConfig(), host: s
 
     server = None  # bound below: the app asks for the count only once requests arrive, after the server exists
     app = create_app(folder, cfg, open_connections=lambda: len(server.server_state.connections))
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    # no access log: at the warning level it is never written, but uvicorn formats its fields on every response
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
     return server
 
 
@@ -385,7 +391,8 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.render(generations.number),
+        return PlainTextResponse(metrics.render(generations.number, {"loop": dispatch.inline,
+                                                                     "threads": dispatch.pooled}),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/", response_class=HTMLResponse)

@@ -46,6 +46,8 @@ def test_search_health_metrics_and_docs_over_http(served, capsys):
     status, text = server.request("/metrics")
     assert status == 200 and 'retr_requests_total{path="/search",status="200"} 2' in text
     assert 'retr_stage_latency_seconds_count{stage="total"} 3' in text and "retr_index_generation 1" in text
+    # one query from a lone client on the loop, the batch on the search threads
+    assert 'retr_searches_total{on="loop"} 1' in text and 'retr_searches_total{on="threads"} 1' in text
     status, page = server.request("/")
     assert status == 200 and "<form" in page and "/search" in page
     status, spec = server.request("/openapi.json")
