@@ -4,8 +4,9 @@ Endpoints: ``POST /search`` (one query or a batch; the JSON of `retr search --js
 ``GET /healthz``, ``GET /metrics`` (Prometheus text), ``GET /`` (a search page), OpenAPI at ``/docs``.
 Every input is bounded (query length, k, batch size, body size, time per request); a bad request gets a 4xx
 with a JSON error. Searches run in a worker thread (the event loop never blocks on them; ``Dispatch`` says when
-one lone client's query runs on the loop's thread instead) and share one loaded index and encoder. When the folder is rebuilt or replaced (atomic rename), the next request opens the new
-generation; requests already running finish on the one they started with.
+a lone client's brief query runs on the loop's thread instead) and share one loaded index and encoder. When the
+folder is rebuilt or replaced (atomic rename), the next request opens the new generation; requests already
+running finish on the one they started with.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the endpoint's request model (a class made per app, with
@@ -92,8 +93,8 @@ class Dispatch:
     """Where a search runs. On the pool's threads, so that the event loop never waits on a search and concurrent
     searches run side by side; except brief work (one query, no reranking) while the server holds only the
     connection it came on and no other search is in flight: no other request can then be waiting for the loop, so
-    the query runs on the loop's own thread and saves the two thread hand-offs (0.3-0.4 ms of the HTTP overhead at
-    one client on 2 cores, measured with ``benchmarks/serve_load.py``). A connection that opens meanwhile waits at
+    the query runs on the loop's own thread and saves the two thread hand-offs (about 0.25 ms of the HTTP overhead
+    at one client on 2 cores, measured with ``benchmarks/serve_load.py``: README, "Service"). A connection that opens meanwhile waits at
     most that one first-stage search (a hybrid SciFact query: ~10 ms). ``open_connections``: the ASGI server's
     count of open connections (uvicorn's server state, see ``uvicorn_server``); None where unknown, and then every
     search takes the pool. Batches and reranked queries, which may run long, always take the pool, where the
