@@ -114,8 +114,12 @@ def make_focus(tokenizer, max_length: int) -> Focus:
     from retr.retrieval.bm25 import analyzer
 
     if hasattr(tokenizer, "encode_batch"):
+        from retr.retrieval.backends.batching import ids_only
+
+        encode = ids_only(tokenizer)
+
         def count(texts: list[str]) -> list[int]:
-            return [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+            return [len(e.ids) for e in encode(texts, add_special_tokens=False)]
     else:
         def count(texts: list[str]) -> list[int]:
             return [len(x) for x in tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]]

@@ -216,6 +216,23 @@ def test_fast_pair_tokenizer_equals_transformers_truncation():
     assert max(map(len, ids)) == 24  # the long pair was truncated
 
 
+def test_ids_only_encoding_gives_the_full_encodings_ids_and_falls_back_without_it():
+    from retr.retrieval.backends.batching import _fast_tokenizer_file, ids_only
+    from retr.retrieval.models import bundled_model_path
+
+    tok = _fast_tokenizer_file(bundled_model_path(), 24)
+    assert ids_only(tok) == tok.encode_batch_fast
+    pairs = [("do wolves hunt in packs", t) for t in TEXTS]
+    for items in (TEXTS, pairs):
+        fast, full = ids_only(tok)(items), tok.encode_batch(items)
+        assert [(e.ids, e.type_ids) for e in fast] == [(e.ids, e.type_ids) for e in full]
+
+    class Older:  # a tokenizers release without the offsets-free batch encoding
+        encode_batch = tok.encode_batch
+
+    assert ids_only(Older()) == tok.encode_batch
+
+
 def test_queries_share_the_document_graph_unless_another_query_backend_is_chosen(tiny_bi_encoder, tmp_path):
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
     docs = enc.encode(TEXTS)

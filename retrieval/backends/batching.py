@@ -42,11 +42,18 @@ def fast_tokenizer(model_path: Path | None, max_length: int):
         # in chunks, kept as arrays: a batch's Encoding objects (offsets, masks, truncated overflow) cost ~60x
         # the ids' memory (measured: +330 MB for SciFact's 5,183 documents encoded in one call)
         out = []
+        encode = ids_only(tok)
         for i in range(0, len(texts), TOKENIZE_CHUNK):
-            out.extend(np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(texts[i: i + TOKENIZE_CHUNK]))
+            out.extend(np.asarray(e.ids, dtype=np.int64) for e in encode(texts[i: i + TOKENIZE_CHUNK]))
         return out
 
     return token_ids
+
+
+def ids_only(tok):
+    """``tok``'s batch encoding without character offsets where the tokenizers library has it (the same ids and
+    type ids, measured identical on SciFact's documents and pairs, in 75-85% of the time), else the full one."""
+    return getattr(tok, "encode_batch_fast", tok.encode_batch)
 
 
 def fast_pair_tokenizer(model_path: Path | None, max_length: int):
@@ -56,7 +63,7 @@ def fast_pair_tokenizer(model_path: Path | None, max_length: int):
         return None
 
     def pair_ids(query: str, texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
-        encs = tok.encode_batch([(query, t) for t in texts])
+        encs = ids_only(tok)([(query, t) for t in texts])
         return [e.ids for e in encs], [e.type_ids for e in encs]
 
     return pair_ids
