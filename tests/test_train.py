@@ -137,8 +137,13 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     if teacher:
         labels = np.asarray(made["ds"]["labels"])
         assert m["teacher"] == str(tiny_cross_encoder) and labels.shape == (m["train_lists"], 3)
+        from retr.retrieval.models import hash_model_dir
+
+        assert m["teacher_hash"] == hash_model_dir(tiny_cross_encoder)  # which teacher, by its files
         np.testing.assert_allclose(labels, [mixed_target(row, 0.7) for row in seen["logits"]], rtol=1e-6)
         assert all(len(d) == 3 for d in seen["docs"]) and len(seen["docs"]) == m["train_lists"]
+    else:
+        assert m["teacher"] is None and m["teacher_hash"] is None
     assert m["layers"] == (layers or 2) and json.loads((out / "config.json").read_text())["num_hidden_layers"] == m["layers"]
     assert m["config"]["distill"] == distill and m["inputs"] == inputs
     # lists from the corpus alone come on top of the judged ones (each has enough first-stage negatives here)
@@ -287,6 +292,9 @@ def test_tiny_training_with_a_cross_encoder_teacher(tiny_train, tiny_bi_encoder,
     assert student_units(student, labels, pairs, negatives, doc_text, 40.0) == pytest.approx(factor * 2)
     m = train_bi_encoder(tmp_path / "bi", cfg, dataset=ds)
     assert m["config"]["teacher"] == str(tiny_cross_encoder) and m["loss_history"] and m["teacher_factor"] > 0
+    from retr.retrieval.models import hash_model_dir
+
+    assert m["teacher"] == str(tiny_cross_encoder) and m["teacher_hash"] == hash_model_dir(tiny_cross_encoder)
     with pytest.raises(RetrError, match="--teacher needs"):
         BiEncoderTrainConfig(teacher=str(tiny_cross_encoder), num_negatives=0)
 

@@ -30,6 +30,7 @@ from retr.train.common import (
 )
 from retr.train.data import labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
 from retr.train.negatives import mine_bm25_negatives, temporary_bm25
+from retr.train.teacher import teacher_record
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +194,8 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     extra = {
         "base": cfg.base_name, "train_pairs": len(train_pairs), **frozen, "dev_queries": len(dev_queries),
         "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
-        "dev_ndcg@10_before": base_dev, "precision": precision, "teacher_factor": teacher_factor, **result,
+        "dev_ndcg@10_before": base_dev, "precision": precision, "teacher_factor": teacher_factor,
+        **teacher_record(cfg.teacher), **result,
         "train_seconds": seconds,
         "wall_seconds_per_epoch": seconds / max(1, cfg.epochs),
     }

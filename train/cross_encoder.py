@@ -35,6 +35,7 @@ from retr.train.common import (
     write_output,
 )
 from retr.train.data import Pair, labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
+from retr.train.teacher import teacher_record
 
 logger = logging.getLogger(__name__)
 
@@ -258,6 +259,6 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
         "corpus_pairs_sha256": pairs_digest(corpus_pairs), **kept, **frozen, "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
         "precision": precision, "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
-        "interpolation": alpha, "interpolation_rule": WEIGHT_RULE, "teacher": cfg.teacher, "inputs": cfg.inputs, "dev_ndcg@10_by_interpolation": alpha_curve,
+        "interpolation": alpha, "interpolation_rule": WEIGHT_RULE, **teacher_record(cfg.teacher), "inputs": cfg.inputs, "dev_ndcg@10_by_interpolation": alpha_curve,
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-cross-encoder", cfg, extra)

@@ -1,4 +1,4 @@
-"""A trained cross-encoder as a teacher: its scores for the bi-encoder trainer's lists."""
+"""A trained cross-encoder as a teacher: its scores for the lists of the bi-encoder and cross-encoder trainers."""
 
 from __future__ import annotations
 
@@ -34,6 +34,15 @@ def teacher_logits(teacher: str, queries: Sequence[str], docs: Sequence[Sequence
     logger.info("teacher: judged positive first in %.1f%% of lists, mean margin over the negatives %.2f",
                 100 * float(np.mean(logits.argmax(1) == 0)), float(np.mean(logits[:, :1] - logits[:, 1:])))
     return logits
+
+
+def teacher_record(teacher: str | None) -> dict:
+    """What the output's manifest says of the teacher: its folder and the hash of its files (None: no teacher)."""
+    if teacher is None:
+        return {"teacher": None, "teacher_hash": None}
+    from retr.retrieval.models import ModelRef
+
+    return {"teacher": teacher, "teacher_hash": ModelRef.resolve(teacher).hash}
 
 
 def student_units(model, teacher: np.ndarray, pairs: Sequence[Pair], negatives: Sequence[Sequence[str]],
