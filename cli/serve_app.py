@@ -105,7 +105,7 @@ class Dispatch:
         self.timeout_s = timeout_s
         self.open_connections = open_connections
         self.in_flight = 0  # searches on the pool (read and written on the event loop's thread only)
-        self.inline = self.pooled = 0  # searches run on the loop and on the pool, counted for tests
+        self.inline = self.pooled = 0  # searches run on the loop and on the pool (/metrics: retr_searches_total)
 
     async def run(self, fn: Callable, *args, brief: bool):
         if brief and not self.in_flight and self.open_connections is not None and self.open_connections() <= 1:

@@ -122,13 +122,11 @@ def sample_corpus_pairs(dataset: Dataset, n: int, seed: int) -> tuple[list[Pair]
     return chosen, {p.positive_id: positives[p.positive_id] for p in chosen}
 
 
-def teacher_labels(cfg: CrossEncoderTrainConfig, lists) -> list[list[float]]:
-    """ListNet labels of each (pair, ranking, negatives, texts) list from ``cfg.teacher``'s logits."""
+def teacher_labels(cfg: CrossEncoderTrainConfig, queries: list[str], doc_lists: list[list[str]]) -> list[list[float]]:
+    """ListNet labels of each query's documents (the judged positive first) from ``cfg.teacher``'s logits."""
     from retr.train.teacher import teacher_logits
 
-    logits = teacher_logits(cfg.teacher, [p.query for p, _, _, _ in lists],
-                            [[of[d] for d in (p.positive_id, *negatives)] for p, _, negatives, of in lists])
-    return [mixed_target(row, cfg.distill) for row in logits]
+    return [mixed_target(row, cfg.distill) for row in teacher_logits(cfg.teacher, queries, doc_lists)]
 
 
 def first_stage_runs(dataset: Dataset, model: str | None, queries: dict[str, str], depth: int):
@@ -214,11 +212,14 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
 
     base_path = ModelRef.resolve(cfg.base).path
     read = reader(cfg.inputs, base_path, cfg.max_length)  # the base model's tokenizer counts
-    read_lists = [read(p.query, [of[d] for d in (p.positive_id, *negatives)]) for p, _, negatives, of in lists]
-    columns: dict[str, list] = {"query": [p.query for p, _, _, _ in lists]}
+    queries = [p.query for p, _, _, _ in lists]
+    doc_lists = [[of[d] for d in (p.positive_id, *negatives)] for p, _, negatives, of in lists]  # positive first
+    read_lists = [read(q, docs) for q, docs in zip(queries, doc_lists, strict=True)]
+    columns: dict[str, list] = {"query": queries}
     if cfg.distill:
         columns["docs"] = read_lists
-        columns["labels"] = teacher_labels(cfg, lists) if cfg.teacher else [labels(*one) for one in lists]
+        columns["labels"] = (teacher_labels(cfg, queries, doc_lists) if cfg.teacher
+                             else [labels(*one) for one in lists])
     else:
         columns["positive"] = [docs[0] for docs in read_lists]
         for j in range(cfg.num_negatives):
