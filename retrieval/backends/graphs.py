@@ -36,8 +36,8 @@ logger = logging.getLogger(__name__)
 GRAPH_KIND = "retr-onnx"
 # how graphs are exported (export.torch_export); a cached graph of another generation is exported again, so that
 # a machine's int8 graphs and the scores they give do not depend on when its cache was filled. 2: TorchScript's
-# exporter first, dynamo where it fails (1: dynamo alone)
-EXPORT_GENERATION = 2
+# exporter first, dynamo where it fails (1: dynamo alone); 3: with eager attention (export.eager_attention)
+EXPORT_GENERATION = 3
 
 
 @dataclass(frozen=True)
