@@ -21,7 +21,15 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from retr.eval.regress import for_this_cpu, load_expected, markdown_table, measure, outcome_table
+    from retr.eval.regress import (
+        for_this_cpu,
+        for_this_export,
+        load_expected,
+        markdown_table,
+        measure,
+        outcome_table,
+    )
+    from retr.retrieval.backends.graphs import EXPORT_GENERATION
     from retr.retrieval.backends.runners import cpu_kind
 
     entries = load_expected(args.file)
@@ -34,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     entries, other = for_this_cpu(entries, kind)
     if other:
         print(f"{other} expected score(s) measured on another kind of CPU skipped (this one: {kind})")
+    entries, older = for_this_export(entries, EXPORT_GENERATION)
+    if older:
+        print(f"{older} expected score(s) of this kind of CPU measured with graphs exported another way skipped "
+              f"(this retr exports generation {EXPORT_GENERATION}): measure them again")
     if not entries:
         print(f"no expected scores for this kind of CPU ({kind}) in {args.file}: nothing measured")
         return 0

@@ -11,6 +11,8 @@ runner that measures them all again and reports every drift.
     options = { kind = "flat" }  # eval options: backend, query_backend, model, reranker, kind, fusion,
                                  # fusion_depth, split
     cpu = "bf16+int8"            # measured on this kind of CPU (runners.cpu_kind()); absent: the same on any CPU
+    export = 3                   # measured with graphs of this export generation (graphs.EXPORT_GENERATION);
+                                 # absent: no exported graph involved (BM25)
 
 ``model`` and ``reranker`` name a folder: a path, or a name under ``--models DIR`` (trained models are not in the
 repository; a file of trained figures says in its comments which `retr train` command makes each one). A
@@ -18,7 +20,10 @@ repository; a file of trained figures says in its comments which `retr train` co
 
 Entries sharing a dataset and options are measured in one `retr eval` (every pipeline they name at once). An entry
 with a ``cpu`` is measured only on that kind of CPU: exported graphs compute in bf16 or fp32, and use int8 or not,
-by the CPU (a dense figure moves by up to 0.005 between them on the small collections).
+by the CPU (a dense figure moves by up to 0.005 between them on the small collections). An entry with an
+``export`` is measured only by a retr that exports its graphs the same way: another export procedure gives other
+graphs, whose bf16 and int8 rounding move a dense figure as much; such entries are skipped, and said so, until
+someone measures them again on their kind of CPU.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class Expected:
     tier: str = "full"
     options: dict = field(default_factory=dict)
     cpu: str | None = None  # the CPU kind it was measured on (runners.cpu_kind()); None: any
+    export: int | None = None  # the graphs' export generation it was measured with; None: no graph involved
     line: int = 0  # the entry's position in its file, for messages
     source: str = ""  # the file it came from, for messages
 
@@ -99,7 +105,8 @@ def load_expected(path: str | Path) -> list[Expected]:
         missing = [k for k in ("dataset", "pipeline", "metric", "value", "tolerance") if k not in e]
         if missing:
             raise RetrError(f"{where}: missing {', '.join(missing)}")
-        unknown = sorted(set(e) - {"dataset", "pipeline", "metric", "value", "tolerance", "tier", "options", "cpu"})
+        unknown = sorted(set(e) - {"dataset", "pipeline", "metric", "value", "tolerance", "tier", "options", "cpu",
+                                 "export"})
         if unknown:
             raise RetrError(f"{where}: unknown key {unknown[0]!r}")
         options = e.get("options", {})
@@ -124,8 +131,11 @@ def load_expected(path: str | Path) -> list[Expected]:
         cpu = e.get("cpu")
         if cpu is not None and not isinstance(cpu, str):
             raise RetrError(f"{where}: cpu must be a string such as \"bf16+int8\" or \"fp32\"")
+        export = e.get("export")
+        if export is not None and (type(export) is not int or export < 1):
+            raise RetrError(f"{where}: export must be a graph export generation, an integer >= 1")
         out.append(Expected(str(e["dataset"]), str(e["pipeline"]), str(e["metric"]), value, tolerance, tier,
-                            dict(options), cpu, i, str(path)))
+                            dict(options), cpu, export, i, str(path)))
     return out
 
 
@@ -133,6 +143,13 @@ def for_this_cpu(entries: Sequence[Expected], kind: str) -> tuple[list[Expected]
     """The entries that apply on a CPU of ``kind`` (``runners.cpu_kind()``), and how many were measured on another
     kind."""
     kept = [e for e in entries if e.cpu is None or e.cpu == kind]
+    return kept, len(entries) - len(kept)
+
+
+def for_this_export(entries: Sequence[Expected], generation: int) -> tuple[list[Expected], int]:
+    """The entries measured with graphs of export ``generation`` (``graphs.EXPORT_GENERATION``) or with none, and
+    how many were measured with graphs exported another way."""
+    kept = [e for e in entries if e.export is None or e.export == generation]
     return kept, len(entries) - len(kept)
 
 
@@ -214,10 +231,11 @@ def outcome_table(outcomes: Sequence[Outcome]) -> str:
 
 def markdown_table(entries: Sequence[Expected]) -> str:
     """The expected figures as the README shows them (generated from the file, never typed by hand)."""
-    lines = ["| dataset | pipeline | options | metric | CPU | expected | tolerance |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| dataset | pipeline | options | metric | CPU | graphs | expected | tolerance |",
+             "|---|---|---|---|---|---|---|---|"]
     for e in entries:
         opts = ", ".join(f"{k}={v}" for k, v in sorted(e.options.items())) or "defaults"
-        lines.append(f"| {e.dataset} | {e.pipeline} | {opts} | {e.metric} | {e.cpu or 'any'} | {e.value:.4f} "
-                     f"| ±{e.tolerance:g} |")
+        graphs = f"export {e.export}" if e.export is not None else "-"
+        lines.append(f"| {e.dataset} | {e.pipeline} | {opts} | {e.metric} | {e.cpu or 'any'} | {graphs} "
+                     f"| {e.value:.4f} | ±{e.tolerance:g} |")
     return "\n".join(lines)

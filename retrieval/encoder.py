@@ -163,10 +163,12 @@ class BiEncoder:
     def corpus_graph_id(self) -> str:
         """What names the graph a corpus goes through, for cache keys: the backend; for a calibrated one the sample
         it is calibrated on (another retr sample, another graph, other vectors), or its base graph on a CPU where
-        int8 does not pay; for an exported one how it was exported (``graphs.EXPORT_GENERATION``)."""
+        int8 does not pay; for an exported one how it was exported (``graphs.EXPORT_GENERATION``) and the precision
+        it computes in on this CPU (bf16 or fp32: a cache shared by machines of both kinds holds both vectors)."""
         if self.graph is None:
             return self.backend
-        export = f"/export{EXPORT_GENERATION}"  # another export procedure, other graphs, other vectors
+        # another export procedure or another precision: other graphs, other vectors
+        export = f"/export{EXPORT_GENERATION}/{self.graph.precision}"
         if self.corpus_backend == self.backend and get_backend(self.config.backend).calibrated:
             return f"{self.backend}@{self.calibration.digest[:16]}{export}"
         return f"{self.corpus_backend}{export}"

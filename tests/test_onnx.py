@@ -342,6 +342,10 @@ def test_static_int8_is_used_only_where_the_cpu_has_int8_dot_products_and_no_amx
             assert runners.int8_pays() is (forced == "1")
             monkeypatch.delenv("RETR_INT8_DOT")
         assert registry.get_backend(DEFAULT).pays() is pays
+        for forced, precision in (("0", "fp32"), ("1", "bf16")):  # RETR_BF16 overrides the native precision
+            monkeypatch.setenv("RETR_BF16", forced)
+            assert runners.native_precision() == precision and runners.cpu_kind().startswith(precision)
+            monkeypatch.delenv("RETR_BF16")
 
 
 def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_nothing_is_calibrated(
@@ -364,6 +368,10 @@ def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_not
     np.testing.assert_array_equal(encoded.embeddings, enc.encode(corpus))
     base_id = enc.corpus_graph_id  # embedding cache keys name the graph the corpus really went through
     assert base_id.startswith("openvino/") and calls == []
+    other = "0" if enc.graph.precision == "bf16" else "1"  # the same graph computing in the other precision
+    monkeypatch.setenv("RETR_BF16", other)
+    assert BiEncoder(EncoderConfig(model=str(tiny_bi_encoder))).corpus_graph_id not in ("", base_id)
+    monkeypatch.delenv("RETR_BF16")
     r = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="openvino-int8", max_length=64))
     base = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="openvino", max_length=64))
     assert r.backend == "openvino" and calls == []

@@ -61,6 +61,8 @@ def test_regress_passes_on_measured_scores_and_fails_on_drift(tiny_dataset, tiny
     ('[[expect]]\ndataset="a"\npipeline="bm25"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\noptions={gpu=1}\n',
      "unknown option 'gpu'"),
     ("[[expect]\n", "not valid TOML"),
+    ('[[expect]]\ndataset="a"\npipeline="dense"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\nexport="3"\n',
+     "export must be a graph export generation"),
     ('[[expect]]\ndataset="a"\npipeline="bm25+x"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\n', "unknown pipeline"),
 ])
 def test_bad_expected_files_are_refused(tmp_path, capsys, text, message):
@@ -90,6 +92,29 @@ def test_expected_scores_of_another_kind_of_cpu_are_skipped_and_said_so(tmp_path
     assert main(["regress", str(path)]) == 0  # nothing of this CPU's kind: nothing measured, and said
     out = capsys.readouterr().out
     assert "1 expected score(s) measured on another kind of CPU skipped" in out and "nothing measured" in out
+
+
+def test_expected_scores_of_graphs_exported_another_way_are_skipped_and_said_so(tmp_path, capsys):
+    """A figure measured with graphs of another export generation is not checked against today's graphs (their
+    rounding differs): skipped, and the runner says how many and why; one of today's generation is measured."""
+    from retr.eval.regress import for_this_export
+    from retr.retrieval.backends.graphs import EXPORT_GENERATION
+    from retr.retrieval.backends.runners import cpu_kind
+
+    entries = load_expected(SCORES)
+    assert {e.export for e in entries if e.cpu is None} == {None}  # BM25: no graph
+    assert all(e.export is not None for e in entries if e.cpu is not None)  # dense and hybrid name their graphs
+    assert any(e.export == EXPORT_GENERATION for e in entries)
+    kept, older = for_this_export(entries, EXPORT_GENERATION)
+    assert older == sum(e.export not in (None, EXPORT_GENERATION) for e in entries)
+    assert all(e.export in (None, EXPORT_GENERATION) for e in kept)
+    path = tmp_path / "e.toml"
+    path.write_text(f'[[expect]]\ndataset="adi"\npipeline="dense"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\n'
+                    f'cpu="{cpu_kind()}"\nexport={EXPORT_GENERATION - 1}\n')
+    assert main(["regress", str(path)]) == 0  # nothing left to measure: nothing measured, and said why
+    out = capsys.readouterr().out
+    assert "1 expected score(s) of this kind of CPU measured with graphs exported another way skipped" in out
+    assert f"generation {EXPORT_GENERATION}" in out and "nothing measured" in out
 
 
 @pytest.mark.parametrize("name", ["scores.toml", "trained.toml"])

@@ -37,15 +37,16 @@ CHECK_TEXTS = (
 
 # -- export ---------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def eager_attention(hf_model) -> Iterator[None]:
+def eager_attention(hf_model, on: bool = True) -> Iterator[None]:
     """``hf_model`` computing attention as plain matmuls and softmax (transformers' eager attention) while it is
     exported, its own attention back after. TorchScript's export of torch's SDPA attention is a decomposed graph
     (masking through IsNaN/Select) that OpenVINO does not fuse; the eager graph becomes OpenVINO's fused attention
     (a "Subgraph" node). Measured on an AMX Xeon, bf16, one thread, alternating: MiniLM 32 x 256 tokens 521 against
     718 ms (1.38x), 16 x 128 102 against 113 ms, one 16-token query 2.52 against 2.63 ms; the SciFact
     cross-encoder 10 x 128 pairs 117 against 129 ms (README, "Graphs with fused attention"). The same function,
-    outputs within bf16 noise of each other. A model without a settable implementation is exported as it is."""
-    setter = getattr(hf_model, "set_attn_implementation", None)
+    outputs within bf16 noise of each other. A model without a settable implementation is exported as it is; so is
+    any model with ``on`` False (benchmarks/attention_export.py times both)."""
+    setter = getattr(hf_model, "set_attn_implementation", None) if on else None
     before = getattr(getattr(hf_model, "config", None), "_attn_implementation", None)
     try:
         if setter is not None and before not in (None, "eager"):
@@ -79,7 +80,7 @@ def _check_layout(st_model) -> None:
         raise RetrError(f"ONNX export supports Transformer + Pooling (+ Normalize) models, not {names}")
 
 
-def export_embedding(st_model, path: Path) -> None:
+def export_embedding(st_model, path: Path, eager: bool = True) -> None:
     """Export transformer + pooling + normalisation to ``path`` with dynamic batch/sequence axes."""
     import torch
 
@@ -102,11 +103,11 @@ def export_embedding(st_model, path: Path) -> None:
             return torch.nn.functional.normalize(emb, dim=-1)
 
     ex = st_model.tokenizer(["hello world", "a somewhat longer example sentence"], return_tensors="pt", padding=True)
-    with eager_attention(hf):
+    with eager_attention(hf, eager):
         torch_export(Embed(hf).eval(), ex, ["input_ids", "attention_mask"], "sentence_embedding", path)
 
 
-def export_scoring(ce_model, path: Path) -> None:
+def export_scoring(ce_model, path: Path, eager: bool = True) -> None:
     """Export a sentence-transformers CrossEncoder's model to ``path``: (ids, mask, types) -> one logit each."""
     import torch
 
@@ -123,7 +124,7 @@ def export_scoring(ce_model, path: Path) -> None:
 
     ex = ce_model.tokenizer([("a query", "a document"), ("another query", "a somewhat longer document text")],
                             return_tensors="pt", padding=True, return_token_type_ids=True)
-    with eager_attention(hf):
+    with eager_attention(hf, eager):
         torch_export(Score(hf).eval(), ex, ["input_ids", "attention_mask", "token_type_ids"], "score", path)
 
 

@@ -24,13 +24,22 @@ def _cpu_flags() -> frozenset[str]:
 
 def cpu_has_bf16() -> bool:
     """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX), from /proc/cpuinfo; False elsewhere.
-    The one check for training (bf16 autocast) and inference (OpenVINO's precision hint)."""
+    The one check for training (bf16 autocast) and inference (OpenVINO's precision hint). ``RETR_BF16=0`` / ``1``
+    overrides the reading (fp32 graphs and training on a bf16 CPU: the figures of an fp32 machine, measured here)."""
+    forced = os.environ.get("RETR_BF16")
+    if forced in ("0", "1"):
+        return forced == "1"
     return not _cpu_flags().isdisjoint({"avx512_bf16", "amx_bf16"})
 
 
 def cpu_has_int8_dot() -> bool:
     """Whether this CPU multiplies int8 in one instruction (AVX-512 VNNI, AVX-VNNI or AMX), from /proc/cpuinfo."""
     return not _cpu_flags().isdisjoint({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles for bf16 (Intel Sapphire Rapids and later), from /proc/cpuinfo."""
+    return "amx_bf16" in _cpu_flags()
 
 
 def int8_pays() -> bool:
@@ -44,7 +53,7 @@ def int8_pays() -> bool:
     forced = os.environ.get("RETR_INT8_DOT")
     if forced in ("0", "1"):
         return forced == "1"
-    return cpu_has_int8_dot() and "amx_bf16" not in _cpu_flags()
+    return cpu_has_int8_dot() and not cpu_has_amx()
 
 
 def native_precision() -> str:
