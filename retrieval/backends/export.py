@@ -41,11 +41,11 @@ def eager_attention(hf_model, on: bool = True) -> Iterator[None]:
     """``hf_model`` computing attention as plain matmuls and softmax (transformers' eager attention) while it is
     exported, its own attention back after. TorchScript's export of torch's SDPA attention is a decomposed graph
     (masking through IsNaN/Select) that OpenVINO does not fuse; the eager graph becomes OpenVINO's fused attention
-    (a "Subgraph" node). Measured on an AMX Xeon, bf16, one thread, alternating: MiniLM 32 x 256 tokens 521 against
-    718 ms (1.38x), 16 x 128 102 against 113 ms, one 16-token query 2.52 against 2.63 ms; the SciFact
-    cross-encoder 10 x 128 pairs 117 against 129 ms (README, "Graphs with fused attention"). The same function,
-    outputs within bf16 noise of each other. A model without a settable implementation is exported as it is; so is
-    any model with ``on`` False (benchmarks/attention_export.py times both)."""
+    (a "Subgraph" node). Measured on an AMX Xeon, one thread, alternating (benchmarks/attention_export.py): MiniLM
+    in bf16, 32 x 256 tokens 516 against 718 ms (1.39x), a 16-token query 1.90 against 1.95 ms; in fp32 1.25x at
+    32 x 256; the SciFact cross-encoder, 10 x 128 pairs, 58.0 against 62.5 ms (README, "Graphs with fused
+    attention"). The same function: fp32 outputs within 2.5e-7, bf16 ones within its rounding. A model without a
+    settable implementation is exported as it is; so is any model with ``on`` False (the benchmark times both)."""
     setter = getattr(hf_model, "set_attn_implementation", None) if on else None
     before = getattr(getattr(hf_model, "config", None), "_attn_implementation", None)
     try:
