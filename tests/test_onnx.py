@@ -460,3 +460,39 @@ def test_the_feed_forward_int8_backend_quantises_only_the_feed_forward_matmuls(t
     assert matmuls == matmuls_ffn and 0 < ffn < full  # the same graph, fewer MatMuls fed through int8
     plain = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino")).encode(corpus)
     assert (ffn_emb * plain).sum(1).min() >= 0.97 and not np.array_equal(ffn_emb, full_emb)
+
+
+@pytest.mark.parametrize("kind", ["bi", "ce"])
+def test_graphs_are_exported_with_eager_attention_and_compute_what_sdpas_export_does(
+        kind, tiny_bi_encoder, tiny_cross_encoder, tmp_path):
+    """Export generation 3: attention exported as transformers' eager matmuls and softmax (which OpenVINO fuses),
+    not TorchScript's decomposition of SDPA (IsNaN/Where masking); the same outputs (fp32); the model keeps its
+    own attention implementation after the export."""
+    import onnx
+    import onnxruntime as ort
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+
+    from retr.retrieval.backends.export import export_embedding, export_scoring
+
+    if kind == "bi":
+        model = SentenceTransformer(str(tiny_bi_encoder), device="cpu")
+        hf, export = model[0].auto_model, export_embedding
+        feeds = dict(model.tokenizer(["wolves in forests", "a much longer text about wolves and rivers"],
+                                     padding=True, return_tensors="np"))
+        feeds.pop("token_type_ids", None)
+    else:
+        model = CrossEncoder(str(tiny_cross_encoder), device="cpu")
+        hf, export = model.model, export_scoring
+        feeds = dict(model.tokenizer([("wolves", "wolves in forests"), ("rivers", "a much longer text about rivers")],
+                                     padding=True, return_tensors="np", return_token_type_ids=True))
+    hf.set_attn_implementation("sdpa")
+    outputs, ops = {}, {}
+    for eager in (True, False):
+        path = tmp_path / f"{kind}-{eager}.onnx"
+        export(model, path, eager=eager)
+        assert hf.config._attn_implementation == "sdpa"  # given back after the export
+        ops[eager] = {n.op_type for n in onnx.load(str(path)).graph.node}
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        outputs[eager] = session.run(None, {k: v.astype(np.int64) for k, v in feeds.items()})[0]
+    assert "IsNaN" in ops[False] and "IsNaN" not in ops[True] and "Softmax" in ops[True]
+    np.testing.assert_allclose(outputs[True], outputs[False], atol=1e-5)
