@@ -118,8 +118,9 @@ def test_openvino_backend_is_close_to_torch_and_cached_as_ir(tiny_bi_encoder, tm
 
 
 def test_an_export_torchscript_cannot_make_comes_from_dynamo_and_older_exports_are_redone(tiny_bi_encoder, tmp_path,
-                                                                                         monkeypatch):
+                                                                                         monkeypatch, caplog):
     import json
+    import logging
 
     from retr.retrieval.backends import export, graphs
 
@@ -139,7 +140,12 @@ def test_an_export_torchscript_cannot_make_comes_from_dynamo_and_older_exports_a
     assert graphs.find_cached(enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, tmp_path / "c") is not None
     meta["export_generation"] = 1  # cached by an older export procedure: exported again, not used
     (folder / "manifest.json").write_text(json.dumps(meta))
-    assert graphs.find_cached(enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, tmp_path / "c") is None
+    with caplog.at_level(logging.INFO, logger="retr.retrieval.backends.graphs"):
+        assert graphs.find_cached(enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, tmp_path / "c") is None
+    assert not folder.exists()
+    said = [r for r in caplog.records if "earlier procedure (generation 1" in r.getMessage()]
+    assert said and all(r.levelno == logging.INFO for r in said)  # an old graph is not a damaged one
+    assert not any("damaged" in r.getMessage() for r in caplog.records)
 
 
 def test_verify_scores_a_good_export_near_one(tiny_bi_encoder, tmp_path):

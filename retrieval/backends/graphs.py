@@ -123,9 +123,13 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
         return None
     if meta.get("model_hash") != model_hash or check < backend.floor(kind) or backend.file not in files \
             or (calibration is not None and meta.get("calibration") != calibration.digest) \
-            or (backend.noise_bound(kind) is not None and meta.get("rank_noise", 0.0) > backend.noise_bound(kind)) \
-            or meta.get("export_generation", 1) != EXPORT_GENERATION:
-        _discard(folder, "its manifest names another model, backend, calibration or export, or a looser check")
+            or (backend.noise_bound(kind) is not None and meta.get("rank_noise", 0.0) > backend.noise_bound(kind)):
+        _discard(folder, "its manifest names another model, backend or calibration, or a looser check")
+        return None
+    if meta.get("export_generation", 1) != EXPORT_GENERATION:  # exported the way an earlier retr did: not damaged
+        logger.info("cached graph %s was exported by an earlier procedure (generation %s, now %s): exported again",
+                    folder, meta.get("export_generation", 1), EXPORT_GENERATION)
+        shutil.rmtree(folder, ignore_errors=True)
         return None
     precision = backend.precision()
     if meta.get("precision") != precision:  # verified in another precision (another CPU): verify again
