@@ -382,10 +382,9 @@ class CrossEncoderReranker:
             return ce_logits(self.model, [(query, t) for t in texts], self.config.batch_size)
         ids, types = self._pair_ids(query, texts)
         runner = self.graph.runner
-        # one query's pairs split over the runner's parallel streams (OpenVINO: one per core)
-        budget = min(self.config.token_budget, -(-sum(len(t) for t in ids) // runner.parallel))
-        return run_sorted(runner, ids, budget, np.empty(len(texts), dtype=np.float32),
-                          extra_rows={"token_type_ids": types})
+        # one query's pairs in batches balanced over the runner's parallel streams (OpenVINO: one per core)
+        return run_sorted(runner, ids, self.config.token_budget, np.empty(len(texts), dtype=np.float32),
+                          extra_rows={"token_type_ids": types}, parts=runner.parallel)
 
     def describe(self) -> dict:
         return {"path": str(self.path), "hash": self.model_hash, "depth": self.config.depth,

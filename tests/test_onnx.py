@@ -502,3 +502,49 @@ def test_graphs_are_exported_with_eager_attention_and_compute_what_sdpas_export_
         outputs[eager] = session.run(None, {k: v.astype(np.int64) for k, v in feeds.items()})[0]
     assert "IsNaN" in ops[False] and "IsNaN" not in ops[True] and "Softmax" in ops[True]
     np.testing.assert_allclose(outputs[True], outputs[False], atol=1e-5)
+
+
+def _batches(lengths, budget, parts=1):
+    from retr.retrieval.backends.batching import length_batches
+
+    return [(idx.tolist(), width, mask) for idx, width, mask in length_batches(np.asarray(lengths), budget, parts)]
+
+
+def test_length_batches_cover_every_text_once_padded_to_their_widest():
+    rng = np.random.default_rng(3)
+    for parts in (1, 2, 3):
+        for _ in range(50):
+            lengths = rng.integers(1, 130, rng.integers(1, 40))
+            batches = _batches(lengths, int(rng.choice([256, 1024, 8192])), parts)
+            seen = sorted(i for idx, _, _ in batches for i in idx)
+            assert seen == list(range(len(lengths)))
+            for idx, width, mask in batches:
+                assert width >= max(lengths[i] for i in idx) and mask.shape == (len(idx), width)
+                assert mask.sum(1).tolist() == [lengths[i] for i in idx]
+
+
+def test_one_querys_pairs_are_balanced_over_the_streams():
+    """A query's 20 cross-encoder pairs on 2 streams: two batches of 10, where the plain token budget split them
+    9 + 9 + 2 (the last two then waited for a stream). With ``parts`` there are at most as many batches as the
+    budget needs rounded up to a multiple of ``parts``, and the largest padded batch is the smallest that any
+    contiguous split into that many reaches (brute force)."""
+    import itertools
+
+    from retr.retrieval.backends.batching import WIDTH_STEP
+
+    lengths = [128] * 17 + [120, 96, 70]
+    old = _batches(lengths, -(-sum(lengths) // 2))  # what the reranker asked for before
+    assert [len(i) for i, _, _ in old] == [9, 9, 2]
+    assert [len(i) for i, _, _ in _batches(lengths, 8192, parts=2)] == [10, 10]
+    assert [len(i) for i, _, _ in _batches(lengths, 8192)] == [20]  # one stream: the budget alone, as before
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        n, parts = int(rng.integers(2, 12)), int(rng.integers(2, 4))
+        lengths = np.sort(rng.integers(1, 100, n))[::-1]
+        budget = int(rng.choice([128, 512, 8192]))
+        got = _batches(lengths, budget, parts)
+        wanted = -(-len(_batches(lengths, budget)) // parts) * parts
+        widths = [min(-(-int(x) // WIDTH_STEP) * WIDTH_STEP, int(lengths.max())) for x in lengths]
+        best = min(max((b - a) * widths[a] for a, b in zip((0,) + cuts, cuts + (n,), strict=True))
+                   for k in range(min(wanted, n)) for cuts in itertools.combinations(range(1, n), k))
+        assert len(got) <= wanted and max(len(i) * w for i, w, _ in got) == best, (lengths.tolist(), budget, parts)

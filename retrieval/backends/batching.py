@@ -78,18 +78,51 @@ def fast_pair_tokenizer(model_path: Path | None, max_length: int):
 WIDTH_STEP = 16
 
 
-def length_batches(lengths: np.ndarray, token_budget: int):
-    """Yield ``(indices, width, attention mask)``: longest first, as many texts per batch as fit ``token_budget``
-    padded tokens, each batch padded to its own longest text rounded up to ``WIDTH_STEP``."""
+def _greedy_sizes(widths: np.ndarray, cap: int) -> list[int]:
+    """Batch sizes over ``widths`` (descending): each batch as many texts as fit ``cap`` padded tokens at its
+    first (widest) text's width, at least one."""
+    sizes, start = [], 0
+    while start < len(widths):
+        size = max(1, min(cap // max(int(widths[start]), 1), len(widths) - start))
+        sizes.append(size)
+        start += size
+    return sizes
+
+
+def _balanced_sizes(widths: np.ndarray, token_budget: int, parts: int) -> list[int]:
+    """Batch sizes that run on ``parts`` streams at once with the least padded tokens in the largest batch: as many
+    batches as ``token_budget`` needs, rounded up to a multiple of ``parts``, and the smallest per-batch cap that
+    packs ``widths`` (descending) into that many (greedy packing under a cap is optimal for contiguous batches of
+    descending widths). A query's 20 cross-encoder pairs on 2 streams: two batches of 10, not 9 + 9 + 2 (the two
+    left over waiting for a stream)."""
+    budget = max(token_budget, int(widths[0]))
+    wanted = -(-len(_greedy_sizes(widths, budget)) // parts) * parts
+    lo, hi = int(widths[0]), budget
+    while lo < hi:  # the smallest cap that needs at most ``wanted`` batches
+        mid = (lo + hi) // 2
+        if len(_greedy_sizes(widths, mid)) <= wanted:
+            hi = mid
+        else:
+            lo = mid + 1
+    return _greedy_sizes(widths, lo)
+
+
+def length_batches(lengths: np.ndarray, token_budget: int, parts: int = 1):
+    """Yield ``(indices, width, attention mask)``: longest first, each batch padded to its own longest text rounded
+    up to ``WIDTH_STEP``; as many texts per batch as fit ``token_budget`` padded tokens, or with ``parts`` > 1 (a
+    runner's parallel streams) in batches balanced to run ``parts`` at a time (``_balanced_sizes``)."""
     order = np.argsort(-lengths, kind="stable")
-    longest = int(lengths.max()) if len(lengths) else 1
-    budget = max(token_budget, longest)
+    if not len(order):
+        return
+    longest = int(lengths.max())
+    # the longest in each batch (sorted descending), rounded up: at most WIDTH_STEP - 1 padded tokens per text
+    widths = np.minimum(-(-lengths[order] // WIDTH_STEP) * WIDTH_STEP, longest)
+    sizes = _balanced_sizes(widths, token_budget, parts) if parts > 1 \
+        else _greedy_sizes(widths, max(token_budget, longest))
     start = 0
-    while start < len(order):
-        # the longest in this batch (sorted descending), rounded up: at most WIDTH_STEP - 1 padded tokens per text
-        width = min(-(-int(lengths[order[start]]) // WIDTH_STEP) * WIDTH_STEP, longest)
-        size = max(1, min(budget // max(width, 1), len(order) - start))
+    for size in sizes:
         idx = order[start:start + size]
+        width = int(widths[start])
         yield idx, width, attention_mask(lengths[idx], width)
         start += size
 
@@ -108,13 +141,14 @@ def padded(rows: list, idx: np.ndarray, width: int, lengths: np.ndarray, fill: i
 
 
 def run_sorted(runner, rows: list, token_budget: int, out: np.ndarray, extra_rows: dict | None = None,
-               on_done=None) -> np.ndarray:
+               on_done=None, parts: int = 1) -> np.ndarray:
     """Run ``runner`` over ``rows`` (token ids) in length-sorted batches; write each output row into ``out``.
-    ``extra_rows``: other per-token inputs padded like the ids (a cross-encoder's ``token_type_ids``)."""
+    ``extra_rows``: other per-token inputs padded like the ids (a cross-encoder's ``token_type_ids``); ``parts``:
+    balance the batches over that many parallel streams (``length_batches``)."""
     lengths = np.fromiter((len(t) for t in rows), dtype=np.int64, count=len(rows))
 
     def feeds():
-        for idx, width, mask in length_batches(lengths, token_budget):
+        for idx, width, mask in length_batches(lengths, token_budget, parts):
             feed = {"input_ids": padded(rows, idx, width, lengths), "attention_mask": mask}
             for name, extra in (extra_rows or {}).items():
                 feed[name] = padded(extra, idx, width, lengths)
