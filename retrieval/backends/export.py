@@ -46,18 +46,19 @@ def eager_attention(hf_model, on: bool = True) -> Iterator[None]:
     32 x 256; the SciFact cross-encoder, 10 x 128 pairs, 58.0 against 62.5 ms (README, "Graphs with fused
     attention"). The same function: fp32 outputs within 2.5e-7, bf16 ones within its rounding. A model without a
     settable implementation is exported as it is; so is any model with ``on`` False (the benchmark times both)."""
-    setter = getattr(hf_model, "set_attn_implementation", None) if on else None
+    setter = getattr(hf_model, "set_attn_implementation", None)
     before = getattr(getattr(hf_model, "config", None), "_attn_implementation", None)
-    try:
-        if setter is not None and before not in (None, "eager"):
+    switched = False
+    if on and setter is not None and before not in (None, "eager"):
+        try:
             setter("eager")
-    except (ValueError, ImportError, AttributeError) as e:  # an architecture without eager attention
-        logger.debug("exported with %s attention: %s", before, e)
-        setter = None
+            switched = True
+        except (ValueError, ImportError, AttributeError) as e:  # an architecture without eager attention
+            logger.debug("exported with %s attention: %s", before, e)
     try:
         yield
     finally:
-        if setter is not None and before not in (None, "eager"):
+        if switched:
             setter(before)
 
 

@@ -126,9 +126,10 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
             or (backend.noise_bound(kind) is not None and meta.get("rank_noise", 0.0) > backend.noise_bound(kind)):
         _discard(folder, "its manifest names another model, backend or calibration, or a looser check")
         return None
-    if meta.get("export_generation", 1) != EXPORT_GENERATION:  # exported the way an earlier retr did: not damaged
+    generation = meta.get("export_generation", 1)
+    if generation != EXPORT_GENERATION:  # exported the way an earlier retr did: not damaged
         logger.info("cached graph %s was exported by an earlier procedure (generation %s, now %s): exported again",
-                    folder, meta.get("export_generation", 1), EXPORT_GENERATION)
+                    folder, generation, EXPORT_GENERATION)
         shutil.rmtree(folder, ignore_errors=True)
         return None
     precision = backend.precision()
