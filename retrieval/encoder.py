@@ -197,7 +197,7 @@ class BiEncoder:
     def _open(self, backend: str, calibration: Calibration | None = None, threads: int | None = None) -> Graph | None:
         return open_graph(lambda: self.model, self.model_hash, backend, self.max_length, cache_home(),
                           EMBEDDING, use_cache_alone=self._fast_ids is not None, calibration=calibration,
-                          threads=threads)
+                          threads=threads, model_path=self.ref.path)
 
     def _token_ids(self, texts: list[str]) -> list:
         if self._fast_ids is not None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from retr.retrieval.backends import registry
-from retr.retrieval.backends.export import EMBEDDING, verify_embedding
+from retr.retrieval.backends.export import EMBEDDING, TorchEmbedding, verify_embedding
 from retr.retrieval.backends.graphs import load_or_export
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
@@ -89,7 +89,7 @@ def test_a_graph_that_ignores_padding_is_refused_and_the_refusal_remembered(tiny
     kind = replace(EMBEDDING, export=lambda *a: exports.append(1) or wrong_export(*a))
     for _ in range(2):  # the second time from the remembered refusal: no export
         with pytest.raises(RetrError, match=r"disagrees with torch \(cosine"):
-            load_or_export(enc.model, enc.model_hash, registry.BACKENDS[variant], kind, enc.max_length,
+            load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS[variant], kind, enc.max_length,
                            tmp_path / "c")
     assert len(exports) == 1
     (folder,) = (tmp_path / "c" / "onnx").iterdir()
@@ -131,7 +131,7 @@ def test_an_export_torchscript_cannot_make_comes_from_dynamo_and_older_exports_a
         raise RuntimeError("TorchScript cannot trace this model")
 
     monkeypatch.setattr(export, "_script_export", cannot_trace)
-    graph = load_or_export(enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
+    graph = load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
                            tmp_path / "c")
     assert graph.check >= 0.9999  # dynamo's graph, verified as any other
     (folder,) = (tmp_path / "c" / "onnx").iterdir()
@@ -150,10 +150,10 @@ def test_an_export_torchscript_cannot_make_comes_from_dynamo_and_older_exports_a
 
 def test_verify_scores_a_good_export_near_one(tiny_bi_encoder, tmp_path):
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
-    graph = load_or_export(enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
+    graph = load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
                            tmp_path / "c")
     assert graph.check >= 0.9999 and graph.dim == 32
-    assert verify_embedding(graph.runner, enc.model, enc.max_length) == pytest.approx(graph.check)
+    assert verify_embedding(graph.runner, TorchEmbedding(enc.model), enc.max_length) == pytest.approx(graph.check)
 
 
 def test_unknown_backend_is_refused():

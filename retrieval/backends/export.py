@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retr.retrieval.backends.direct import build_embedding
 from retr.retrieval.backends.quiet import quiet_third_party
 from retr.retrieval.errors import RetrError
 
@@ -200,10 +201,12 @@ class Calibration:
             yield feed
 
 
-def _drop(src: Path) -> None:
-    """The fp32 graph and its external data file, once converted into another file."""
-    for f in src.parent.glob(f"{src.name}*"):
-        f.unlink()
+def _drop(src) -> None:
+    """The fp32 graph and its external data file, once converted into another file (nothing for a model in
+    memory)."""
+    if isinstance(src, (str, Path)):
+        for f in Path(src).parent.glob(f"{Path(src).name}*"):
+            f.unlink()
 
 
 def keep_onnx(src: Path, dst: Path, calibration: Calibration | None) -> None:
@@ -220,10 +223,17 @@ def quantize_dynamic_int8(src: Path, dst: Path, calibration: Calibration | None)
     _drop(src)
 
 
-def to_openvino(src: Path, dst: Path, calibration: Calibration | None) -> None:
+def _read(src):
+    """An OpenVINO model from a graph file, or ``src`` itself where it is one already (built from the weights)."""
     import openvino as ov
 
-    ov.save_model(ov.Core().read_model(str(src)), str(dst), compress_to_fp16=False)
+    return ov.Core().read_model(str(src)) if isinstance(src, (str, Path)) else src
+
+
+def to_openvino(src, dst: Path, calibration: Calibration | None) -> None:
+    import openvino as ov
+
+    ov.save_model(_read(src), str(dst), compress_to_fp16=False)
     _drop(src)
 
 
@@ -242,12 +252,12 @@ def _outside_feed_forward(model) -> list[str]:
     return names
 
 
-def quantize_static_int8_ffn(src: Path, dst: Path, calibration: Calibration | None) -> None:
+def quantize_static_int8_ffn(src, dst: Path, calibration: Calibration | None) -> None:
     """Static int8 in the feed-forward MatMuls only; attention stays in the base precision (bf16 where native)."""
     quantize_static_int8(src, dst, calibration, feed_forward_only=True)
 
 
-def quantize_static_int8(src: Path, dst: Path, calibration: Calibration | None,
+def quantize_static_int8(src, dst: Path, calibration: Calibration | None,
                          feed_forward_only: bool = False) -> None:
     """Static int8 MatMuls (NNCF, transformer preset with SmoothQuant) of an ONNX graph, saved as OpenVINO IR."""
     if calibration is None:
@@ -258,7 +268,7 @@ def quantize_static_int8(src: Path, dst: Path, calibration: Calibration | None,
         raise RetrError("static int8 needs nncf (pip install nncf)") from None
     import openvino as ov
 
-    model = ov.Core().read_model(str(src))
+    model = _read(src)
     feeds = list(calibration.feeds())
     ignored = nncf.IgnoredScope(names=_outside_feed_forward(model)) if feed_forward_only else None
     with quiet_third_party("nncf"):
@@ -280,23 +290,33 @@ def ce_logits(model, pairs: list[tuple[str, str]], batch_size: int = 32) -> np.n
     return np.asarray(scores, dtype=np.float32).reshape(-1)
 
 
-def verify_embedding(runner, st_model, max_length: int) -> float:
-    """Min cosine between the graph's and torch's embeddings on one padded mixed-length batch and on singles."""
-    import torch
+class TorchEmbedding:
+    """A sentence-transformers model as the reference an exported graph is checked against: its embeddings and
+    its tokenizer's padded batches (what ``direct.NumpyBert`` offers for a graph built from the weights)."""
 
-    tok = st_model.tokenizer
+    def __init__(self, st_model):
+        self.st_model = st_model
+
+    def feed(self, texts: list[str], max_length: int) -> dict[str, np.ndarray]:
+        e = self.st_model.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        return {"input_ids": e["input_ids"].astype(np.int64), "attention_mask": e["attention_mask"].astype(np.int64)}
+
+    def embed(self, texts: list[str], max_length: int) -> np.ndarray:
+        """Normalised embeddings (truncated at the model's own max length, which the encoder set to ``max_length``)."""
+        import torch
+
+        with torch.inference_mode():
+            return self.st_model.encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+
+
+def verify_embedding(runner, reference, max_length: int) -> float:
+    """Min cosine between the graph's embeddings and the reference's (``TorchEmbedding``, or ``direct.NumpyBert``
+    for a graph built from the weights) on one padded mixed-length batch and on singles."""
     texts = list(CHECK_TEXTS)
-    with torch.inference_mode():
-        ref = st_model.encode(texts, convert_to_numpy=True, normalize_embeddings=True, batch_size=len(texts))
-
-    def embed(batch):
-        e = tok(batch, padding=True, truncation=True, max_length=max_length, return_tensors="np")
-        return runner({"input_ids": e["input_ids"].astype(np.int64),
-                       "attention_mask": e["attention_mask"].astype(np.int64)})
-
-    batched = embed(texts)
-    singles = np.stack([embed([t])[0] for t in texts[:3]])
-    return float(min((batched * ref).sum(1).min(), (singles * ref[:3]).sum(1).min()))
+    want = reference.embed(texts, max_length)
+    batched = runner(reference.feed(texts, max_length))
+    singles = np.stack([runner(reference.feed([t], max_length))[0] for t in texts[:3]])
+    return float(min((batched * want).sum(1).min(), (singles * want[:3]).sum(1).min()))
 
 
 def verify_scoring(runner, ce_model, max_length: int) -> float:
@@ -315,28 +335,23 @@ def verify_scoring(runner, ce_model, max_length: int) -> float:
     return float(1.0 - np.abs(got - want).max() / max(1.0, float(np.ptp(ref))))
 
 
-def rank_noise(runner, st_model, max_length: int) -> float:
+def rank_noise(runner, reference, max_length: int) -> float:
     """How far the graph's document vectors move retrieval scores, relative to how widely the scores spread:
-    retr's fixed questions (torch) against its fixed passages and joined passages (``sample_texts``) encoded by
-    torch and by the graph, the mean over questions of std(graph score - torch score) / std(torch score). Ranks
-    swap where noise meets the gaps between scores, so this predicts a graph's ranking loss where a per-vector
-    cosine does not: a fine-tuned model can keep every cosine above 0.98 and still lose nDCG."""
-    import torch
-
+    retr's fixed questions (the reference's vectors) against its fixed passages and joined passages
+    (``sample_texts``) encoded by the reference (``verify_embedding``'s) and by the graph, the mean over questions
+    of std(graph score - reference score) / std(reference score). Ranks swap where noise meets the gaps between
+    scores, so this predicts a graph's ranking loss where a per-vector cosine does not: a fine-tuned model can keep
+    every cosine above 0.98 and still lose nDCG."""
     from retr.retrieval.backends import sample_texts
 
     docs = sample_texts.passages() + sample_texts.long_passages()
-    with torch.inference_mode():
-        q = st_model.encode(sample_texts.questions(), convert_to_numpy=True, normalize_embeddings=True)
-        ref = st_model.encode(docs, convert_to_numpy=True, normalize_embeddings=True)
-    tok = st_model.tokenizer
+    q = reference.embed(sample_texts.questions(), max_length)
+    ref = reference.embed(docs, max_length)
     got = np.empty_like(ref)
     order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
     for start in range(0, len(order), 16):  # length-sorted batches: little padding
         idx = order[start:start + 16]
-        e = tok([docs[i] for i in idx], padding=True, truncation=True, max_length=max_length, return_tensors="np")
-        got[idx] = runner({"input_ids": e["input_ids"].astype(np.int64),
-                           "attention_mask": e["attention_mask"].astype(np.int64)})
+        got[idx] = runner(reference.feed([docs[i] for i in idx], max_length))
     s_ref, s_got = q @ ref.T, q @ got.T
     return float(((s_got - s_ref).std(axis=1) / s_ref.std(axis=1)).mean())
 
@@ -380,10 +395,15 @@ class GraphKind:
     export: Callable[[object, Path], None]
     verify: Callable[[object, object, int], float]
     dim: Callable[[object], int]
-    # (runner, torch model, max length) -> ranking noise, checked where a backend sets ``max_rank_noise``
+    # (runner, reference, max length) -> ranking noise, checked where a backend sets ``max_rank_noise``
     rank_noise: Callable[[object, object, int], float] | None = None
+    reference: Callable[[object], object] = lambda model: model  # the torch model -> what verify checks against
+    # a model's folder -> its graph built from the weights and that graph's reference (``direct.Built``), or None:
+    # exported from torch
+    build: Callable[[Path], object] | None = None
 
 
-EMBEDDING = GraphKind("bi", "bi-encoder", "cosine", "", export_embedding, verify_embedding, embedding_dim, rank_noise)
+EMBEDDING = GraphKind("bi", "bi-encoder", "cosine", "", export_embedding, verify_embedding, embedding_dim, rank_noise,
+                      TorchEmbedding, build_embedding)
 SCORING = GraphKind("ce", "cross-encoder", "agreement", "ce-", export_scoring, verify_scoring, lambda _runner: 1,
                     score_noise)

@@ -1,0 +1,301 @@
+"""A BERT bi-encoder's OpenVINO graph built straight from its weights, and a numpy forward pass to check it by.
+
+Exporting a graph from torch costs a first run the imports of torch, transformers and sentence-transformers, the
+model's load and TorchScript's trace (measured on a 2-core AMX Xeon: ~7 s of an 18.9 s first `retr index` of 1,000
+documents). A BERT encoder (``model_type`` bert: MiniLM, BGE, E5, GTE and most sentence-transformers models) is a
+short, fixed computation, so retr writes its graph from ``model.safetensors`` with OpenVINO's own operations
+(attention as OpenVINO's ``ScaledDotProductAttention``, layer norms as ``MVN``) in ~0.4 s, and checks it, as an
+export is checked, against an independent computation of the same model: ``NumpyBert``, a plain numpy forward pass
+of the weights (itself checked against torch and sentence-transformers by the tests, on a random BERT and MiniLM).
+Whatever this module does not know (another architecture, activation or position embedding, pooling other than
+mean or CLS, a module after the pooling, weights not in safetensors or in bf16) takes the torch export.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+# hidden_act -> OpenVINO's Gelu mode (HF: "gelu" is erf's; "gelu_new" and "gelu_pytorch_tanh" the tanh form)
+ACTIVATIONS = {"gelu": "erf", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+@dataclass(frozen=True)
+class BertSpec:
+    """What the graph is built from: the transformer's folder and the few numbers that shape it."""
+    folder: Path  # config.json and model.safetensors
+    layers: int
+    hidden: int
+    heads: int
+    eps: float
+    activation: str  # a value of ACTIVATIONS
+    positions: int  # max_position_embeddings
+    pooling: str  # "mean" | "cls"
+
+
+def _json(path: Path) -> dict:
+    value = json.loads(path.read_text())
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return value
+
+
+def _pooling(folder: Path) -> str | None:
+    cfg = _json(folder / "config.json")
+    mode = cfg.get("pooling_mode")
+    if mode is None:  # sentence-transformers < 6 keeps one flag per mode
+        flags = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]
+        mode = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}.get(flags[0]) \
+            if len(flags) == 1 else None
+    return mode if mode in ("mean", "cls") else None
+
+
+def bert_spec(model_path: Path) -> BertSpec | None:
+    """The spec of a sentence-transformers BERT bi-encoder at ``model_path`` (Transformer + mean or CLS Pooling
+    + Normalize), or None (with the reason at debug level): its graph then comes from torch."""
+    def no(why: str) -> None:
+        logger.debug("%s: graph exported from torch (%s)", model_path, why)
+        return None
+
+    try:
+        modules = json.loads((model_path / "modules.json").read_text())
+        names = [str(m["type"]).rsplit(".", 1)[-1] for m in modules]
+        if names[:2] != ["Transformer", "Pooling"] or any(n not in MODULES for n in names):
+            return no(f"modules {names}")
+        folder = model_path / modules[0].get("path", "")
+        pooling = _pooling(model_path / modules[1]["path"])
+        cfg = _json(folder / "config.json")
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        return no(f"not a sentence-transformers folder retr knows: {e}")
+    if pooling is None:
+        return no("pooling other than mean or CLS")
+    if cfg.get("model_type") != "bert":
+        return no(f"model_type {cfg.get('model_type')!r}")
+    if cfg.get("hidden_act") not in ACTIVATIONS:
+        return no(f"activation {cfg.get('hidden_act')!r}")
+    if cfg.get("position_embedding_type", "absolute") != "absolute" or cfg.get("is_decoder") \
+            or cfg.get("add_cross_attention"):
+        return no("relative positions or a decoder")
+    if not (folder / "model.safetensors").is_file():
+        return no("no model.safetensors")
+    if not (model_path / "tokenizer.json").is_file() and not any(model_path.glob("*/tokenizer.json")):
+        return no("no tokenizer.json")
+    try:
+        hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        spec = BertSpec(folder, int(cfg["num_hidden_layers"]), hidden, heads, float(cfg["layer_norm_eps"]),
+                        cfg["hidden_act"], int(cfg["max_position_embeddings"]), pooling)
+    except (KeyError, TypeError, ValueError) as e:
+        return no(f"config.json: {e}")
+    if hidden % heads:
+        return no("hidden size not a multiple of the heads")
+    return spec
+
+
+def load_weights(spec: BertSpec) -> dict[str, np.ndarray] | None:
+    """The encoder's weights as float32 arrays named as in ``BertModel`` (a task head's ``bert.`` prefix
+    dropped), or None where they cannot be read so (bf16 tensors: numpy has no bf16; a missing tensor)."""
+    from safetensors import safe_open
+
+    out = {}
+    try:
+        with safe_open(str(spec.folder / "model.safetensors"), framework="numpy") as f:
+            for name in f.keys():
+                key = name.removeprefix("bert.")
+                if key.startswith(("embeddings.", "encoder.")):
+                    out[key] = np.ascontiguousarray(f.get_tensor(name), dtype=np.float32)
+    except (OSError, ValueError, TypeError) as e:  # e.g. bf16: "data type 'bfloat16' not understood"
+        logger.debug("%s: weights not readable by numpy (%s): graph exported from torch", spec.folder, e)
+        return None
+    missing = [k for k in _names(spec) if k not in out]
+    if missing:
+        logger.debug("%s: weights missing %s: graph exported from torch", spec.folder, missing[:3])
+        return None
+    return out
+
+
+def _names(spec: BertSpec) -> list[str]:
+    names = [f"embeddings.{n}" for n in ("word_embeddings.weight", "position_embeddings.weight",
+                                          "token_type_embeddings.weight", "LayerNorm.weight", "LayerNorm.bias")]
+    for i in range(spec.layers):
+        p = f"encoder.layer.{i}."
+        for m in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+                  "intermediate.dense", "output.dense"):
+            names += [p + m + ".weight", p + m + ".bias"]
+        for m in ("attention.output.LayerNorm", "output.LayerNorm"):
+            names += [p + m + ".weight", p + m + ".bias"]
+    return names
+
+
+# -- the OpenVINO graph --------------------------------------------------------------------------------------------
+def build_graph(spec: BertSpec, w: dict[str, np.ndarray]):
+    """The ``openvino.Model``: ``input_ids`` and ``attention_mask`` (B, L) int64 -> ``sentence_embedding`` (B, D)
+    float32, L2-normalised: what ``export.export_embedding`` traces from torch, written with OpenVINO operations."""
+    import openvino as ov
+    import openvino.opset13 as op
+
+    def const(a):
+        return op.constant(np.ascontiguousarray(a, dtype=np.float32))
+
+    def i64(v):
+        return op.constant(np.array(v, dtype=np.int64))
+
+    def linear(x, name):  # x @ W.T + b, W (out, in) as torch keeps it
+        return op.add(op.matmul(x, const(w[name + ".weight"]), False, True), const(w[name + ".bias"]))
+
+    def layer_norm(x, name):
+        n = op.mvn(x, i64([-1]), True, spec.eps, "inside_sqrt")
+        return op.add(op.multiply(n, const(w[name + ".weight"])), const(w[name + ".bias"]))
+
+    dh = spec.hidden // spec.heads
+    ids = op.parameter([-1, -1], ov.Type.i64, name="input_ids")
+    mask = op.parameter([-1, -1], ov.Type.i64, name="attention_mask")
+    length = op.gather(op.shape_of(ids), i64(1), i64(0))
+    pos = op.gather(const(w["embeddings.position_embeddings.weight"]), op.range(i64(0), length, i64(1), "i64"),
+                    i64(0))  # (L, H)
+    x = op.add(op.add(op.gather(const(w["embeddings.word_embeddings.weight"]), ids, i64(0)), pos),
+               const(w["embeddings.token_type_embeddings.weight"][0]))  # (B, L, H): every token of type 0
+    x = layer_norm(x, "embeddings.LayerNorm")
+    maskf = op.convert(mask, ov.Type.f32)  # (B, L)
+    bias = op.unsqueeze(op.multiply(op.subtract(op.constant(np.float32(1.0)), maskf),
+                                    op.constant(np.finfo(np.float32).min)), i64([1, 2]))  # (B, 1, 1, L)
+    split = i64([0, 0, spec.heads, dh])
+    scale = op.constant(np.float32(1.0 / np.sqrt(dh)))
+    for i in range(spec.layers):
+        p = f"encoder.layer.{i}."
+
+        def heads(name, x=x, p=p):  # (B, L, H) -> (B, heads, L, dh)
+            return op.transpose(op.reshape(linear(x, p + name), split, True), i64([0, 2, 1, 3]))
+
+        a = op.scaled_dot_product_attention(heads("attention.self.query"), heads("attention.self.key"),
+                                            heads("attention.self.value"), bias, scale, causal=False)
+        a = op.reshape(op.transpose(a, i64([0, 2, 1, 3])), i64([0, 0, spec.hidden]), True)  # (B, L, H)
+        x = layer_norm(op.add(linear(a, p + "attention.output.dense"), x), p + "attention.output.LayerNorm")
+        f = op.gelu(linear(x, p + "intermediate.dense"), ACTIVATIONS[spec.activation])  # (B, L, I)
+        x = layer_norm(op.add(linear(f, p + "output.dense"), x), p + "output.LayerNorm")
+    if spec.pooling == "cls":
+        e = op.squeeze(op.gather(x, i64([0]), i64(1)), i64([1]))
+    else:
+        m = op.unsqueeze(maskf, i64(-1))  # (B, L, 1)
+        e = op.divide(op.reduce_sum(op.multiply(x, m), i64(1), False),
+                      op.maximum(op.reduce_sum(m, i64(1), False), op.constant(np.float32(1e-9))))
+    e = op.normalize_l2(e, i64([1]), 1e-12, "max")  # torch.nn.functional.normalize's eps, as the export has it
+    model = ov.Model([e], [ids, mask], "sentence_embedding")
+    model.outputs[0].get_tensor().set_names({"sentence_embedding"})
+    return model
+
+
+# -- the numpy forward pass ----------------------------------------------------------------------------------------
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf to ~1.5e-7 (Abramowitz & Stegun 7.1.26): numpy has none, and scipy is not needed for one check."""
+    s = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t \
+        * np.exp(-a * a)
+    return s * y
+
+
+def _gelu(x: np.ndarray, mode: str) -> np.ndarray:
+    if mode == "erf":
+        return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * g + b
+
+
+class NumpyBert:
+    """The same bi-encoder as a plain numpy forward pass in float64 (BERT as transformers computes it, then the
+    pooling and normalisation), with the model's own tokenizer: what a built graph is checked against, in place of
+    torch. Its two methods are what ``export.verify_embedding`` and ``export.rank_noise`` ask of a reference."""
+
+    def __init__(self, spec: BertSpec, weights: dict[str, np.ndarray], tokenizer_dir: Path):
+        from retr.retrieval.backends.batching import plain_tokenizer
+
+        self.spec, self.w = spec, weights
+        self._tok = plain_tokenizer(tokenizer_dir)
+        self._w64: dict[str, np.ndarray] | None = None  # float64 copies, made on the first forward pass
+
+    def feed(self, texts: list[str], max_length: int) -> dict[str, np.ndarray]:
+        """``texts`` tokenised, truncated to ``max_length`` and padded: (B, L) int64 input ids and mask."""
+        self._tok.enable_truncation(max_length)
+        try:
+            rows = [e.ids for e in self._tok.encode_batch(texts)]
+        finally:
+            self._tok.no_truncation()
+        width = max(len(r) for r in rows)
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)], mask[i, :len(r)] = r, 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """(B, L) ids and mask (a ``feed``) -> (B, D) float32, L2-normalised."""
+        ids, mask = input_ids, attention_mask
+        if self._w64 is None:  # the word embeddings stay float32: only the rows looked up are widened
+            self._w64 = {k: v if k == "embeddings.word_embeddings.weight" else v.astype(np.float64)
+                         for k, v in self.w.items()}
+        s, w = self.spec, self._w64
+        b_, length = ids.shape
+        dh = s.hidden // s.heads
+        x = w["embeddings.word_embeddings.weight"][ids].astype(np.float64) \
+            + w["embeddings.position_embeddings.weight"][:length] \
+            + w["embeddings.token_type_embeddings.weight"][0]  # (B, L, H)
+        x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], s.eps)
+        bias = (1.0 - mask[:, None, None, :]) * np.finfo(np.float64).min  # (B, 1, 1, L)
+
+        def lin(v, name):
+            return v @ w[name + ".weight"].T + w[name + ".bias"]
+
+        for i in range(s.layers):
+            p = f"encoder.layer.{i}."
+            q, k, v = (lin(x, p + f"attention.self.{n}").reshape(b_, length, s.heads, dh).transpose(0, 2, 1, 3)
+                       for n in ("query", "key", "value"))  # (B, heads, L, dh)
+            scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(dh) + bias  # (B, heads, L, L)
+            scores = np.exp(scores - scores.max(-1, keepdims=True))
+            a = (scores / scores.sum(-1, keepdims=True)) @ v
+            a = a.transpose(0, 2, 1, 3).reshape(b_, length, s.hidden)
+            x = _layer_norm(lin(a, p + "attention.output.dense") + x, w[p + "attention.output.LayerNorm.weight"],
+                            w[p + "attention.output.LayerNorm.bias"], s.eps)
+            f = lin(_gelu(lin(x, p + "intermediate.dense"), ACTIVATIONS[s.activation]), p + "output.dense")
+            x = _layer_norm(f + x, w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], s.eps)
+        if s.pooling == "cls":
+            e = x[:, 0]
+        else:
+            m = mask[:, :, None].astype(np.float64)
+            e = (x * m).sum(1) / np.maximum(m.sum(1), 1e-9)
+        e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+        return e.astype(np.float32)
+
+    def embed(self, texts: list[str], max_length: int) -> np.ndarray:
+        """Normalised embeddings of ``texts``, one text at a time (no padding in the reference)."""
+        out = [self.forward(**self.feed([t], max_length)) for t in texts]
+        return np.concatenate(out) if out else np.zeros((0, self.spec.hidden), dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Built:
+    """A graph built from a model's weights and the reference it is checked against."""
+    model: object  # openvino.Model
+    reference: NumpyBert
+
+
+def build_embedding(model_path: Path) -> Built | None:
+    """The built graph and its numpy reference for the bi-encoder at ``model_path``, or None where this module
+    does not know the model (its graph then comes from torch)."""
+    spec = bert_spec(model_path)
+    weights = load_weights(spec) if spec is not None else None
+    if weights is None:
+        return None
+    return Built(build_graph(spec, weights), NumpyBert(spec, weights, model_path))
