@@ -1,11 +1,14 @@
-"""How a graph's attention is exported, timed: the same model exported twice by retr's exporter, once with
-torch's SDPA attention as the model loads (TorchScript decomposes it: masking through IsNaN/Select) and once with
-eager attention (retr's export since generation 3: ``export.eager_attention``; OpenVINO fuses it), both run by
-OpenVINO on one stream at the given precision, alternating call by call so that drift on a shared machine falls
-on both; median and minimum per shape, and the largest difference between the two graphs' outputs.
+"""How a graph is made, timed: the same model's graph made two ways (``--graphs A,B``), both run by OpenVINO on
+one stream at the given precision, alternating call by call so that drift on a shared machine falls on both;
+median and minimum per shape, the speed-up of B over A, and the largest difference between the two graphs'
+outputs. The ways: ``sdpa``, retr's exporter with torch's SDPA attention as the model loads (TorchScript
+decomposes it: masking through IsNaN/Select); ``eager``, with eager attention (generation 3:
+``export.eager_attention``; OpenVINO fuses it); ``built``, written from the weights with OpenVINO's own
+operations, no torch (generation 4, bi-encoders of BERT models: ``retrieval/backends/direct.py``).
 
-    python benchmarks/attention_export.py [--cross-encoder DIR] [--precision bf16|f32] [--rounds 20]
-        [--shapes 32x256,16x128,1x16] [--threads 1] --out benchmarks/results/attention-export.json
+    python benchmarks/attention_export.py [--graphs sdpa,eager|eager,built] [--cross-encoder DIR]
+        [--precision bf16|f32] [--rounds 20] [--shapes 32x256,16x128,1x16] [--threads 1]
+        --out benchmarks/results/attention-export.json
 
 Without ``--cross-encoder`` it times the bundled MiniLM bi-encoder's graph (ids + mask -> vector); with one, that
 cross-encoder's graph (ids + mask + token types -> logit), e.g. at 10x128: one stream's half of a query's 20
@@ -25,23 +28,40 @@ from pathlib import Path
 import numpy as np
 
 
-def _graphs(cross_encoder: str | None, folder: Path) -> dict[str, Path]:
+def _graphs(ways: list[str], cross_encoder: str | None, folder: Path) -> dict[str, tuple[Path, float]]:
+    """Each way's graph file and the seconds it took to make (the torch model loaded once, outside that time)."""
     from retr.retrieval.backends.export import export_embedding, export_scoring
+    from retr.retrieval.models import bundled_model_path
 
     out = {}
-    for name, eager in (("sdpa", False), ("eager", True)):
+    model = None
+    for name in ways:
+        if name == "built":
+            import openvino as ov
+
+            from retr.retrieval.backends.direct import build_embedding
+
+            if cross_encoder:
+                raise SystemExit("--graphs built: bi-encoders only (a cross-encoder's graph is exported from torch)")
+            t0 = time.perf_counter()
+            built = build_embedding(bundled_model_path())
+            path = folder / "built.xml"
+            ov.save_model(built.model, str(path), compress_to_fp16=False)
+            out[name] = (path, time.perf_counter() - t0)
+            continue
+        if model is None:
+            if cross_encoder:
+                from sentence_transformers import CrossEncoder
+
+                model = CrossEncoder(cross_encoder, device="cpu")
+            else:
+                from sentence_transformers import SentenceTransformer
+
+                model = SentenceTransformer(str(bundled_model_path()), device="cpu")
         path = folder / f"{name}.onnx"
-        if cross_encoder:
-            from sentence_transformers import CrossEncoder
-
-            export_scoring(CrossEncoder(cross_encoder, device="cpu"), path, eager=eager)
-        else:
-            from sentence_transformers import SentenceTransformer
-
-            from retr.retrieval.models import bundled_model_path
-
-            export_embedding(SentenceTransformer(str(bundled_model_path()), device="cpu"), path, eager=eager)
-        out[name] = path
+        t0 = time.perf_counter()
+        (export_scoring if cross_encoder else export_embedding)(model, path, eager=name == "eager")
+        out[name] = (path, time.perf_counter() - t0)
     return out
 
 
@@ -57,6 +77,7 @@ def _feeds(names: list[str], batch: int, length: int, rng) -> dict[str, np.ndarr
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--graphs", default="sdpa,eager", help="A,B: two of sdpa, eager, built (default sdpa,eager)")
     p.add_argument("--cross-encoder", default=None, help="a cross-encoder folder (default: the bundled bi-encoder)")
     p.add_argument("--precision", choices=("bf16", "f32"), default="bf16")
     p.add_argument("--shapes", default=None, help="BATCHxLENGTH,... (default: 32x256,16x128,1x16; 10x128,1x128 "
@@ -65,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--out", default="benchmarks/results/attention-export.json")
     args = p.parse_args(argv)
+    ways = args.graphs.split(",")
+    if len(ways) != 2 or len(set(ways)) != 2 or not set(ways) <= {"sdpa", "eager", "built"}:
+        p.error("--graphs: two different ways of sdpa, eager, built")
+    a, b = ways
 
     import openvino as ov
 
@@ -76,14 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     core = ov.Core()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        paths = _graphs(args.cross_encoder, Path(tmp))
+        made = _graphs(ways, args.cross_encoder, Path(tmp))
         compiled = {n: core.compile_model(str(path), "CPU", {
             "INFERENCE_PRECISION_HINT": args.precision, "NUM_STREAMS": 1, "INFERENCE_NUM_THREADS": args.threads})
-            for n, path in paths.items()}
+            for n, (path, _) in made.items()}
         for shape in shapes.split(","):
             batch, length = (int(x) for x in shape.lower().split("x"))
             requests = {n: c.create_infer_request() for n, c in compiled.items()}
-            feeds = _feeds([i.any_name for i in compiled["sdpa"].inputs], batch, length, rng)
+            feeds = _feeds([i.any_name for i in compiled[a].inputs], batch, length, rng)
             for r in requests.values():
                 for _ in range(3):
                     r.infer(feeds)  # compiled for this shape and warm before timing
@@ -96,16 +121,17 @@ def main(argv: list[str] | None = None) -> int:
                     seconds[n].append(time.perf_counter() - t0)
             outputs = {n: r.get_output_tensor(0).data.copy() for n, r in requests.items()}
             row = {"shape": [batch, length], "calls": rounds,
-                   "max_abs_diff": float(np.abs(outputs["sdpa"] - outputs["eager"]).max())}
+                   "max_abs_diff": float(np.abs(outputs[a].reshape(-1) - outputs[b].reshape(-1)).max())}
             for n, s in seconds.items():
                 row[n] = {"median_ms": 1e3 * float(np.median(s)), "min_ms": 1e3 * float(np.min(s))}
-            row["speedup_median"] = row["sdpa"]["median_ms"] / row["eager"]["median_ms"]
+            row["speedup_median"] = row[a]["median_ms"] / row[b]["median_ms"]
             rows.append(row)
-            print(f"{batch:>3} x {length:<4} sdpa {row['sdpa']['median_ms']:8.2f} ms (min {row['sdpa']['min_ms']:.2f})"
-                  f"  eager {row['eager']['median_ms']:8.2f} ms (min {row['eager']['min_ms']:.2f})"
+            print(f"{batch:>3} x {length:<4} {a} {row[a]['median_ms']:8.2f} ms (min {row[a]['min_ms']:.2f})"
+                  f"  {b} {row[b]['median_ms']:8.2f} ms (min {row[b]['min_ms']:.2f})"
                   f"  {row['speedup_median']:.2f}x  max |diff| {row['max_abs_diff']:.2g}")
     result = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
               "model": args.cross_encoder or "bundled all-MiniLM-L6-v2", "precision": args.precision,
+              "graphs": ways, "make_seconds": {n: sec for n, (_, sec) in made.items()},
               "threads": args.threads, "machine": platform.machine(),
               "cpu_bf16": runners.cpu_has_bf16(), "cpu_int8_dot": runners.cpu_has_int8_dot(),
               "cpu_amx": runners.cpu_has_amx(),

@@ -111,11 +111,12 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
                 "passages" if texts.passages else "documents", encoder.model_id, encoder.max_length, encoder.backend,
                 "" if encoder.corpus_backend == encoder.backend
                 else f"; the {encoder.corpus_backend} graph on this CPU")
-    truncation = encoder.truncation(texts.texts)  # recorded with the vectors; not part of the encoding time
     t0 = time.perf_counter()
     executor = executor or ExecutorConfig()
     encoded = EXECUTORS[executor.name](encoder, texts.texts, executor)
     seconds = time.perf_counter() - t0
+    # recorded with the vectors: measured by the encoding's own tokenisation, else (torch) by counting tokens now
+    truncation = encoded.truncation or encoder.truncation(texts.texts)
     if use_cache:
         cache.save(key, encoded.embeddings, {
             "model": encoder.model_id, "model_hash": encoder.model_hash, "backend": encoder.backend,

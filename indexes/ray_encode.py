@@ -28,7 +28,7 @@ from retr.retrieval.backends.batching import attention_mask, length_batches, pad
 from retr.retrieval.backends.export import EMBEDDING, Calibration
 from retr.retrieval.backends.graphs import find_cached
 from retr.retrieval.backends.registry import get_backend
-from retr.retrieval.encoder import BiEncoder, CorpusEncoding
+from retr.retrieval.encoder import BiEncoder, CorpusEncoding, CorpusPlan
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -128,8 +128,9 @@ def _graph_files(path: Path) -> tuple[str, dict[str, bytes]]:
     return folder.name, {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
 
 
-def make_plan(encoder: BiEncoder, texts: list[str]) -> tuple[_Plan, object, int]:
-    """The plan for ``texts``, the graph it runs and the number of batches."""
+def make_plan(encoder: BiEncoder, texts: list[str]) -> tuple[_Plan, CorpusPlan, int]:
+    """The plan for ``texts``, the encoder's plan it ships (its graph, the texts' truncation) and the number of
+    batches."""
     cplan = encoder.corpus_plan(texts)
     graph = cplan.graph
     if graph is None:
@@ -147,7 +148,7 @@ def make_plan(encoder: BiEncoder, texts: list[str]) -> tuple[_Plan, object, int]
     plan = _Plan(folder_name, files, encoder.model_hash, graph.backend.name, graph.calibration, tokens, offsets,
                  np.concatenate([idx for idx, _ in batches]) if batches else np.zeros(0, dtype=np.int64), starts,
                  np.asarray([w for _, w in batches], dtype=np.int64))
-    return plan, graph, len(batches)
+    return plan, cplan, len(batches)
 
 
 def _connect(address: str | None) -> bool:
@@ -175,11 +176,12 @@ def encode_on_ray(encoder: BiEncoder, texts: list[str], *, address: str | None =
         raise RetrError("--executor ray needs Ray Data: pip install 'retr[ray]'") from None
     from tqdm.auto import tqdm
 
-    plan, graph, n_batches = make_plan(encoder, texts)
+    plan, cplan, n_batches = make_plan(encoder, texts)
+    graph = cplan.graph
     n = len(texts)
     out = np.empty((n, encoder.dim), dtype=np.float32)
     if n == 0:
-        return CorpusEncoding(out, graph.info(), {"name": "ray", "documents": 0})
+        return CorpusEncoding(out, graph.info(), {"name": "ray", "documents": 0}, cplan.truncation)
     started = _connect(address)
     seen = np.zeros(n, dtype=np.int32)
     pids: set[int] = set()
@@ -218,4 +220,4 @@ def encode_on_ray(encoder: BiEncoder, texts: list[str], *, address: str | None =
         "name": "ray", "address": address, "actors": actors, "cpus_per_actor": cpus_per_actor,
         "batches": n_batches, "blocks": blocks, "actor_processes": len(pids), "seconds": seconds,
         # encoding time inside the actors, and the wait for the first block (cluster join, actors, graph load)
-        "actor_busy_seconds": busy, "first_block_seconds": first_block})
+        "actor_busy_seconds": busy, "first_block_seconds": first_block}, cplan.truncation)

@@ -97,6 +97,7 @@ class CorpusEncoding:
     embeddings: np.ndarray  # (n, dim) float32, normalised
     graph: dict  # how they were encoded: backend, precision, agreement with torch
     executor: dict | None = None  # where, when not in this process (retr.indexes.executors)
+    truncation: dict | None = None  # BiEncoder.truncation of the texts, where the encoding measured it
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class CorpusPlan:
     texts: list[str]
     graph: Graph | None
     tokens: list | None
+    truncation: dict | None = None  # BiEncoder.truncation of the texts, from the same tokenisation as ``tokens``
 
 
 class BiEncoder:
@@ -232,14 +234,16 @@ class BiEncoder:
     def truncation(self, texts: list[str]) -> dict:
         """How much of ``texts`` (documents or passages, before the document prompt) the encoder never sees: the
         texts longer than its max length and the share of all tokens cut off."""
-        counts = self.token_counts(_prefixed(self.prompts.document, texts))
+        return self._truncation(self.token_counts(_prefixed(self.prompts.document, texts)))
+
+    def _truncation(self, counts: np.ndarray) -> dict:
         over = counts > self.max_length
         dropped = int((counts[over] - self.max_length).sum())
         tokens = int(counts.sum())
-        return {"max_length": self.max_length, "texts": len(texts), "truncated": int(over.sum()),
-                "share_truncated": float(over.mean()) if len(texts) else 0.0, "tokens": tokens,
+        return {"max_length": self.max_length, "texts": len(counts), "truncated": int(over.sum()),
+                "share_truncated": float(over.mean()) if len(counts) else 0.0, "tokens": tokens,
                 "tokens_dropped": dropped, "share_tokens_dropped": dropped / tokens if tokens else 0.0,
-                "longest": int(counts.max()) if len(texts) else 0}
+                "longest": int(counts.max()) if len(counts) else 0}
 
     # -- encoding -----------------------------------------------------------------------------------------------
     def encode(self, texts: list[str], show_progress: bool = False, batch_size: int | None = None) -> np.ndarray:
@@ -259,7 +263,8 @@ class BiEncoder:
         plan = self.corpus_plan(texts)
         if plan.graph is None:
             return CorpusEncoding(self.encode(plan.texts, show_progress=show_progress), graph_info(None))
-        return CorpusEncoding(self._run(plan.graph, plan.tokens, show_progress), plan.graph.info())
+        return CorpusEncoding(self._run(plan.graph, plan.tokens, show_progress), plan.graph.info(),
+                              truncation=plan.truncation)
 
     def corpus_plan(self, texts: list[str]) -> CorpusPlan:
         """What ``encode_corpus`` runs: the documents' graph (the calibrated one where it applies) and their token
@@ -268,10 +273,14 @@ class BiEncoder:
         if self.graph is None:
             return CorpusPlan(texts, None, None)
         backend = get_backend(self.config.backend)
-        tok = self._token_ids(texts)
-        if not backend.calibrated or len(texts) < self.config.calibration_min_docs:
-            return CorpusPlan(texts, self.graph, tok)
-        return CorpusPlan(texts, self.calibrated_graph or self.graph, tok)
+        if self._fast_ids is not None:  # the ids and the untruncated lengths from one tokenisation
+            tok, counts = self._fast_ids.counted(texts)
+            truncation = self._truncation(counts)
+        else:
+            tok, truncation = self._token_ids(texts), None
+        graph = self.graph if not backend.calibrated or len(texts) < self.config.calibration_min_docs \
+            else self.calibrated_graph or self.graph
+        return CorpusPlan(texts, graph, tok, truncation)
 
     @functools.cached_property
     def calibration(self) -> Calibration:

@@ -548,3 +548,14 @@ def test_one_querys_pairs_are_balanced_over_the_streams():
         best = min(max((b - a) * widths[a] for a, b in zip((0,) + cuts, cuts + (n,), strict=True))
                    for k in range(min(wanted, n)) for cuts in itertools.combinations(range(1, n), k))
         assert len(got) <= wanted and max(len(i) * w for i, w, _ in got) == best, (lengths.tolist(), budget, parts)
+
+
+def test_one_tokenisation_gives_a_corpus_its_ids_and_its_untruncated_lengths(tiny_bi_encoder):
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino", max_length=12,
+                                  doc_prompt="passage: "))
+    texts = [" ".join(TEXTS) * 2, "tea", "", TEXTS[1], "solar panels " * 5]
+    plan = enc.corpus_plan(texts)
+    assert plan.truncation == enc.truncation(texts)  # a second, untruncated tokenisation counts the same
+    assert plan.truncation["truncated"] == 3 and plan.truncation["longest"] > 40
+    want = enc._token_ids(["passage: " + t for t in texts])
+    assert [t.tolist() for t in plan.tokens] == [t.tolist() for t in want] and max(map(len, want)) == 12

@@ -32,23 +32,40 @@ def plain_tokenizer(model_path: Path | None):
     return tok
 
 
-def fast_tokenizer(model_path: Path | None, max_length: int):
-    """A ``texts -> token ids`` function from the model's tokenizer.json, or None."""
-    tok = _fast_tokenizer_file(model_path, max_length)
-    if tok is None:
-        return None
+class FastIds:
+    """``texts -> token ids`` from a model's tokenizer.json, truncated at its max length, in chunks, kept as arrays:
+    a batch's Encoding objects (offsets, masks, truncated overflow) cost ~60x the ids' memory (measured: +330 MB
+    for SciFact's 5,183 documents encoded in one call)."""
 
-    encode = ids_only(tok)
+    def __init__(self, tok):
+        self._tok = tok
+        self._encode = ids_only(tok)
+        post = tok.post_processor
+        self._specials = post.num_special_tokens_to_add(False) if post is not None else 0
 
-    def token_ids(texts: list[str]) -> list[np.ndarray]:
-        # in chunks, kept as arrays: a batch's Encoding objects (offsets, masks, truncated overflow) cost ~60x
-        # the ids' memory (measured: +330 MB for SciFact's 5,183 documents encoded in one call)
+    def __call__(self, texts: list[str]) -> list[np.ndarray]:
         out = []
         for i in range(0, len(texts), TOKENIZE_CHUNK):
-            out.extend(np.asarray(e.ids, dtype=np.int64) for e in encode(texts[i: i + TOKENIZE_CHUNK]))
+            out.extend(np.asarray(e.ids, dtype=np.int64) for e in self._encode(texts[i: i + TOKENIZE_CHUNK]))
         return out
 
-    return token_ids
+    def counted(self, texts: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
+        """The ids and each text's untruncated length (special tokens included), from one tokenisation: what
+        truncation cut off comes back as overflowing pieces (stride 0: no token twice), each with its own
+        special tokens (the same lengths as an untruncated tokenisation, and ~0.3 s less than a second pass over
+        1,000 SciFact documents)."""
+        ids, counts = [], np.empty(len(texts), dtype=np.int64)
+        for i in range(0, len(texts), TOKENIZE_CHUNK):
+            for j, e in enumerate(self._encode(texts[i: i + TOKENIZE_CHUNK]), start=i):
+                ids.append(np.asarray(e.ids, dtype=np.int64))
+                counts[j] = len(e.ids) + sum(len(o.ids) - self._specials for o in e.overflowing)
+        return ids, counts
+
+
+def fast_tokenizer(model_path: Path | None, max_length: int) -> FastIds | None:
+    """The model's truncating ``texts -> token ids`` (``FastIds``), or None without a tokenizer.json."""
+    tok = _fast_tokenizer_file(model_path, max_length)
+    return FastIds(tok) if tok is not None else None
 
 
 def ids_only(tok):

@@ -8,7 +8,8 @@ short, fixed computation, so retr writes its graph from ``model.safetensors`` wi
 export is checked, against an independent computation of the same model: ``NumpyBert``, a plain numpy forward pass
 of the weights (itself checked against torch and sentence-transformers by the tests, on a random BERT and MiniLM).
 Whatever this module does not know (another architecture, activation or position embedding, pooling other than
-mean or CLS, a module after the pooling, weights not in safetensors or in bf16) takes the torch export.
+mean or CLS, a module after the pooling, weights not in safetensors or in bf16) takes the torch export, and so do
+static int8 graphs (``graphs.load_or_export``) and cross-encoders.
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ def _layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.n
 
 
 class NumpyBert:
-    """The same bi-encoder as a plain numpy forward pass in float64 (BERT as transformers computes it, then the
+    """The same bi-encoder as a plain numpy forward pass in float32 (BERT as transformers computes it, then the
     pooling and normalisation), with the model's own tokenizer: what a built graph is checked against, in place of
     torch. Its two methods are what ``export.verify_embedding`` and ``export.rank_noise`` ask of a reference."""
 
@@ -224,7 +225,6 @@ class NumpyBert:
 
         self.spec, self.w = spec, weights
         self._tok = plain_tokenizer(tokenizer_dir)
-        self._w64: dict[str, np.ndarray] | None = None  # float64 copies, made on the first forward pass
 
     def feed(self, texts: list[str], max_length: int) -> dict[str, np.ndarray]:
         """``texts`` tokenised, truncated to ``max_length`` and padded: (B, L) int64 input ids and mask."""
@@ -243,17 +243,13 @@ class NumpyBert:
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """(B, L) ids and mask (a ``feed``) -> (B, D) float32, L2-normalised."""
         ids, mask = input_ids, attention_mask
-        if self._w64 is None:  # the word embeddings stay float32: only the rows looked up are widened
-            self._w64 = {k: v if k == "embeddings.word_embeddings.weight" else v.astype(np.float64)
-                         for k, v in self.w.items()}
-        s, w = self.spec, self._w64
+        s, w = self.spec, self.w
         b_, length = ids.shape
         dh = s.hidden // s.heads
-        x = w["embeddings.word_embeddings.weight"][ids].astype(np.float64) \
-            + w["embeddings.position_embeddings.weight"][:length] \
+        x = w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:length] \
             + w["embeddings.token_type_embeddings.weight"][0]  # (B, L, H)
         x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], s.eps)
-        bias = (1.0 - mask[:, None, None, :]) * np.finfo(np.float64).min  # (B, 1, 1, L)
+        bias = ((1.0 - mask[:, None, None, :]) * np.finfo(np.float32).min).astype(np.float32)  # (B, 1, 1, L)
 
         def lin(v, name):
             return v @ w[name + ".weight"].T + w[name + ".bias"]
@@ -273,7 +269,7 @@ class NumpyBert:
         if s.pooling == "cls":
             e = x[:, 0]
         else:
-            m = mask[:, :, None].astype(np.float64)
+            m = mask[:, :, None].astype(np.float32)
             e = (x * m).sum(1) / np.maximum(m.sum(1), 1e-9)
         e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
         return e.astype(np.float32)
