@@ -114,7 +114,8 @@ class BiEncoder:
     """Embeds text with a sentence-transformers model.
 
     With an exported backend whose verified graph is already cached, neither torch nor sentence-transformers is
-    imported: the tokenizer and the graph are all a query needs.
+    imported: the tokenizer and the graph are all a query needs. Nor on a first run of a BERT model's OpenVINO
+    graph, which is built from the weights (``backends.direct``).
     """
 
     def __init__(self, config: EncoderConfig = EncoderConfig(), model: ModelRef | None = None):
