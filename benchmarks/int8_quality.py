@@ -44,16 +44,17 @@ def configs() -> dict[str, tuple[str, str]]:
 
 def graph_noise(model: str) -> dict:
     """rank_noise of the model's int8 graphs and of its bf16 graph, on retr's fixed sample."""
-    from retr.retrieval.backends.export import rank_noise
+    from retr.retrieval.backends.export import TorchEmbedding, rank_noise
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     enc = BiEncoder(EncoderConfig(model=model, backend="openvino", query_backend="onnx-int8"))
-    out = {"openvino (bf16)": rank_noise(enc.graph.runner, enc.model, enc.max_length),
-           "onnx-int8 (queries)": rank_noise(enc.query_graph.runner, enc.model, enc.max_length)}
+    torch_ref = TorchEmbedding(enc.model)  # every graph against the torch model
+    out = {"openvino (bf16)": rank_noise(enc.graph.runner, torch_ref, enc.max_length),
+           "onnx-int8 (queries)": rank_noise(enc.query_graph.runner, torch_ref, enc.max_length)}
     for int8 in ("openvino-int8", "openvino-int8-ffn"):
         graph = BiEncoder(EncoderConfig(model=model, backend=int8)).calibrated_graph
         if graph is not None:
-            out[f"{int8} (documents)"] = rank_noise(graph.runner, enc.model, enc.max_length)
+            out[f"{int8} (documents)"] = rank_noise(graph.runner, torch_ref, enc.max_length)
     return out
 
 
