@@ -221,8 +221,9 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
     precision = backend.precision()
     t0 = time.perf_counter()
     built = None
-    # static int8 graphs are still quantised from torch's export: NNCF on the built graph gave the test BERT's
-    # int8 graph ranking noise 0.067 against 0.05 the bar, where the exported graph's stays under it
+    # static int8 graphs are still quantised from torch's export: NNCF on the built graph (SDPA operation or eager
+    # attention alike) gave the test BERT's int8 graph ranking noise 0.067 against the 0.05 bar, where the exported
+    # graph's stays under it
     if kind.build is not None and model_path is not None and backend.runtime == "openvino" \
             and not backend.calibrated:
         try:
