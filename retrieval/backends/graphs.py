@@ -205,10 +205,10 @@ def _refused_before(folder: Path, meta: dict, model_hash: str, backend: Backend,
 def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Backend, kind: GraphKind,
                    max_length: int, cache_root: Path, threads: int | None = None,
                    calibration: Calibration | None = None, model_path: Path | None = None) -> Graph:
-    """The verified graph for this model and backend, from the cache, or made now: for the (uncalibrated) OpenVINO
-    backend and a model ``kind.build`` knows (a BERT bi-encoder at ``model_path``), built from the weights and checked against a
-    numpy forward pass of them; otherwise exported from ``get_model()`` (a sentence-transformers model for
-    ``EMBEDDING``, a CrossEncoder for ``SCORING``) and checked against it."""
+    """The verified graph for this model and backend, from the cache, or made now: for the (uncalibrated)
+    OpenVINO backend and a model ``kind.build`` knows (a BERT bi-encoder at ``model_path``), built from the weights
+    and checked against a numpy forward pass of them; otherwise exported from ``get_model()`` (a
+    sentence-transformers model for ``EMBEDDING``, a CrossEncoder for ``SCORING``) and checked against it."""
     if not backend.exported:
         raise RetrError(f"the {backend.name} backend runs the torch model: there is no graph to export")
     if backend.calibrated != (calibration is not None):
