@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from retr.retrieval.backends import batching
+
 logger = logging.getLogger(__name__)
 
 # hidden_act -> OpenVINO's Gelu mode (HF: "gelu" is erf's; "gelu_new" and "gelu_pytorch_tanh" the tanh form)
@@ -224,24 +226,20 @@ class NumpyBert:
     torch. Its two methods are what ``export.verify_embedding`` and ``export.rank_noise`` ask of a reference."""
 
     def __init__(self, spec: BertSpec, weights: dict[str, np.ndarray], tokenizer_dir: Path):
-        from retr.retrieval.backends.batching import plain_tokenizer
-
         self.spec, self.w = spec, weights
-        self._tok = plain_tokenizer(tokenizer_dir)
+        self._dir = tokenizer_dir
+        self._ids: dict[int, batching.FastIds] = {}  # the model's truncating tokenizer, per max length asked for
 
     def feed(self, texts: list[str], max_length: int) -> dict[str, np.ndarray]:
-        """``texts`` tokenised, truncated to ``max_length`` and padded: (B, L) int64 input ids and mask."""
-        self._tok.enable_truncation(max_length)
-        try:
-            rows = [e.ids for e in self._tok.encode_batch(texts)]
-        finally:
-            self._tok.no_truncation()
-        width = max(len(r) for r in rows)
-        ids = np.zeros((len(rows), width), dtype=np.int64)
-        mask = np.zeros_like(ids)
-        for i, r in enumerate(rows):
-            ids[i, :len(r)], mask[i, :len(r)] = r, 1
-        return {"input_ids": ids, "attention_mask": mask}
+        """``texts`` tokenised as the encoder tokenises them (``batching.fast_tokenizer``), truncated to
+        ``max_length`` and padded: (B, L) int64 input ids and mask."""
+        if max_length not in self._ids:
+            self._ids[max_length] = batching.fast_tokenizer(self._dir, max_length)
+        rows = self._ids[max_length](texts)
+        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        width = int(lengths.max())
+        return {"input_ids": batching.padded(rows, np.arange(len(rows)), width, lengths),
+                "attention_mask": batching.attention_mask(lengths, width)}
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """(B, L) ids and mask (a ``feed``) -> (B, D) float32, L2-normalised."""
