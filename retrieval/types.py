@@ -124,10 +124,20 @@ class Qrels(Mapping[str, Mapping[str, int]]):
         return sum(1 for g in self._data.get(qid, {}).values() if g > 0)
 
 
+def has_searchable_text(text: str) -> bool:
+    """Whether ``text`` holds a character a retriever can match: a letter, digit, mark, symbol or punctuation.
+    Whitespace, NUL and other control characters, zero-width and other format characters, surrogates and
+    unassigned code points alone make no query (they would rank documents arbitrarily)."""
+    import unicodedata
+
+    return any(unicodedata.category(c)[0] in "LNMSP" for c in text)
+
+
 def check_query(text: str) -> str:
-    """A query to search with: empty or whitespace-only text is an input error, not a search for anything."""
-    if not isinstance(text, str) or not text.strip():
-        raise RetrError("the query is empty: give some words to search for")
+    """A query to search with: text with no searchable character (``has_searchable_text``) is an input error,
+    not a search for anything."""
+    if not isinstance(text, str) or not has_searchable_text(text):
+        raise RetrError("the query is empty or holds no searchable characters: give some words to search for")
     return text
 
 

@@ -1,0 +1,194 @@
+"""One search request, built and checked the same way by every door: `retr search`, ``retr.Index.search`` /
+``search_batch`` and `retr serve`'s ``POST /search``; ``Searcher.run`` takes it.
+
+This module is the one place that owns the search defaults (``DEFAULT_MODE``, ``DEFAULT_K``, ``DEFAULT_FUSION``)
+and the bounds of a request (``MAX_K``). Everything a request holds is checked here, once, so a bad value is a
+one-line ``RetrError`` naming the field whichever door it came through:
+
+* ``k``: an ``int`` from 1 to ``MAX_K`` (not a bool, a float or a string);
+* ``mode``: a first stage of the pipeline registry (``FIRST_STAGES``); ``fusion`` one of ``FUSIONS``;
+  ``passage_aggregate`` one of ``AGGREGATES`` (both None: the searcher's own);
+* ``rerank``: a cross-encoder folder (a ``str`` or path) or None;
+* ``filter``: a mapping of ``str`` field -> ``str``/``int``/``float``/``bool`` value, or None;
+* queries: ``str`` s with at least one searchable character (``has_searchable_text``: a letter, digit, mark,
+  symbol or punctuation; whitespace, NUL, zero-width and other control or format characters alone are refused);
+  a batch is a list or tuple of them, never a ``str`` (``"ab"`` is not the two queries ``a`` and ``b``).
+
+The default mode is **hybrid** at every door (it was ``dense`` in the CLI, ``hybrid`` in the API and the
+service). Hybrid is the better ranking on every collection measured and costs little: nDCG@10 with the bundled
+model (benchmarks/results/fusion-study.json, README "Fusion") SciFact test 0.7273 hybrid against 0.6456 dense
+and 0.6863 BM25; the mean over the four zero-shot collections (npl, cranfield, cisi, adi) 0.4743 against 0.4338
+dense and 0.4201 BM25, and hybrid is never below either part on any of them (worst gap +0.021). The extra cost is
+one BM25 search and the fusion of two top-100 lists, a few ms next to the query encoding both modes pay (README
+"Service": a hybrid SciFact query ~10 ms on a 2-core AMD EPYC). An index built without BM25 (`--no-bm25`) must
+be searched with ``mode="dense"``; it says so.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+
+from retr.retrieval.errors import RetrError
+from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS
+from retr.retrieval.passages import AGGREGATES
+from retr.retrieval.pipeline import FIRST_STAGES
+from retr.retrieval.types import has_searchable_text
+
+DEFAULT_MODE = "hybrid"
+DEFAULT_K = 10
+MAX_K = 10_000  # more hits than any page or run file needs; FAISS and the fusion allocate k per query
+MAX_FILTER_FIELDS = 64
+MAX_QUERY_CHARS = 100_000  # a whole document pasted as a query still fits; the service bounds it tighter
+
+__all__ = ["DEFAULT_FUSION", "DEFAULT_K", "DEFAULT_MODE", "MAX_K", "SearchRequest", "check_k", "check_queries",
+           "check_query"]
+
+Scalar = str | int | float | bool
+
+
+def _kind(value: object) -> str:
+    """``value`` and its type, for a message: ``'10' (type str)``."""
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return f"{text} (type {type(value).__name__})"
+
+
+def check_k(value: object, field: str = "k", most: int = MAX_K) -> int:
+    """``value`` as a count of hits: an integer (``int`` or a NumPy integer, never a bool) from 1 to ``most``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise RetrError(f"{field} must be a whole number from 1 to {most}, got {_kind(value)}")
+    if not 1 <= int(value) <= most:
+        raise RetrError(f"{field} must be from 1 to {most}, got {int(value)}")
+    return int(value)
+
+
+def check_query(text: object, field: str = "query") -> str:
+    """``text`` as a query: a ``str`` holding at least one searchable character, at most ``MAX_QUERY_CHARS``."""
+    if not isinstance(text, str):
+        raise RetrError(f"{field} must be a str, got {_kind(text)}")
+    if not has_searchable_text(text):
+        raise RetrError(f"{field} is empty or holds no searchable characters (only whitespace, control or "
+                        f"zero-width characters): give some words to search for")
+    if len(text) > MAX_QUERY_CHARS:
+        raise RetrError(f"{field} is longer than {MAX_QUERY_CHARS} characters ({len(text)})")
+    return text
+
+
+def check_queries(values: object, field: str = "queries") -> tuple[str, ...]:
+    """``values`` as a batch of queries: a list or tuple (or another iterable that is not a ``str``, ``bytes`` or
+    mapping) of at least one query."""
+    if isinstance(values, (str, bytes, bytearray, Mapping)) or not isinstance(values, Iterable):
+        raise RetrError(f"{field} must be a list of str, got {_kind(values)}"
+                        + (": a str is one query, not a list of them" if isinstance(values, str) else ""))
+    queries = tuple(values)
+    if not queries:
+        raise RetrError(f"{field} is empty: give at least one query")
+    return tuple(check_query(q, f"{field}[{i}]") for i, q in enumerate(queries))
+
+
+def _choice(value: object, field: str, allowed: Iterable[str], optional: bool) -> str | None:
+    if value is None and optional:
+        return None
+    allowed = tuple(allowed)
+    if not isinstance(value, str) or value not in allowed:
+        raise RetrError(f"{field} must be one of {', '.join(allowed)}{' or None' if optional else ''}, "
+                        f"got {_kind(value)}")
+    return value
+
+
+def _filter(value: object) -> Mapping[str, Scalar] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise RetrError(f"filter must be a mapping of field -> value (e.g. {{'lang': 'en'}}) or None, "
+                        f"got {_kind(value)}")
+    if len(value) > MAX_FILTER_FIELDS:
+        raise RetrError(f"filter has {len(value)} fields: at most {MAX_FILTER_FIELDS}")
+    out: dict[str, Scalar] = {}
+    for key, v in value.items():
+        if not isinstance(key, str) or not key.strip():
+            raise RetrError(f"filter: a field name must be a non-empty str, got {_kind(key)}")
+        if not isinstance(v, (str, int, float, bool)):  # bool is an int; NumPy scalars are refused alike
+            raise RetrError(f"filter[{key!r}] must be a str, int, float or bool, got {_kind(v)}")
+        out[key] = v
+    return MappingProxyType(out) if out else None
+
+
+def _rerank(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise RetrError(f"rerank must be a cross-encoder folder (a str) or None, got {_kind(value)}")
+    return value
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """What to search for and how: checked on construction, immutable after.
+
+    ``queries``: one or more queries, each searched alone; ``k``: hits per query; ``mode``: bm25, dense or hybrid;
+    ``fusion``: the hybrid's fusion (None: the searcher's, ``DEFAULT_FUSION`` unless it was opened with another);
+    ``rerank``: a cross-encoder folder rescoring the first stage's top hits (its depth is the searcher's
+    ``RerankConfig.depth``); ``filter``: ``{field: value}`` every hit's record must hold; ``passage_aggregate``:
+    an index of passages: how passage scores make a document's (None: the index's own). Build one with ``one``
+    (a single query) or ``batch``; constructing directly checks the same way.
+    """
+
+    queries: tuple[str, ...]
+    k: int = DEFAULT_K
+    mode: str = DEFAULT_MODE
+    fusion: str | None = None
+    rerank: str | None = None
+    filter: Mapping[str, Scalar] | None = None
+    passage_aggregate: str | None = None
+
+    def __post_init__(self) -> None:
+        checked = {
+            "queries": check_queries(self.queries),
+            "k": check_k(self.k),
+            "mode": _choice(self.mode, "mode", FIRST_STAGES, optional=False),
+            "fusion": _choice(self.fusion, "fusion", FUSIONS, optional=True),
+            "rerank": _rerank(self.rerank),
+            "filter": _filter(self.filter),
+            "passage_aggregate": _choice(self.passage_aggregate, "passage_aggregate", AGGREGATES, optional=True),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def one(cls, query: object, **options) -> SearchRequest:
+        """A request for one query (a ``str``; a list is refused: use ``batch``)."""
+        return cls(queries=(check_query(query),), **_options(options))
+
+    @classmethod
+    def batch(cls, queries: object, **options) -> SearchRequest:
+        """A request for a batch of queries (a list or tuple of ``str``; a ``str`` is refused: use ``one``)."""
+        return cls(queries=check_queries(queries), **_options(options))
+
+    @property
+    def query(self) -> str:
+        """The query of a one-query request."""
+        if len(self.queries) != 1:
+            raise RetrError(f"this request holds {len(self.queries)} queries, not one")
+        return self.queries[0]
+
+    @property
+    def pipeline(self) -> str:
+        """The pipeline name it runs (``hybrid``, ``dense+rerank``, ...)."""
+        return self.mode + ("+rerank" if self.rerank else "")
+
+
+_OPTIONS = frozenset(f.name for f in fields(SearchRequest)) - {"queries"}
+
+
+def _options(options: dict) -> dict:
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise RetrError(f"unknown search option {unknown[0]!r}: choose from {', '.join(sorted(_OPTIONS))}")
+    return options
