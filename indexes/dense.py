@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from retr.retrieval.errors import RetrError
+from retr.retrieval.types import check_int
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +46,23 @@ class DenseIndexConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
+        if not isinstance(self.kind, str) or self.kind not in KINDS:
             raise RetrError(f"unknown index kind {self.kind!r}: choose one of {', '.join(KINDS)}")
-        if self.lean_m < 0 or self.lean_m % 2:
+        for name, (least, most) in PARAMETER_BOUNDS.items():  # before FAISS sees them (M=-5 asks it for ~22 GB)
+            check_int(getattr(self, name), f"{name} (--{name.replace('_', '-')})", least, most)
+        if self.lean_m % 2:
             raise RetrError(f"--lean-m {self.lean_m}: must be an even number (two 4-bit codes a byte), or 0 for auto")
+
+
+# every DenseIndexConfig number's range (0 where allowed: chosen from the corpus size), checked by the config itself
+# so `retr index`, `retr eval` and retr.Index.build refuse alike; wide enough for any index FAISS builds in RAM
+PARAMETER_BOUNDS = {
+    "hnsw_m": (2, 256), "ef_construction": (1, 10_000), "ef_search": (1, 10_000),
+    "nlist": (0, 1 << 20), "pq_m": (0, 4096), "pq_nbits": (1, 16), "nprobe": (1, 1 << 20),
+    "lean_m": (0, 4096), "lean_nprobe": (1, 1 << 20), "k_factor": (1, 10_000),
+    "train_sample": (1, 1 << 31), "seed": (0, (1 << 31) - 1),
+}
+MIN_POINTS_PER_CENTROID = 39  # FAISS k-means' own floor, below which it prints a warning to stderr
 
 
 def _ivfpq_shape(n: int, dim: int, cfg: DenseIndexConfig) -> tuple[int, int, int]:
@@ -87,7 +101,24 @@ def drop_pages(emb: np.ndarray) -> None:
 
 
 def _nlist(n: int, cfg: DenseIndexConfig) -> int:
-    return cfg.nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
+    if cfg.nlist > n:
+        raise RetrError(f"--nlist {cfg.nlist}: more lists than the {n} vectors to cluster; give at most {n}, or 0 "
+                        f"to choose from the corpus size")
+    return cfg.nlist or max(1, min(int(4 * math.sqrt(n)), n // MIN_POINTS_PER_CENTROID))
+
+
+def _quiet(*clusterings) -> None:
+    """Keep FAISS's k-means from printing to stderr (its warning for fewer than 39 points a centroid is written
+    by the C++ code, past Python's logging); ``_train`` logs that case through retr's logger instead."""
+    for cp in clusterings:
+        cp.min_points_per_centroid = 1
+        cp.verbose = False
+
+
+def _warn_if_thin(points: int, centroids: int, what: str) -> None:
+    if points < MIN_POINTS_PER_CENTROID * centroids:
+        logger.warning("%s: %d training vectors for %d centroids (k-means wants >= %d per centroid); the lists may "
+                       "be uneven", what, points, centroids, MIN_POINTS_PER_CENTROID)
 
 
 def _train_sample(emb: np.ndarray, cfg: DenseIndexConfig, nlist: int) -> np.ndarray:
@@ -127,8 +158,10 @@ def _build_lean(emb: np.ndarray, cfg: DenseIndexConfig):
     base = faiss.IndexIVFPQFastScan(faiss.IndexFlatIP(dim), dim, nlist, m, 4, faiss.METRIC_INNER_PRODUCT)
     base.cp.seed = cfg.seed
     base.pq.cp.seed = cfg.seed
+    _quiet(base.cp, base.pq.cp)
     sample = rounded(_train_sample(emb, cfg, nlist))
     sampled = len(sample)
+    _warn_if_thin(sampled, nlist, "--nlist")
     if sampled < 256:  # 16 centroids per sub-quantizer: a tiny corpus is repeated (k-means needs >= 16 points)
         sample = np.tile(sample, (-(-256 // max(1, len(sample))), 1))
     logger.info("training lean IVF%d,PQ%dx4fs on %d of %d vectors", nlist, m, len(sample), n)
@@ -163,6 +196,8 @@ def build_faiss(emb: np.ndarray, cfg: DenseIndexConfig):
         sample = _train_sample(emb, cfg, nlist)
         index.cp.seed = cfg.seed
         index.pq.cp.seed = cfg.seed if hasattr(index.pq, "cp") else 0
+        _quiet(index.cp, *([index.pq.cp] if hasattr(index.pq, "cp") else []))
+        _warn_if_thin(len(sample), nlist, "--nlist")
         logger.info("training IVF%d,PQ%dx%d on %d of %d vectors", nlist, pq_m, nbits, len(sample), n)
         index.train(sample)
         index.nprobe = min(cfg.nprobe, nlist)

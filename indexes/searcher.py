@@ -19,8 +19,9 @@ from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
 from retr.retrieval.protocol import StageTimer
+from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE, SearchRequest
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
-from retr.retrieval.types import check_query, filter_value
+from retr.retrieval.types import filter_value
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Searcher:
         self._positions = {d: i for i, d in enumerate(self.index.ids)}
         self._lock = threading.Lock()
         self._filters: dict[tuple, np.ndarray] = {}  # filter -> allowed positions (the last 64 used)
+        self._variants: dict[PipelineConfig, PipelineFactory] = {}  # per-request fusion / passage aggregate
+        self._closed = False
 
     @property
     def encoder(self) -> BiEncoder:
@@ -120,22 +123,45 @@ class Searcher:
             self._filters[key] = found
         return self._filters[key]
 
-    def search_many(self, queries: Sequence[str], k: int = 10, mode: str = "dense",
-                    rerank: str | None = None, filter: Mapping[str, object] | None = None) -> list[SearchResult]:
-        """One result per query, each searched alone (a query's hits never depend on the others). ``mode``:
-        bm25, dense or hybrid; ``rerank``: a cross-encoder folder rescoring the top ``depth``; ``filter``:
-        ``{field: value}`` that every hit's metadata must hold (every stage searches only those documents, so
-        k hits come back whenever k matching documents exist)."""
-        if k < 1:
-            raise RetrError(f"k must be >= 1, got {k}")
-        texts = [check_query(q) for q in queries]
-        spec = PipelineSpec.parse(mode + ("+rerank" if rerank else ""))
+    def _factory_for(self, request: SearchRequest) -> PipelineFactory:
+        """The factory of the pipeline options ``request`` overrides (its fusion, passage aggregate), sharing the
+        searcher's query encoder and BM25; the searcher's own when it overrides none. Called under the lock."""
+        base = self._factory
+        config = replace(base.config, fusion=request.fusion or base.config.fusion,
+                         passage_aggregate=request.passage_aggregate or base.config.passage_aggregate)
+        if config == base.config:
+            return base
+        if config not in self._variants:
+            if len(self._variants) >= 8:
+                self._variants.pop(next(iter(self._variants)))
+            self._variants[config] = PipelineFactory(self.index, config=config, encoder_config=base.encoder_config)
+        variant = self._variants[config]
+        spec = PipelineSpec.parse(request.pipeline)
+        if spec.uses_dense and variant._encoder is None:
+            variant._encoder = base.encoder
+        if spec.uses_bm25 and variant._bm25 is None:
+            base.bm25()
+            variant._bm25 = base._bm25
+        return variant
+
+    def run(self, request: SearchRequest) -> list[SearchResult]:
+        """One result per query of ``request`` (``retr.retrieval.request``: checked, with the one set of
+        defaults), each searched alone: a query's hits never depend on the others. ``request.filter``: every
+        stage searches only the documents whose record holds it, so k hits come back whenever k such exist."""
+        if not isinstance(request, SearchRequest):
+            raise RetrError(f"a search takes a SearchRequest, got {type(request).__name__}")
+        if self._closed:
+            raise RetrError(f"{self.index.folder}: this index was closed: open it again to search")
+        spec = PipelineSpec.parse(request.pipeline)
+        k = request.k
         with self._lock:  # lazy parts (encoder, its query graph, BM25, cross-encoder, filters) are made once
-            retriever = self._factory.make(spec, self.reranker(rerank) if rerank else None, self.allowed(filter))
+            factory = self._factory_for(request)
+            retriever = factory.make(spec, self.reranker(request.rerank) if request.rerank else None,
+                                     self.allowed(request.filter))
             if spec.uses_dense:
-                _ = self._factory.encoder.query_graph
+                _ = factory.encoder.query_graph
         out = []
-        for q in texts:
+        for q in request.queries:
             timer = StageTimer()
             t0 = time.perf_counter()
             hits = retriever.search({"q": q}, k, timer)["q"]
@@ -148,14 +174,27 @@ class Searcher:
                 latency_ms={**{s: v * 1000.0 for s, v in timer.seconds.items()}, "total": total * 1000.0}))
         return out
 
-    def search(self, query: str, k: int = 10, mode: str = "dense", rerank: str | None = None,
+    def search_many(self, queries: Sequence[str], k: int = DEFAULT_K, mode: str = DEFAULT_MODE,
+                    rerank: str | None = None, filter: Mapping[str, object] | None = None) -> list[SearchResult]:
+        """``run`` of ``SearchRequest.batch(queries, ...)``: one result per query."""
+        return self.run(SearchRequest.batch(queries, k=k, mode=mode, rerank=rerank, filter=filter))
+
+    def search(self, query: str, k: int = DEFAULT_K, mode: str = DEFAULT_MODE, rerank: str | None = None,
                filter: Mapping[str, object] | None = None) -> SearchResult:
-        return self.search_many([query], k, mode, rerank, filter)[0]
+        """``run`` of ``SearchRequest.one(query, ...)``: its one result."""
+        return self.run(SearchRequest.one(query, k=k, mode=mode, rerank=rerank, filter=filter))[0]
 
     def document(self, doc_id: str):
         """The stored document ``doc_id``, or None when the index does not hold it."""
         position = self._positions.get(doc_id)
         return None if position is None else self.index.docstore.get(position)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
-        self.index.close()
+        """Release the index's files; searching afterwards is a one-line error (closing twice is harmless)."""
+        if not self._closed:
+            self._closed = True
+            self.index.close()

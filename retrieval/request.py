@@ -26,7 +26,6 @@ be searched with ``mode="dense"``; it says so.
 
 from __future__ import annotations
 
-import numbers
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
@@ -36,7 +35,7 @@ from retr.retrieval.errors import RetrError
 from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS
 from retr.retrieval.passages import AGGREGATES
 from retr.retrieval.pipeline import FIRST_STAGES
-from retr.retrieval.types import has_searchable_text
+from retr.retrieval.types import check_int, has_searchable_text
 
 DEFAULT_MODE = "hybrid"
 DEFAULT_K = 10
@@ -59,11 +58,7 @@ def _kind(value: object) -> str:
 
 def check_k(value: object, field: str = "k", most: int = MAX_K) -> int:
     """``value`` as a count of hits: an integer (``int`` or a NumPy integer, never a bool) from 1 to ``most``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise RetrError(f"{field} must be a whole number from 1 to {most}, got {_kind(value)}")
-    if not 1 <= int(value) <= most:
-        raise RetrError(f"{field} must be from 1 to {most}, got {int(value)}")
-    return int(value)
+    return check_int(value, field, 1, most)
 
 
 def check_query(text: object, field: str = "query") -> str:

@@ -124,6 +124,20 @@ class Qrels(Mapping[str, Mapping[str, int]]):
         return sum(1 for g in self._data.get(qid, {}).values() if g > 0)
 
 
+def check_int(value: object, field: str, least: int = 1, most: int | None = None) -> int:
+    """``value`` as a bounded integer option: an ``int`` (or a NumPy integer), never a bool, a float or a string;
+    a one-line ``RetrError`` naming ``field`` otherwise."""
+    import numbers
+
+    span = f"from {least} to {most}" if most is not None else f">= {least}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise RetrError(f"{field} must be a whole number {span}, got {shown} (type {type(value).__name__})")
+    if int(value) < least or (most is not None and int(value) > most):
+        raise RetrError(f"{field} must be {span}, got {int(value)}")
+    return int(value)
+
+
 def has_searchable_text(text: str) -> bool:
     """Whether ``text`` holds a character a retriever can match: a letter, digit, mark, symbol or punctuation.
     Whitespace, NUL and other control characters, zero-width and other format characters, surrogates and
