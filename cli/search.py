@@ -6,6 +6,7 @@ import argparse
 
 from retr.cli import options
 from retr.retrieval.pipeline import FIRST_STAGES
+from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE
 
 
 def _condition(text: str) -> tuple[str, str]:
@@ -19,8 +20,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("search", help="query an index folder")
     p.add_argument("index", help="index folder written by `retr index`")
     p.add_argument("query")
-    p.add_argument("-k", type=options.positive_int, default=10)
-    p.add_argument("--mode", choices=FIRST_STAGES, default="dense")
+    p.add_argument("-k", type=options.positive_int, default=DEFAULT_K)
+    p.add_argument("--mode", choices=FIRST_STAGES, default=DEFAULT_MODE)
     options.add_fusion_arg(p)
     p.add_argument("--rerank", default=None, metavar="MODEL_DIR", help="cross-encoder folder")
     options.add_rerank_args(p)
@@ -39,12 +40,15 @@ def run(args: argparse.Namespace) -> int:
 
     from retr.eval.pseudo import check_index_reranker
     from retr.indexes.searcher import Searcher
+    from retr.retrieval.request import SearchRequest
 
+    request = SearchRequest.one(args.query, k=args.k, mode=args.mode, rerank=args.rerank,
+                                filter=dict(args.filter) or None)  # checked before the index is opened
     searcher = Searcher(args.index, options.query_encoder_config(args),
                         options.pipeline_config(args), options.rerank_config(args, args.rerank),
                         checker=check_index_reranker)
     try:
-        result = searcher.search(args.query, args.k, args.mode, args.rerank, dict(args.filter) or None)
+        result = searcher.run(request)[0]
     finally:
         searcher.close()
     if args.json:
