@@ -11,116 +11,239 @@ Errors are ``retr.RetrError`` with the CLI's one-line messages; nothing is print
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from retr.eval.metrics import DEFAULT_K_VALUES
 from retr.eval.report import EvalReport
+from retr.eval.runner import EvalConfig
+from retr.indexes.build import IndexConfig
 from retr.indexes.dense import DenseIndexConfig
+from retr.indexes.executors import EXECUTORS, ExecutorConfig
 from retr.indexes.searcher import SearchHit, SearchResult
-from retr.retrieval.backends.registry import DEFAULT_BACKEND
+from retr.retrieval.backends.registry import choices
+from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
-from retr.retrieval.fusion import DEFAULT_FUSION
+from retr.retrieval.fusion import FUSIONS
+from retr.retrieval.passages import AGGREGATES, PassageConfig
+from retr.retrieval.pipeline import PipelineConfig
+from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE, SearchRequest
+from retr.retrieval.types import check_int
 
-__all__ = ["DenseIndexConfig", "EvalReport", "Index", "RetrError", "SearchHit", "SearchResult", "evaluate"]
+__all__ = ["DenseIndexConfig", "EvalReport", "Index", "RetrError", "SearchHit", "SearchRequest", "SearchResult",
+           "evaluate"]
+
+# every default below is the one its config owns (retr.retrieval.request for a search's)
+_DEFAULT_PIPELINES = tuple(p.name for p in EvalConfig.pipelines)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return f"{text if len(text) <= 40 else text[:37] + '...'} (type {type(value).__name__})"
+
+
+def _path(value: object, field: str, optional: bool = False) -> Path | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise RetrError(f"{field} must be a path (a str or pathlib.Path){' or None' if optional else ''}, "
+                        f"got {_shown(value)}")
+    return Path(value)
+
+
+def _text(value: object, field: str) -> str | None:
+    """An optional text option (a field name, a prompt, a model name): a ``str`` or None."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if value is not None and (not isinstance(value, str) or "\0" in value):
+        raise RetrError(f"{field} must be a str or None, got {_shown(value)}")
+    return value
+
+
+def _flag(value: object, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise RetrError(f"{field} must be True or False, got {_shown(value)}")
+    return value
+
+
+def _choice(value: object, field: str, allowed: Iterable[str], optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    allowed = tuple(allowed)
+    if not isinstance(value, str) or value not in allowed:
+        raise RetrError(f"{field} must be one of {', '.join(allowed)}{' or None' if optional else ''}, "
+                        f"got {_shown(value)}")
+    return value
+
+
+def _names(value: object, field: str) -> list[str]:
+    """A list of names (ids, pipelines): a list or tuple of ``str``, never one ``str`` taken letter by letter."""
+    if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
+        hint = f": for one, pass [{value!r}]" if isinstance(value, str) and len(value) <= 40 else ""
+        raise RetrError(f"{field} must be a list of str, got {_shown(value)}{hint}")
+    names = list(value)
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            raise RetrError(f"{field}[{i}] must be a str, got {_shown(name)}")
+    return names
+
+
+def _passages(passages: object, aggregate: object) -> PassageConfig | None:
+    aggregate = _choice(aggregate, "aggregate", AGGREGATES)
+    if passages is None:
+        return None
+    if not isinstance(passages, str):
+        raise RetrError(f"passages must be a str 'N' or 'N:STRIDE' (tokens, e.g. '256:128') or None, "
+                        f"got {_shown(passages)}")
+    return PassageConfig.parse(passages, aggregate)
+
+
+def _encoder(model: object, backend: object, query_backend: object = None, max_length: object = None,
+             query_prompt: object = None, doc_prompt: object = None) -> EncoderConfig:
+    return EncoderConfig(
+        model=_text(model, "model"), backend=_choice(backend, "backend", choices()),
+        query_backend=_choice(query_backend, "query_backend", choices(), optional=True),
+        max_length=None if max_length is None else check_int(max_length, "max_length", 1, 1 << 20),
+        query_prompt=_text(query_prompt, "query_prompt"), doc_prompt=_text(doc_prompt, "doc_prompt"))
 
 
 class Index:
-    """An index folder opened for search (see ``build`` and ``load``)."""
+    """An index folder opened for search (see ``build`` and ``load``). Once closed (``close``, or the end of a
+    ``with`` block), it refuses every call with a one-line error."""
 
     def __init__(self, searcher):
         self._searcher = searcher
 
     @classmethod
-    def build(cls, corpus: str | Path, out: str | Path, *, model: str | None = None, backend: str = DEFAULT_BACKEND,
-              bm25: bool = True, kind: str = "flat", id_field: str | None = None, text_field: str | None = None,
-              title_field: str | None = None, max_length: int | None = None, use_cache: bool = True,
+    def build(cls, corpus: str | Path, out: str | Path, *, model: str | None = None,
+              backend: str = EncoderConfig.backend, bm25: bool = True, kind: str = DenseIndexConfig.kind,
+              id_field: str | None = None, text_field: str | None = None, title_field: str | None = None,
+              max_length: int | None = None, use_cache: bool = IndexConfig.use_cache,
               query_prompt: str | None = None, doc_prompt: str | None = None, passages: str | None = None,
-              aggregate: str = "maxp", shards: int = 1, executor: str = "local", ray_address: str | None = None,
-              ray_actors: int = 2, **dense_options) -> Index:
+              aggregate: str = PassageConfig.aggregate, shards: int = IndexConfig.shards,
+              executor: str = ExecutorConfig.name, ray_address: str | None = None,
+              ray_actors: int = ExecutorConfig.actors, **dense_options) -> Index:
         """Build ``out`` from ``corpus`` (a BEIR folder or a JSONL/CSV/TSV file) and open it. The options are
         `retr index`'s (prompts: None takes the model's own; ``passages``: ``"N[:STRIDE]"`` indexes passages and
         ranks documents by their ``aggregate``; ``executor="ray"`` encodes on a Ray cluster); ``dense_options``
-        are ``DenseIndexConfig`` fields (``hnsw_m``, ``ef_search``, ...)."""
-        from retr.indexes.build import IndexConfig, build_index
+        are ``DenseIndexConfig`` fields (``hnsw_m``, ``ef_search``, ...), each bounded by the config."""
+        from retr.indexes.build import build_index
         from retr.indexes.corpus import CorpusFormat, load_corpus
-        from retr.indexes.executors import ExecutorConfig
         from retr.retrieval.bm25 import BM25Config
-        from retr.retrieval.encoder import EncoderConfig
-        from retr.retrieval.passages import PassageConfig
 
-        corpus_ = load_corpus(Path(corpus), CorpusFormat(id_field, text_field, title_field))
-        try:
-            dense = DenseIndexConfig(kind=kind, **dense_options)
-        except TypeError as e:
-            raise RetrError(f"unknown index option: {e}") from None
-        cfg = IndexConfig(dense=dense, encoder=EncoderConfig(model=model, backend=backend, max_length=max_length,
-                                                             query_prompt=query_prompt, doc_prompt=doc_prompt),
-                          bm25=BM25Config() if bm25 else None, use_cache=use_cache,
-                          passages=PassageConfig.parse(passages, aggregate) if passages else None, shards=shards,
-                          executor=ExecutorConfig(name=executor, address=ray_address, actors=ray_actors))
-        build_index(corpus_, Path(out), cfg)
-        return cls.load(out, backend=backend)
+        corpus_path, out_path = _path(corpus, "corpus"), _path(out, "out")
+        allowed = set(DenseIndexConfig.__dataclass_fields__) - {"kind"}
+        unknown = sorted(set(dense_options) - allowed)
+        if unknown:
+            raise RetrError(f"unknown index option {unknown[0]!r}: choose from {', '.join(sorted(allowed))}")
+        dense = DenseIndexConfig(kind=kind, **dense_options)
+        encoder = _encoder(model, backend, None, max_length, query_prompt, doc_prompt)
+        cfg = IndexConfig(dense=dense, encoder=encoder, bm25=BM25Config() if _flag(bm25, "bm25") else None,
+                          use_cache=_flag(use_cache, "use_cache"), passages=_passages(passages, aggregate),
+                          shards=check_int(shards, "shards", 1, 4096),
+                          executor=ExecutorConfig(name=_choice(executor, "executor", EXECUTORS),
+                                                  address=_text(ray_address, "ray_address"),
+                                                  actors=check_int(ray_actors, "ray_actors", 1, 4096)))
+        fmt = CorpusFormat(_text(id_field, "id_field"), _text(text_field, "text_field"),
+                           _text(title_field, "title_field"))
+        build_index(load_corpus(corpus_path, fmt), out_path, cfg)
+        return cls.load(out_path, backend=backend)
 
     @classmethod
-    def load(cls, folder: str | Path, *, model: str | None = None, backend: str = DEFAULT_BACKEND,
-             query_backend: str | None = None, fusion: str = DEFAULT_FUSION, query_prompt: str | None = None) -> Index:
+    def load(cls, folder: str | Path, *, model: str | None = None, backend: str = EncoderConfig.backend,
+             query_backend: str | None = None, fusion: str = PipelineConfig.fusion,
+             query_prompt: str | None = None) -> Index:
         """Open an index folder (checked against its manifest). ``model``: the query encoder (default: the one
         that built the index; ``query_prompt``: the index's unless given, and refused when another)."""
         from retr.eval.pseudo import check_index_reranker
         from retr.indexes.searcher import Searcher
-        from retr.retrieval.encoder import EncoderConfig
-        from retr.retrieval.pipeline import PipelineConfig
 
-        return cls(Searcher(folder, EncoderConfig(model=model, backend=backend, query_backend=query_backend,
-                                                  query_prompt=query_prompt),
-                            PipelineConfig(fusion=fusion), checker=check_index_reranker))
+        folder = _path(folder, "folder")
+        encoder = _encoder(model, backend, query_backend, query_prompt=query_prompt)
+        pipeline = PipelineConfig(fusion=_choice(fusion, "fusion", FUSIONS))
+        return cls(Searcher(folder, encoder, pipeline, checker=check_index_reranker))
+
+    @property
+    def _open(self):
+        """The searcher, while the index is open."""
+        if self._searcher.closed:
+            raise RetrError(f"{self._searcher.index.folder}: this Index was closed: open it again with "
+                            f"retr.Index.load")
+        return self._searcher
 
     @property
     def ids(self) -> list[str]:
-        return list(self._searcher.index.ids)
+        return list(self._open.index.ids)
 
     @property
     def manifest(self) -> dict:
-        return self._searcher.index.manifest
+        return self._open.index.manifest
 
-    def search(self, query: str, k: int = 10, mode: str = "hybrid", rerank: str | None = None,
-               filter: Mapping[str, object] | None = None) -> SearchResult:
+    def search(self, query: str, k: int = DEFAULT_K, mode: str = DEFAULT_MODE, rerank: str | None = None,
+               filter: Mapping[str, object] | None = None, *, fusion: str | None = None,
+               passage_aggregate: str | None = None) -> SearchResult:
         """The top ``k`` documents for ``query``: ``mode`` bm25, dense or hybrid; ``rerank`` a cross-encoder
-        folder; ``filter`` ``{field: value}`` on the corpus records' other fields (every stage restricted).
-        The result's ``hits`` are typed (rank, id, score, title, text, metadata); ``latency_ms`` per stage."""
-        return self._searcher.search(query, k, mode, rerank, filter)
+        folder; ``filter`` ``{field: value}`` on the corpus records' other fields (every stage restricted);
+        ``fusion`` / ``passage_aggregate``: this search's, instead of the index's. Defaults and checks are
+        ``retr.SearchRequest``'s. The result's ``hits`` are typed (rank, id, score, title, text, metadata);
+        ``latency_ms`` per stage."""
+        return self.run(SearchRequest.one(query, k=k, mode=mode, rerank=rerank, filter=filter, fusion=fusion,
+                                          passage_aggregate=passage_aggregate))[0]
 
-    def search_batch(self, queries: Sequence[str], k: int = 10, mode: str = "hybrid", rerank: str | None = None,
-                     filter: Mapping[str, object] | None = None) -> list[SearchResult]:
-        """``search`` for each query, in order (each searched alone: its hits never depend on the others)."""
-        return self._searcher.search_many(list(queries), k, mode, rerank, filter)
+    def search_batch(self, queries: Sequence[str], k: int = DEFAULT_K, mode: str = DEFAULT_MODE,
+                     rerank: str | None = None, filter: Mapping[str, object] | None = None, *,
+                     fusion: str | None = None, passage_aggregate: str | None = None) -> list[SearchResult]:
+        """``search`` for each query of ``queries`` (a list of str; a str is refused), in order, each searched
+        alone: its hits never depend on the others."""
+        return self.run(SearchRequest.batch(queries, k=k, mode=mode, rerank=rerank, filter=filter, fusion=fusion,
+                                            passage_aggregate=passage_aggregate))
+
+    def run(self, request: SearchRequest) -> list[SearchResult]:
+        """One result per query of ``request`` (a ``retr.SearchRequest``, as `retr serve` and `retr search`
+        build)."""
+        return self._open.run(request)
 
     def add(self, corpus: str | Path, *, id_field: str | None = None, text_field: str | None = None,
             title_field: str | None = None):
         """Add (or, for ids already held, update) the documents of ``corpus`` without a rebuild, as `retr add`;
         this object then searches the new generation. Returns what changed."""
         from retr.indexes.corpus import CorpusFormat, load_corpus
-        from retr.indexes.update import add_documents
+        from retr.indexes.update import add_documents, recorded_format
 
-        corpus_ = load_corpus(Path(corpus), CorpusFormat(id_field, text_field, title_field))
-        return self._changed(add_documents(self._searcher.index.folder, corpus_))
+        searcher = self._open
+        fmt = CorpusFormat(_text(id_field, "id_field"), _text(text_field, "text_field"),
+                           _text(title_field, "title_field"))
+        corpus_ = load_corpus(_path(corpus, "corpus"), recorded_format(searcher.index.folder, fmt))
+        return self._changed(add_documents(searcher.index.folder, corpus_))
 
     def delete(self, ids: Sequence[str], *, missing_ok: bool = False):
-        """Delete the documents ``ids`` (tombstones until ``compact``), as `retr delete`."""
+        """Delete the documents ``ids`` (a list of str; a str is refused, never read letter by letter), as
+        `retr delete`: tombstones until ``compact``."""
         from retr.indexes.update import delete_documents
 
-        return self._changed(delete_documents(self._searcher.index.folder, list(ids), missing_ok=missing_ok))
+        searcher = self._open
+        ids = _names(ids, "ids")
+        if not ids:
+            raise RetrError("ids is empty: give the ids of the documents to delete")
+        return self._changed(delete_documents(searcher.index.folder, ids, missing_ok=_flag(missing_ok, "missing_ok")))
 
     def compact(self):
         """Fold deleted records away, as `retr compact` (search results do not change)."""
         from retr.indexes.update import compact_index
 
-        return self._changed(compact_index(self._searcher.index.folder))
+        return self._changed(compact_index(self._open.index.folder))
 
     def _changed(self, change):
-        self._searcher = self._searcher.reopened()
+        old = self._searcher
+        self._searcher = old.reopened()
+        old.close()
         return change
+
+    @property
+    def closed(self) -> bool:
+        return self._searcher.closed
 
     def close(self) -> None:
         self._searcher.close()
@@ -132,28 +255,58 @@ class Index:
         self.close()
 
 
-def evaluate(dataset: str | Path, pipelines: Sequence[str] = ("bm25", "dense", "hybrid"), *, split: str = "test",
-             model: str | None = None, backend: str = DEFAULT_BACKEND, query_backend: str | None = None,
-             reranker: str | None = None, k_values: Sequence[int] = DEFAULT_K_VALUES, kind: str = "flat",
-             fusion: str = DEFAULT_FUSION, warmup: int = 5, download: bool = True, run_dir: str | Path | None = None,
+def _new_file(value: object, field: str) -> Path | None:
+    """A path to write: its folder must exist (nothing is created above it), and it must not be a folder."""
+    path = _path(value, field, optional=True)
+    if path is not None:
+        if not path.parent.is_dir():
+            raise RetrError(f"{field}: {path.parent} is not an existing folder: create it first")
+        if path.is_dir():
+            raise RetrError(f"{field}: {path} is a folder, not a file")
+    return path
+
+
+def evaluate(dataset: str | Path, pipelines: Sequence[str] = _DEFAULT_PIPELINES, *, split: str = "test",
+             model: str | None = None, backend: str = EncoderConfig.backend, query_backend: str | None = None,
+             reranker: str | None = None, k_values: Sequence[int] = EvalConfig.k_values,
+             kind: str = DenseIndexConfig.kind, fusion: str = PipelineConfig.fusion,
+             warmup: int = EvalConfig.warmup, download: bool = True, run_dir: str | Path | None = None,
              out: str | Path | None = None, query_prompt: str | None = None,
-             doc_prompt: str | None = None, passages: str | None = None, aggregate: str = "maxp") -> EvalReport:
-    """`retr eval` from Python: the typed report (written to ``out`` as JSON when given)."""
+             doc_prompt: str | None = None, passages: str | None = None,
+             aggregate: str = PassageConfig.aggregate) -> EvalReport:
+    """`retr eval` from Python: the typed report (written to ``out`` as JSON when given; its folder must exist,
+    as must ``run_dir``'s parent)."""
     from retr.eval.data import load_dataset
-    from retr.eval.runner import EvalConfig, run_eval
-    from retr.retrieval.encoder import EncoderConfig
-    from retr.retrieval.passages import PassageConfig
-    from retr.retrieval.pipeline import PipelineConfig, parse_pipelines
+    from retr.eval.runner import run_eval
+    from retr.retrieval.pipeline import parse_pipelines
     from retr.retrieval.rerank import RerankConfig
 
-    cfg = EvalConfig(pipelines=parse_pipelines(",".join(pipelines)), k_values=tuple(sorted(set(k_values))),
-                     encoder=EncoderConfig(model=model, backend=backend, query_backend=query_backend,
-                                           query_prompt=query_prompt, doc_prompt=doc_prompt),
-                     dense=DenseIndexConfig(kind=kind), pipeline=PipelineConfig(fusion=fusion),
-                     reranker=RerankConfig(model=reranker) if reranker else None, warmup=warmup,
-                     passages=PassageConfig.parse(passages, aggregate) if passages else None)
-    report = run_eval(load_dataset(str(dataset), split, download=download), cfg,
-                      Path(run_dir) if run_dir else None)
-    if out is not None:
-        report.write(Path(out))
+    dataset = _path(dataset, "dataset")
+    names = _names(pipelines, "pipelines")
+    if not names or any("," in n for n in names):
+        raise RetrError(f"pipelines must name one pipeline per item, e.g. {list(_DEFAULT_PIPELINES)}, got {names}")
+    ks = _cutoffs(k_values)
+    out_path, run_path = _new_file(out, "out"), _new_file(run_dir, "run_dir")
+    reranker = _text(reranker, "reranker")
+    cfg = EvalConfig(pipelines=parse_pipelines(",".join(names)), k_values=ks,
+                     encoder=_encoder(model, backend, query_backend, None, query_prompt, doc_prompt),
+                     dense=DenseIndexConfig(kind=kind),
+                     pipeline=PipelineConfig(fusion=_choice(fusion, "fusion", FUSIONS)),
+                     reranker=RerankConfig(model=reranker) if reranker else None,
+                     warmup=check_int(warmup, "warmup", 0, 1_000_000),
+                     passages=_passages(passages, aggregate))
+    split = _text(split, "split")
+    report = run_eval(load_dataset(str(dataset), split or "", download=_flag(download, "download")), cfg, run_path)
+    if out_path is not None:
+        report.write(out_path)
     return report
+
+
+def _cutoffs(k_values: object) -> tuple[int, ...]:
+    """``k_values``: a list or tuple of cutoffs (ints >= 1), never a str."""
+    if isinstance(k_values, (str, bytes, bytearray, Mapping)) or not isinstance(k_values, Iterable):
+        raise RetrError(f"k_values must be a list of whole numbers >= 1, e.g. [10, 100], got {_shown(k_values)}")
+    ks = tuple(sorted({check_int(k, "k_values", 1, 1_000_000) for k in k_values}))
+    if not ks:
+        raise RetrError("k_values is empty: give at least one cutoff, e.g. [10, 100]")
+    return ks
