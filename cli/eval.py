@@ -5,28 +5,39 @@ from __future__ import annotations
 import argparse
 
 from retr.cli import options
-from retr.eval.runner import DEFAULT_PIPELINES
+from retr.eval.runner import DEFAULT_PIPELINES, EvalConfig
 from retr.retrieval.pipeline import PIPELINES, PipelineConfig
 
 _PIPELINE = PipelineConfig()
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("eval", help="BEIR metrics and latency for pipelines on a dataset")
-    p.add_argument("--dataset", required=True,
-                   help="BEIR folder, or a name under $RETR_DATA (downloaded if online); several, comma-separated, "
-                        "or a text file listing one per line: one report holding each, and a summary table")
-    p.add_argument("--split", default="test")
-    p.add_argument("--pipelines", default=",".join(DEFAULT_PIPELINES), help=f"comma-separated: {', '.join(PIPELINES)}")
-    p.add_argument("--reranker", default=None, help="cross-encoder folder for +rerank pipelines")
+    p = sub.add_parser("eval", help="BEIR metrics and latency for pipelines on a dataset, or metrics of run files")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dataset",
+                        help="BEIR folder, or a name under $RETR_DATA (downloaded if online); several, "
+                             "comma-separated, or a text file listing one per line: one report holding each, and a "
+                             "summary table")
+    source.add_argument("--run", action="append", dest="runs", default=None, metavar="RUN",
+                        help="score a run file made elsewhere (TREC, MS MARCO TSV or JSONL; repeat for several) "
+                             "against --qrels, with the scorer of --dataset and `retr compare`")
+    p.add_argument("--qrels", default=None,
+                   help="with --run: the judgements (BEIR TSV or TREC qrels) to score against (no default: --run "
+                        "needs it)")
+    p.add_argument("--split", default="test", help="the split whose queries and qrels are scored")
+    p.add_argument("--mode", dest="pipelines", default=",".join(DEFAULT_PIPELINES), metavar="MODE[,MODE...]",
+                   help=f"the pipelines to measure, comma-separated, each on the same index: {', '.join(PIPELINES)}")
+    p.add_argument("--rerank", dest="reranker", default=None, metavar="MODEL_DIR",
+                   help="cross-encoder folder for the +rerank modes (default: none)")
     options.add_rerank_args(p)
     options.add_fusion_arg(p)
-    p.add_argument("--fusion-depth", type=options.positive_int, default=_PIPELINE.fusion_depth)
+    p.add_argument("--fusion-depth", type=options.positive_int, default=_PIPELINE.fusion_depth,
+                   help="hybrid: hits each of BM25 and dense hands to the fusion")
     options.add_k_values_arg(p)
     p.add_argument("--ignore-identical-ids", action="store_true",
                    help="drop hits whose doc id equals the query id (BEIR's ArguAna/Quora setting)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed queries before measuring")
-    p.add_argument("--out", default=None, help="JSON report path")
+    p.add_argument("--warmup", type=int, default=EvalConfig.warmup, help="untimed queries before measuring")
+    p.add_argument("--out", default=None, help="JSON report path (default: none written)")
     p.add_argument("--run-dir", default=None,
                    help="folder for one TREC run file per pipeline (default with --out: REPORT-runs/ beside it)")
     p.add_argument("--no-download", action="store_true", help="never download a dataset")
@@ -45,8 +56,13 @@ def run(args: argparse.Namespace) -> int:
     from retr.eval.runner import EvalConfig, run_eval
     from retr.eval.table import detail_table, main_table, summary_table
     from retr.retrieval.bm25 import BM25Config
+    from retr.retrieval.errors import RetrError
     from retr.retrieval.pipeline import parse_pipelines
 
+    if args.runs is not None:
+        return _score_runs(args)
+    if args.qrels is not None:
+        raise RetrError("--qrels goes with --run (a --dataset folder holds its own qrels/)")
     cfg = EvalConfig(
         pipelines=parse_pipelines(args.pipelines), k_values=args.k_values,
         encoder=options.encoder_config(args, query_backend=True), dense=options.dense_config(args),
@@ -96,3 +112,29 @@ def dataset_specs(value: str) -> list[str]:
     if dup:
         raise RetrError(f"--dataset names {dup!r} twice")
     return specs
+
+
+def _score_runs(args: argparse.Namespace) -> int:
+    """``--run RUN --qrels FILE``: the report of runs made elsewhere (metrics and per-query values; no latency)."""
+    from pathlib import Path
+
+    from retr.eval.runner import score_runs
+    from retr.eval.table import detail_table, main_table
+    from retr.retrieval.errors import RetrError
+
+    if not args.qrels:
+        raise RetrError("--run needs --qrels: the judgements to score the run against")
+    runs: dict[str, str] = {}
+    for path in args.runs:
+        name = Path(path).stem
+        if name in runs:
+            raise RetrError(f"two runs are both named {name!r} ({runs[name]}, {path}): give the files different names")
+        runs[name] = path
+    report = score_runs(runs, args.qrels, args.k_values, args.ignore_identical_ids)
+    print(main_table(report))
+    print()
+    print(detail_table(report))
+    if args.out:
+        report.write(Path(args.out))
+        print(f"\nreport written to {args.out}")
+    return 0

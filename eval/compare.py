@@ -78,9 +78,9 @@ class Comparison:
 
 
 def systems_from(paths: Sequence[str | Path], qrels: Qrels | None = None, qrels_name: str = "qrels") -> list[System]:
-    """Systems from eval reports (JSON) and TREC run files (scored against ``qrels``)."""
-    from retr.eval.metrics import evaluate
-    from retr.eval.trec import read_trec
+    """Systems from eval reports (JSON) and run files (TREC, MS MARCO or JSONL; scored against ``qrels``)."""
+    from retr.eval.metrics import DEFAULT_K_VALUES, evaluate
+    from retr.eval.trec import read_run, with_judged_queries
 
     out: list[System] = []
     for path in map(Path, paths):
@@ -95,8 +95,9 @@ def systems_from(paths: Sequence[str | Path], qrels: Qrels | None = None, qrels_
                     out.append(System(f"{path.stem}:{name}", report.dataset.name, p.per_query, latency))
         else:
             if qrels is None:
-                raise RetrError(f"{path}: a TREC run file needs --qrels to be scored")
-            ev = evaluate(read_trec(path), qrels, (1, 3, 5, 10, 100, 1000))
+                raise RetrError(f"{path}: a run file needs --qrels to be scored")
+            run = with_judged_queries(read_run(path), qrels, str(path))
+            ev = evaluate(run, qrels, DEFAULT_K_VALUES)  # the scorer of `retr eval` (pipeline_result)
             out.append(System(path.stem, qrels_name, ev.per_query))
     keys = [(s.dataset, s.label) for s in out]
     dup = next((k for k in keys if keys.count(k) > 1), None)

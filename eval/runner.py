@@ -9,6 +9,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from retr.retrieval.passages import PassageConfig
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
-from retr.retrieval.types import Hit, Run
+from retr.retrieval.types import Hit, Qrels, Run
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,53 @@ def _reranker_record(reranker: CrossEncoderReranker, factory: PipelineFactory) -
             "corpus_check": asdict(weight.check) if weight.check else None}
 
 
+def pipeline_result(name: str, run: Run, qrels: Qrels, k_values: Sequence[int], ignore_identical_ids: bool,
+                    source: str, timings: dict[str, dict[str, float]] | None = None, stages: Sequence[str] = (),
+                    wall: float = 0.0, run_file: str | None = None, cost: dict[str, float] | None = None
+                    ) -> PipelineResult:
+    """One pipeline's part of a report: ``run`` scored against ``qrels`` (the one scorer of ``retr eval`` and
+    ``retr compare``), its latency per stage from ``timings`` (seconds per query; none for a run made elsewhere),
+    and its run written to ``run_file``."""
+    result = evaluate(run, qrels, k_values, ignore_identical_ids)
+    if result.num_queries == 0:
+        raise RetrError(f"{source}: no query could be scored: the run and the qrels share no query id")
+    timings = timings or {}
+    per_query_ms = {q: {s: v * 1000.0 for s, v in t.items()} for q, t in timings.items()}
+    if run_file is not None:
+        write_trec(run, run_file, tag=f"retr-{name}")
+    cost = cost or {"build_seconds": float("nan"), "index_bytes": 0, "docs_per_second": float("nan")}
+    logger.info("%s: nDCG@10 %.4f", name, result.mean.get("NDCG@10", float("nan")))
+    return PipelineResult(
+        name=name, metrics=result.mean, per_query=result.per_query,
+        latency_ms={s: Percentiles.of([t.get(s, 0.0) for t in per_query_ms.values()]) for s in stages},
+        per_query_latency_ms=per_query_ms, num_queries_scored=result.num_queries,
+        qps=len(timings) / sum(t["total"] for t in timings.values()) if timings else float("nan"),
+        wall_seconds=wall, run_file=run_file, **cost)
+
+
+def score_runs(runs: Mapping[str, str | Path], qrels_path: str | Path, k_values: Sequence[int] = DEFAULT_K_VALUES,
+               ignore_identical_ids: bool = False) -> EvalReport:
+    """The report of runs made elsewhere (TREC, MS MARCO or JSONL files; name -> path) against a qrels file:
+    metrics and per-query values as ``run_eval`` gives them, with the same scorer (a judged query the run lacks counts
+    0, as trec_eval -c counts it); no latency (none was measured)."""
+    from retr.eval.data import load_qrels
+    from retr.eval.trec import read_run, with_judged_queries
+
+    t_start = time.perf_counter()
+    qrels_path = Path(qrels_path)
+    qrels = load_qrels(qrels_path)
+    if not any(qrels.num_relevant(q) for q in qrels):
+        raise RetrError(f"{qrels_path}: nothing to score: no judged query has a relevant document")
+    results = {name: pipeline_result(name, with_judged_queries(read_run(path), qrels, str(path)), qrels, k_values,
+                                     ignore_identical_ids, str(path), stages=("total",)) for name, path in runs.items()}
+    return EvalReport(
+        dataset=DatasetInfo(name=qrels_path.stem, path=str(qrels_path), split="", num_docs=0,
+                            num_queries=len(qrels)),
+        k_values=sorted(set(k_values)), ignore_identical_ids=ignore_identical_ids, pipelines=results, index={},
+        reranker=None, config={"runs": {n: str(p) for n, p in runs.items()}, "qrels": str(qrels_path)},
+        environment=environment(), total_seconds=time.perf_counter() - t_start)
+
+
 def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> EvalReport:
     t_start = time.perf_counter()
     needs_dense = any(p.uses_dense for p in cfg.pipelines)
@@ -137,23 +185,12 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
         t0 = time.perf_counter()
         run, timings = run_pipeline(retriever, dataset.queries, k, cfg.warmup)
         wall = time.perf_counter() - t0
-        result = evaluate(run, dataset.qrels, cfg.k_values, cfg.ignore_identical_ids)
-        if result.num_queries == 0:
-            raise RetrError(f"{dataset.path}: no query of split {dataset.split!r} could be scored: the run and the "
-                            f"qrels share no query id")
-        per_query_ms = {q: {s: v * 1000.0 for s, v in t.items()} for q, t in timings.items()}
-        stages = (*retriever.stages, "total")
         run_file = None
         if run_dir is not None:
             run_file = str(Path(run_dir) / f"{dataset.name}.{dataset.split}.{spec.name.replace('+', '_')}.trec")
-            write_trec(run, run_file, tag=f"retr-{spec.name}")
-        results[spec.name] = PipelineResult(
-            name=spec.name, metrics=result.mean, per_query=result.per_query,
-            latency_ms={s: Percentiles.of([t.get(s, 0.0) for t in per_query_ms.values()]) for s in stages},
-            per_query_latency_ms=per_query_ms, num_queries_scored=result.num_queries,
-            qps=len(timings) / sum(t["total"] for t in timings.values()) if timings else 0.0,
-            wall_seconds=wall, run_file=run_file, **_cost(index, spec))
-        logger.info("%s: nDCG@10 %.4f", spec.name, result.mean.get("NDCG@10", float("nan")))
+        results[spec.name] = pipeline_result(
+            spec.name, run, dataset.qrels, cfg.k_values, cfg.ignore_identical_ids, f"{dataset.path} ({dataset.split})",
+            timings, (*retriever.stages, "total"), wall, run_file, _cost(index, spec))
     return EvalReport(
         dataset=DatasetInfo(name=dataset.name, path=str(dataset.path), split=dataset.split,
                             num_docs=len(dataset.corpus), num_queries=len(dataset.queries),
