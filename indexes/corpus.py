@@ -158,8 +158,11 @@ def load_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Corpus:
         if isinstance(raw_id, (bool, list, dict)):
             raise RetrError(f"{path}:{lineno}: id field {id_f!r} holds a JSON {type(raw_id).__name__}, "
                             f"not a string or number")
-        if raw_id is None or str(raw_id).strip() == "":
+        if id_f not in rec:
             raise RetrError(f"{path}:{lineno}: record has no {id_f!r} field (choose the id field with --id-field)")
+        if raw_id is None or str(raw_id).strip() == "":
+            raise RetrError(f"{path}:{lineno}: empty document id (field {id_f!r} is {raw_id!r}): every document "
+                            f"needs one")
         doc_id = str(raw_id).strip()
         if doc_id in first_line:
             raise RetrError(f"{path}:{lineno}: duplicate document id {doc_id!r} "
