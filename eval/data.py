@@ -23,7 +23,7 @@ from pathlib import Path
 
 from retr.indexes.corpus import Corpus, lines, load_corpus, records
 from retr.retrieval.errors import RetrError
-from retr.retrieval.types import Qrels
+from retr.retrieval.types import Qrels, has_searchable_text
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,15 @@ def data_home() -> Path:
 
 
 def load_queries(path: str | Path, id_field: str = "_id", text_field: str = "text") -> dict[str, str]:
+    return load_queries_at(path, id_field, text_field)[0]
+
+
+def load_queries_at(path: str | Path, id_field: str = "_id",
+                    text_field: str = "text") -> tuple[dict[str, str], dict[str, int]]:
+    """The queries of ``path`` (id -> text), and the line each was read from."""
     path = Path(path)
     queries: dict[str, str] = {}
+    at: dict[str, int] = {}
     for lineno, rec in records(path):
         qid = rec.get(id_field)
         if qid is None or str(qid).strip() == "":
@@ -61,7 +68,8 @@ def load_queries(path: str | Path, id_field: str = "_id", text_field: str = "tex
         if qid in queries:
             raise RetrError(f"{path}:{lineno}: duplicate query id {qid!r}")
         queries[qid] = "" if rec.get(text_field) is None else str(rec[text_field])
-    return queries
+        at[qid] = lineno
+    return queries, at
 
 
 def _grade(path: Path, lineno: int, text: str) -> int:
@@ -81,6 +89,7 @@ def load_qrels(path: str | Path) -> Qrels:
     (``qid iter docid rel``, whitespace-separated)."""
     path = Path(path)
     judgements: dict[str, dict[str, int]] = {}
+    first: dict[tuple[str, str], int] = {}  # (query, document) -> the line that judged it first
     tabbed = None
     for lineno, line in lines(path):
         if not line.strip():
@@ -95,7 +104,13 @@ def load_qrels(path: str | Path) -> Qrels:
         if len(parts) != 3 or not parts[0] or not parts[1]:
             raise RetrError(f"{path}:{lineno}: expected 'query-id corpus-id score', got {len(parts)} fields")
         qid, did, grade = parts
-        judgements.setdefault(qid, {})[did] = _grade(path, lineno, grade)
+        graded = judgements.setdefault(qid, {})
+        value = _grade(path, lineno, grade)
+        if did in graded and graded[did] != value:
+            logger.warning("%s:%d: query %r, document %r judged %d here but %d at line %d: the last grade (%d) is "
+                           "kept", path, lineno, qid, did, value, graded[did], first[qid, did], value)
+        first.setdefault((qid, did), lineno)
+        graded[did] = value
     return Qrels(judgements)
 
 
@@ -126,7 +141,7 @@ def clean_qrels(qrels: Qrels, queries: Mapping[str, str], corpus: Corpus, source
         logger.warning("%s: %d judged quer(ies) not in the queries file: skipped", source, unknown_q)
     if unknown_d:
         logger.warning("%s: %d judgement(s) name documents not in the corpus: skipped", source, unknown_d)
-    empty_q = sum(1 for q in kept if not queries[q].strip())
+    empty_q = sum(1 for q in kept if not has_searchable_text(queries[q]))
     return Qrels(kept), QrelsCheck(unknown_q, unknown_d, empty_q)
 
 
@@ -218,8 +233,14 @@ def load_dataset(spec: str, split: str = "test", download: bool = True) -> Datas
         have = sorted(p.stem for p in (path / "qrels").glob("*.tsv")) if (path / "qrels").is_dir() else []
         raise RetrError(f"{qrels_path}: no such file (splits here: {', '.join(have) or 'none'})")
     corpus = load_corpus(path / "corpus.jsonl")
-    all_queries = load_queries(path / "queries.jsonl")
+    all_queries, query_lines = load_queries_at(path / "queries.jsonl")
     qrels, check = clean_qrels(load_qrels(qrels_path), all_queries, corpus, str(qrels_path))
+    if check.queries_without_text:  # `retr search` refuses such a query: eval never scores it as a silent zero
+        qid = next(q for q in qrels if not has_searchable_text(all_queries[q]))
+        raise RetrError(f"{path / 'queries.jsonl'}:{query_lines[qid]}: query {qid!r} has no searchable text (empty, "
+                        f"whitespace or control characters) but {qrels_path.name} judges it "
+                        f"({check.queries_without_text} such quer{'y' if check.queries_without_text == 1 else 'ies'}): "
+                        f"give it text or remove its judgements")
     if not any(qrels.num_relevant(q) for q in qrels):
         raise RetrError(f"{qrels_path}: nothing to score: no judged query with a relevant document is left "
                         f"({check.unknown_queries} judged queries are not in queries.jsonl, {check.unknown_docs} "
