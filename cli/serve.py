@@ -3,24 +3,67 @@
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 
 from retr.cli import options
+
+
+class ServeDefaults:
+    """The defaults of ``retr.cli.serve_app.ServeConfig`` that the options show (that module imports FastAPI, so
+    it is imported only when the server runs; tests/test_serve.py checks that the two agree)."""
+    timeout_s = 30.0
+    max_connections = 128
+    max_batch = 64
+
+
+def port(text: str) -> int:
+    """A TCP port: an integer from 0 (a free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: 0-65535 (0: a free one)")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A duration in seconds: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds > 0")
+    return value
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve an index folder over HTTP: /search, a search page, /metrics")
     p.add_argument("index", help="index folder written by `retr index`")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--reranker", default=None, help="cross-encoder folder for requests with rerank=true")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only; any other is warned about)")
+    p.add_argument("--port", type=port, default=8000, help="TCP port to listen on, 0-65535 (0: a free one, said in "
+                   "the startup line)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a Host name to answer besides the loopback ones (localhost, 127.0.0.1, ::1); repeatable. "
+                        "Any other Host gets 400 (DNS rebinding)")
+    p.add_argument("--rerank", dest="reranker", default=None, metavar="MODEL_DIR",
+                   help="cross-encoder folder for requests with rerank=true (default: none; such requests are "
+                        "refused)")
     options.add_rerank_args(p)
     options.add_fusion_arg(p)
     p.add_argument("--model", default=None, help="query encoder (default: the one that built the index)")
     options.add_backend_arg(p)
     options.add_query_backend_arg(p)
     options.add_query_prompt_arg(p)
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds a request may take")
-    p.add_argument("--max-batch", type=options.positive_int, default=64, help="queries per request")
+    p.add_argument("--timeout", type=seconds, default=ServeDefaults.timeout_s,
+                   help="seconds a search may take, and a request may take to arrive (headers and body; a stalled "
+                        "client is answered 408 and closed)")
+    p.add_argument("--max-connections", type=options.positive_int, default=ServeDefaults.max_connections,
+                   help="open connections at once; one more is answered 503 and closed")
+    p.add_argument("--max-batch", type=options.positive_int, default=ServeDefaults.max_batch,
+                   help="queries per request")
     p.set_defaults(run=run)
 
 
@@ -28,15 +71,31 @@ def run(args: argparse.Namespace) -> int:
     from retr.retrieval.errors import RetrError
 
     try:
-        import uvicorn  # noqa: F401 - checked here, for the message below
+        import httptools  # noqa: F401 - checked here, for the message below: the guarded protocol is httptools'
+        import uvicorn  # noqa: F401
 
         from retr.cli.serve_app import ServeConfig, uvicorn_server
     except ImportError as e:
-        raise RetrError(f"retr serve needs fastapi and uvicorn ({e.name} is missing): "
+        raise RetrError(f"retr serve needs fastapi, uvicorn and httptools ({e.name} is missing): "
                         f"pip install 'retr[serve]'") from None
+
+    from retr.cli.serve_app import is_loopback
 
     cfg = ServeConfig(encoder=options.query_encoder_config(args),
                       pipeline=options.pipeline_config(args), rerank=options.rerank_config(args, args.reranker),
-                      timeout_s=args.timeout, max_batch=args.max_batch)
-    uvicorn_server(args.index, cfg, host=args.host, port=args.port).run()
+                      timeout_s=args.timeout, max_batch=args.max_batch, max_connections=args.max_connections,
+                      allowed_hosts=tuple(args.allow_host))
+    if not is_loopback(args.host):
+        print(f"retr serve: warning: listening on {args.host}, not loopback: other machines can reach this server, "
+              f"which has no authentication; every document in {args.index} can be read through it",
+              file=sys.stderr, flush=True)
+    server = uvicorn_server(args.index, cfg, host=args.host, port=args.port,
+                            announce=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's exit when it cannot listen, after logging why
+        pass
+    if not server.started:
+        raise RetrError(f"could not listen on {args.host}:{args.port} (the port is taken, or the address is not "
+                        f"this machine's)")
     return 0

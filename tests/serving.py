@@ -42,3 +42,15 @@ class Server:
     def stop(self):
         self.server.should_exit = True
         self.thread.join(10)
+
+
+def on_disk_generation(folder) -> int:
+    """The generation of the index folder on disk, as retr reads it (not the server's count of opens)."""
+    from retr.cli.serve_app import manifest_generation
+    from retr.indexes.shards import open_index
+
+    index = open_index(folder)
+    try:
+        return manifest_generation(index)
+    finally:
+        index.close()

@@ -12,7 +12,7 @@ from retr.cli.main import main
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from .serving import Server  # noqa: E402 - after the skips: it imports uvicorn
+from .serving import Server, on_disk_generation  # noqa: E402 - after the skips: it imports uvicorn
 
 
 @pytest.fixture
@@ -31,7 +31,9 @@ def served(tiny_dataset, tiny_bi_encoder, tmp_path):
 def test_search_health_metrics_and_docs_over_http(served, capsys):
     server, idx = served
     status, health = server.request("/healthz")
-    assert status == 200 and health["documents"] == 16 and health["generation"] == 1
+    generation = on_disk_generation(idx)
+    assert status == 200 and health["documents"] == 16 and health["status"] == "ok"
+    assert (health["generation"], health["opened"], health["refused"]) == (generation, 1, None)
     status, one = server.request("/search", {"query": "solar panels", "k": 3, "mode": "hybrid"})
     assert status == 200 and one["pipeline"] == "hybrid" and len(one["results"]) == 3
     assert main(["search", str(idx), "solar panels", "-k", "3", "--mode", "hybrid", "--json", "--backend", "onnx"]) == 0
@@ -45,7 +47,8 @@ def test_search_health_metrics_and_docs_over_http(served, capsys):
     assert status == 200 and doc["id"] == first and doc["text"]
     status, text = server.request("/metrics")
     assert status == 200 and 'retr_requests_total{path="/search",status="200"} 2' in text
-    assert 'retr_stage_latency_seconds_count{stage="total"} 3' in text and "retr_index_generation 1" in text
+    assert 'retr_stage_latency_seconds_count{stage="total"} 3' in text
+    assert f"retr_index_generation {generation}\n" in text and "retr_index_refused 0\n" in text
     # one query from a lone client on the loop, the batch on the search threads
     assert 'retr_searches_total{on="loop"} 1' in text and 'retr_searches_total{on="threads"} 1' in text
     status, page = server.request("/")
@@ -56,7 +59,13 @@ def test_search_health_metrics_and_docs_over_http(served, capsys):
 
 @pytest.mark.parametrize("body,status,message", [
     ({"query": ""}, 422, "query"),
-    ({"query": "   "}, 400, "the query is empty"),
+    ({"query": "   "}, 400, "empty"),
+    ({"query": "\u200b\u0000"}, 400, "no searchable characters"),
+    ({"query": "solar", "k": "10"}, 422, "k"),
+    ({"query": "solar", "k": 10.5}, 422, "k"),
+    ({"query": "solar", "mode": None}, 422, "mode"),
+    ({"query": "solar", "fusion": "max"}, 422, "fusion"),
+    ({"query": "solar", "filter": "x"}, 422, "filter"),
     ({"query": "x" * 2001}, 422, "query"),
     ({"query": "solar", "k": 0}, 422, "k"),
     ({"query": "solar", "k": 100000}, 422, "k"),
@@ -121,7 +130,8 @@ def test_a_rebuilt_index_is_picked_up_as_a_new_generation(served, tiny_bi_encode
                  "--backend", "onnx", "--bm25"]) == 0
     status, after = server.request("/search", {"query": "quasar telescopes", "k": 1, "mode": "bm25"})
     assert status == 200 and after["results"][0]["id"] == "new1"
-    assert server.request("/healthz")[1]["generation"] == 2
+    health = server.request("/healthz")[1]
+    assert health["opened"] == 2 and health["generation"] == on_disk_generation(idx)
 
 
 def test_a_streamed_body_over_the_bound_gets_413(served):
@@ -153,7 +163,8 @@ def test_added_and_deleted_documents_are_served_as_a_new_generation(served, tmp_
     status, after = server.request("/search", {"query": "pulsar radio", "k": 5, "mode": "bm25"})
     assert status == 200 and "pulsar1" not in [r["id"] for r in after["results"]]
     assert server.request("/doc/pulsar1")[0] == 404
-    assert server.request("/healthz")[1]["generation"] == generation + 2
+    health = server.request("/healthz")[1]
+    assert (health["generation"], health["opened"]) == (generation + 2, 3) == (on_disk_generation(idx), 3)
 
 
 def test_a_lone_clients_query_runs_on_the_event_loop_and_concurrent_ones_on_the_pool():
