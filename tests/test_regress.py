@@ -1,5 +1,6 @@
-"""Expected scores as data: `retr regress` measures them again and fails on drift; the README's table of figures is
-generated from the file; the cheap entries (ADI, CISI with the bundled model) hold in every CI run."""
+"""Expected scores as data: `retr regress` measures them again and fails on drift; the docs' table of figures
+(docs/reference/expected-scores.md) is generated from the file; the cheap entries (ADI, CISI with the bundled
+model) hold in every CI run."""
 
 from __future__ import annotations
 
@@ -118,9 +119,10 @@ def test_expected_scores_of_graphs_exported_another_way_are_skipped_and_said_so(
 
 
 @pytest.mark.parametrize("name", ["scores.toml", "trained.toml"])
-def test_the_readme_figures_come_from_the_expected_file(name):
+def test_the_documented_figures_come_from_the_expected_file(name):
     table = markdown_table(load_expected(SCORES.parent / name))
-    assert table in (REPO / "README.md").read_text(), f"regenerate it: retr regress benchmarks/expected/{name} --markdown"
+    page = REPO / "docs" / "reference" / "expected-scores.md"
+    assert table in page.read_text(), f"regenerate it in {page}: retr regress benchmarks/expected/{name} --markdown"
 
 
 @pytest.mark.skipif(not (SHARED / "adi").is_dir() or not (SHARED / "cisi").is_dir(), reason="shared datasets absent")
