@@ -10,9 +10,12 @@ def add_parser(sub) -> None:
     p.add_argument("index", help="index folder (from `retr index`)")
     p.add_argument("--corpus", required=True, help="the documents to add: BEIR folder or corpus file "
                                                    "(.jsonl, .csv, .tsv); an id already in the index is an update")
-    p.add_argument("--id-field", default=None, help="default: detected (_id, id, docid, doc_id)")
-    p.add_argument("--text-field", default=None, help="default: detected (text, contents, body, abstract)")
-    p.add_argument("--title-field", default=None, help="default: 'title' where present; '' for none")
+    p.add_argument("--id-field", default=None, help="default: the field the index was built with, else detected "
+                                                    "(_id, id, docid, doc_id)")
+    p.add_argument("--text-field", default=None, help="default: the field the index was built with, else detected "
+                                                      "(text, contents, body, abstract)")
+    p.add_argument("--title-field", default=None, help="default: the field the index was built with, else 'title' "
+                                                       "where present; '' for none")
     p.set_defaults(run=run_add)
 
     p = sub.add_parser("delete", help="delete documents from an index (tombstones; `retr compact` folds them away)")
@@ -36,17 +39,33 @@ def run_add(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from retr.indexes.corpus import CorpusFormat, load_corpus
-    from retr.indexes.update import add_documents
+    from retr.indexes.update import add_documents, recorded_format
 
-    corpus = load_corpus(Path(args.corpus), CorpusFormat(args.id_field, args.text_field, args.title_field))
+    # the fields the index was built with, where not given: documents added are read as its own were
+    fmt = recorded_format(args.index, CorpusFormat(args.id_field, args.text_field, args.title_field))
+    corpus = load_corpus(Path(args.corpus), fmt)
     change = add_documents(args.index, corpus)
     return _report(f"added {change.added}, updated {change.updated} in", args.index, change)
 
 
-def run_delete(args: argparse.Namespace) -> int:
-    from retr.indexes.update import delete_documents, read_id_list
+def read_ids(path: str) -> dict[str, int]:
+    """The ids of an ``--ids`` file, one a line, each with the line it was first read from: blank lines skipped,
+    a byte-order mark (as Windows editors save UTF-8) never part of the first id."""
+    from pathlib import Path
 
-    change = delete_documents(args.index, read_id_list(args.ids), source=args.ids, missing_ok=args.missing_ok)
+    from retr.retrieval.artifacts import read_text
+
+    out: dict[str, int] = {}
+    for lineno, line in enumerate(read_text(Path(path)).removeprefix("\ufeff").splitlines(), start=1):
+        if line.strip():
+            out.setdefault(line.strip(), lineno)
+    return out
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    from retr.indexes.update import delete_documents
+
+    change = delete_documents(args.index, read_ids(args.ids), source=args.ids, missing_ok=args.missing_ok)
     return _report(f"deleted {change.deleted} from", args.index, change)
 
 

@@ -92,7 +92,7 @@ def check_index_reranker(index, encoder: BiEncoder, reranker: CrossEncoderRerank
     vectors = None
     info = index.dense_info
     if getattr(index, "shards", None) is None and not info.get("passages"):  # one vector per document, in id order
-        held = live_vectors(Path(index.folder), info, index.faiss_index)
+        held = live_vectors(Path(index.parts), info, index.faiss_index)
         if held.shape == (len(corpus.docs), encoder.dim):
             vectors = (held, (info.get("encode") or {}).get("graph"))
     return check_reranker(corpus, encoder, reranker, pipeline, vectors=vectors)

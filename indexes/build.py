@@ -1,8 +1,10 @@
 """Build an index folder atomically: manifest + FAISS file + id list + doc store (+ BM25).
 
-An existing ``out`` is replaced only when it is a retr index folder (or empty); anything else, the corpus
-itself, a folder holding it or a BEIR folder's inside are refused. One writer at a time (a lock beside ``out``);
-what a killed build left is removed by the next build of the same ``out``.
+A new ``out`` is written beside it and renamed into place (one rename: generation 0 at its root). An existing
+index at ``out`` gets a new generation (``retr.indexes.generations``), published in one atomic step while its
+readers keep the generation they opened; anything else, the corpus itself, a folder holding it or a BEIR
+folder's inside are refused. One writer at a time (a lock beside ``out``); what a killed build left unfinished is
+removed by the next build of the same ``out``, and nothing complete is.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from retr.indexes.dense import DenseIndexConfig, build_faiss, save_dense
 from retr.indexes.docstore import write_docstore
 from retr.indexes.executors import EXECUTORS, ExecutorConfig
 from retr.indexes.folder import INDEX_KIND
-from retr.indexes.manifest import is_index_folder, write_manifest
+from retr.indexes.generations import collect, new_generation, recover_swap
+from retr.indexes.manifest import INDEX_FORMAT_VERSION, is_index_folder, write_manifest
 from retr.indexes.shards import SHARD_DIR, SHARD_PARTITION, SHARDED_KIND, open_index
 from retr.retrieval.artifacts import MANIFEST, atomic_dir, cache_home, checksums, new_manifest, writer_lock
 from retr.retrieval.bm25 import BM25_DIR, BM25Config
@@ -177,7 +180,8 @@ def encode_for_index(encoder: BiEncoder, corpus: Corpus, cfg: IndexConfig,
 
 
 def _write_index(tmp: Path, corpus: Corpus, rows: np.ndarray | None, enc: Encoded, cfg: IndexConfig,
-                 encoder: BiEncoder, write_bm25_part, t_all: float, shard: dict | None = None) -> dict:
+                 encoder: BiEncoder, write_bm25_part, t_all: float, shard: dict | None = None,
+                 stamp: dict | None = None) -> dict:
     """One index folder in ``tmp`` of the corpus's documents ``rows`` (None: all of them)."""
     docs = corpus.docs if rows is None else [corpus.docs[i] for i in rows.tolist()]
     write_docstore(tmp, docs)
@@ -229,6 +233,7 @@ def _write_index(tmp: Path, corpus: Corpus, rows: np.ndarray | None, enc: Encode
         config=asdict(cfg),
         files=checksums(tmp),
     )
+    manifest.update(stamp or {})
     write_manifest(tmp, manifest)
     return manifest
 
@@ -238,26 +243,38 @@ def build_index(corpus: Corpus, out: Path, cfg: IndexConfig = IndexConfig(), enc
     """Write the index for ``corpus`` to ``out`` (``cfg.shards`` > 1: a folder of shard indexes). A failure
     leaves no ``out`` (or the old one)."""
     out = Path(out)
+    recover_swap(out)
     check_out(out, corpus)
     encoder = encoder or BiEncoder(cfg.encoder)
-    with writer_lock(out), atomic_dir(out) as tmp:
+
+    def write(tmp: Path, stamp: dict) -> dict:
         t_all = time.perf_counter()
         enc = encode_for_index(encoder, corpus, cfg, cache)
         if cfg.shards > 1:
-            manifest = _write_sharded(tmp, corpus, enc, cfg, encoder, t_all)
+            return _write_sharded(tmp, corpus, enc, cfg, encoder, t_all, stamp)
+        part = None
+        if cfg.bm25 is not None:
+            def part(folder, docs, _rows):
+                return build_bm25([d.full_text() for d in docs], folder, cfg.bm25)
+        return _write_index(tmp, corpus, None, enc, cfg, encoder, part, t_all, stamp=stamp)
+
+    with writer_lock(out, op="index"):
+        if is_index_folder(out, INDEX_KIND) or is_index_folder(out, SHARDED_KIND):
+            with new_generation(out) as (tmp, number, name):  # readers keep the generation they opened
+                manifest = write(tmp, {"format_version": INDEX_FORMAT_VERSION, "dir": name, "generation": number})
+            collect(out)
         else:
-            part = None
-            if cfg.bm25 is not None:
-                def part(folder, docs, _rows):
-                    return build_bm25([d.full_text() for d in docs], folder, cfg.bm25)
-            manifest = _write_index(tmp, corpus, None, enc, cfg, encoder, part, t_all)
+            if out.is_dir():
+                out.rmdir()  # empty (check_out): the new folder takes its place in one rename
+            with atomic_dir(out) as tmp:
+                manifest = write(tmp, {})
     logger.info("index written to %s (%d docs, %s%s%s)", out, len(corpus), cfg.dense.kind,
                 " + bm25" if cfg.bm25 else "", f", {cfg.shards} shards" if cfg.shards > 1 else "")
     return manifest
 
 
 def _write_sharded(tmp: Path, corpus: Corpus, enc: Encoded, cfg: IndexConfig, encoder: BiEncoder,
-                   t_all: float) -> dict:
+                   t_all: float, stamp: dict | None = None) -> dict:
     """``cfg.shards`` index folders (``shard-000`` ...), documents partitioned by ``shard_of`` their id, and a
     manifest listing them. BM25 is indexed once over the whole corpus and cut into shards, so that every shard
     scores with the collection's statistics (idf, average length) and a merged ranking equals the unsharded one."""
@@ -304,6 +321,7 @@ def _write_sharded(tmp: Path, corpus: Corpus, enc: Encoded, cfg: IndexConfig, en
         dense=dense, bm25=bm25, build_seconds=time.perf_counter() - t_all, config=asdict(cfg),
         files={s["dir"] + "/" + MANIFEST: {"sha256": s["manifest_sha256"]} for s in shards})
     manifest["dense"]["docs_per_second"] = len(corpus) / manifest["build_seconds"]
+    manifest.update(stamp or {})
     write_manifest(tmp, manifest)
     return manifest
 

@@ -1,8 +1,11 @@
 """Open an index folder, checked against its manifest, with memory-mapped parts.
 
-On open: the manifest's schema, the size of every part, and the checksum of every part small enough to hash
-cheaply (the id list, the doc store's offsets, the BM25 vocabulary and parameters); a part that fails is named
-and the folder refused.
+An index opens one generation (``retr.indexes.generations``: the one its manifest points to, leased while it is
+open) and reads every part from it, the ones loaded lazily too. On open: the manifest's schema, that every part
+it names is a relative path inside the generation with a checksum (``manifest.check_index_parts``), the size of
+every part (a regular file: never a symlink or special file), and the checksum of every part small enough to hash
+cheaply (the id list, the doc store's offsets, the BM25 vocabulary and parameters); a part that fails is named and
+the folder refused.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import numpy as np
 
 from retr.indexes.dense import configure_search, load_faiss
 from retr.indexes.docstore import DocStore, read_ids, read_tombstones
-from retr.indexes.manifest import read_manifest
-from retr.retrieval.artifacts import check_checksums
+from retr.indexes.generations import Opened, generation_dir, open_generation
+from retr.indexes.manifest import check_index_parts, read_manifest
+from retr.retrieval.artifacts import check_checksums, confined
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageMap
 
@@ -26,6 +30,16 @@ HASH_ON_OPEN_BYTES = 64 << 20  # parts up to this size are hashed on every open;
 class ManifestView:
     """What an index says about itself through its manifest (a folder, or a folder of shards)."""
     manifest: dict
+    _opened: Opened | None = None
+
+    @property
+    def generation(self) -> int:
+        """The number of the generation this index opened (its manifest's ``generation``; 0: as first built)."""
+        return self._opened.number if self._opened is not None else int(self.manifest.get("generation", 0))
+
+    def _release(self) -> None:
+        if self._opened is not None:
+            self._opened.release()
 
     @property
     def dense_info(self) -> dict:
@@ -36,18 +50,51 @@ class ManifestView:
         return bool(self.manifest.get("bm25"))
 
 
+def open_manifest(opened: Opened, kind: str, schema=None) -> dict:
+    """The opened generation's manifest, checked: its schema, and that it names the generation it lies in."""
+    kwargs = {} if schema is None else {"schema": schema}
+    manifest = read_manifest(opened.root, kind, data=opened.data, path=opened.manifest_path, **kwargs)
+    if opened.parts != opened.root:
+        try:
+            name = generation_dir(manifest.get("dir"))
+        except ValueError as e:
+            raise RetrError(f"{opened.manifest_path}: 'dir' {e}: rebuild the index") from None
+        if name != opened.parts.name or manifest.get("generation") != opened.number:
+            raise RetrError(f"{opened.manifest_path}: names generation {manifest.get('generation')} in {name}, "
+                            f"not the folder it lies in: the index is damaged; rebuild it")
+    return manifest
+
+
 class IndexFolder(ManifestView):
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, opened: Opened | None = None, flat: bool = False):
+        """``folder``: an index folder (its current generation is opened and leased; or ``opened``, one already
+        opened); ``flat``: a shard inside a generation its sharded index holds (read where it lies)."""
         self.folder = Path(folder)
-        self.manifest = read_manifest(self.folder, INDEX_KIND)
-        bad = check_checksums(self.folder, self.manifest["files"], hash_up_to=HASH_ON_OPEN_BYTES)
+        if flat:
+            self.parts = self.folder
+            self.manifest = read_manifest(self.folder, INDEX_KIND)
+        else:
+            self._opened = opened or open_generation(self.folder)
+            try:
+                self.parts = self._opened.parts
+                self.manifest = open_manifest(self._opened, INDEX_KIND)
+                self._check()
+            except BaseException:
+                self._release()
+                raise
+            return
+        self._check()
+
+    def _check(self) -> None:
+        check_index_parts(self.manifest, self.parts, self.folder / "manifest.json")
+        bad = check_checksums(self.parts, self.manifest["files"], hash_up_to=HASH_ON_OPEN_BYTES)
         if bad:
             raise RetrError(f"{bad}: the index is damaged; rebuild it with `retr index`")
-        self.stored_ids = read_ids(self.folder)  # the id at every stored position, tombstoned ones included
+        self.stored_ids = read_ids(self.parts)  # the id at every stored position, tombstoned ones included
         stored = self.manifest.get("stored_docs", self.manifest["num_docs"])
         if len(self.stored_ids) != stored:
             raise RetrError(f"{self.folder}: id list has {len(self.stored_ids)} entries, manifest says {stored} stored")
-        self.tombstones = read_tombstones(self.folder, stored)  # deleted positions, sorted
+        self.tombstones = read_tombstones(self.parts, stored)  # deleted positions, sorted
         dead = self.tombstones
         if len(dead) != self.manifest.get("tombstones", 0):
             raise RetrError(f"{self.folder}: {len(dead)} tombstones, manifest says {self.manifest.get('tombstones', 0)}")
@@ -61,13 +108,13 @@ class IndexFolder(ManifestView):
     @cached_property
     def faiss_index(self):
         info = self.dense_info
-        index = load_faiss(self.folder, info)
+        index = load_faiss(self.parts, info)
         rows = len(self.passages) if self.passages is not None else len(self.ids)
         if index.ntotal != rows:
-            raise RetrError(f"{self.folder / info['file']}: holds {index.ntotal} vectors, manifest says {rows} "
+            raise RetrError(f"{self.parts / info['file']}: holds {index.ntotal} vectors, manifest says {rows} "
                             f"{'passages' if self.passages is not None else 'documents'}")
         if index.d != info["dim"]:
-            raise RetrError(f"{self.folder / info['file']}: dimension {index.d}, manifest says {info['dim']}")
+            raise RetrError(f"{self.parts / info['file']}: dimension {index.d}, manifest says {info['dim']}")
         try:
             configure_search(index, info["kind"], info["params"])
         except (KeyError, TypeError, ValueError) as e:
@@ -81,20 +128,20 @@ class IndexFolder(ManifestView):
         if not info:
             return None
         try:
-            docs = np.load(self.folder / info["docs_file"], mmap_mode="r")
-            spans = np.load(self.folder / info["spans_file"], mmap_mode="r")
+            docs = np.load(confined(self.parts, info["docs_file"]), mmap_mode="r", allow_pickle=False)
+            spans = np.load(confined(self.parts, info["spans_file"]), mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError, KeyError) as e:
             raise RetrError(f"{self.folder}: passage map unreadable ({e}): rebuild the index") from None
         if docs.shape != (info["count"],) or spans.shape != (info["count"], 2) or \
                 (len(docs) and (int(docs[0]) != 0 or int(docs[-1]) != len(self.ids) - 1
                                 or bool((np.diff(docs) < 0).any()))):
-            raise RetrError(f"{self.folder / info['docs_file']}: does not map {info['count']} passages onto "
+            raise RetrError(f"{self.parts / info['docs_file']}: does not map {info['count']} passages onto "
                             f"{len(self.ids)} documents in order: rebuild the index")
         return PassageMap(docs, spans, info.get("aggregate", "maxp"), len(self.ids))
 
     @cached_property
     def docstore(self) -> DocStore:
-        store = DocStore(self.folder, self.stored_ids, self.rows)
+        store = DocStore(self.parts, self.stored_ids, self.rows)
         if store.stored != len(self.stored_ids):
             store.close()
             raise RetrError(f"{self.folder}: doc store holds {store.stored} documents, id list {len(self.stored_ids)}")
@@ -104,9 +151,11 @@ class IndexFolder(ManifestView):
     def bm25_folder(self) -> Path:
         if not self.has_bm25:
             raise RetrError(f"{self.folder}: this index has no BM25 part: rebuild it with `retr index`, without --no-bm25")
-        return self.folder / self.manifest["bm25"]["dir"]
+        return confined(self.parts, self.manifest["bm25"]["dir"])
 
     def close(self) -> None:
+        """Close the doc store and give the generation's lease back (a writer may then remove it)."""
         if "docstore" in self.__dict__:
             self.docstore.close()
             del self.__dict__["docstore"]
+        self._release()

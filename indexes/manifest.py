@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from retr.retrieval.artifacts import FORMAT_VERSION, MANIFEST, write_json
+from retr.indexes.dense import dense_files
+from retr.indexes.docstore import DOCS, IDS, OFFSETS, TOMBSTONES
+from retr.retrieval.artifacts import MANIFEST, confined, write_json
 from retr.retrieval.errors import RetrError
+
+# 1: one generation at the folder's root; 2: generations (``gen-NNNNNN/``) published through the root's manifest
+# (``retr.indexes.generations``). Both are read; an index written now is 2 once it has changed (a fresh build
+# into a new folder is still 1: the older retr reads it).
+INDEX_FORMAT_VERSION = 2
+READ_FORMAT_VERSIONS = (1, 2)
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest larger than this is not read
 
 # dotted key -> the JSON type(s) it must hold; a key under an optional (null) part is checked only when present
 INDEX_SCHEMA: dict[str, tuple[type, ...]] = {
@@ -75,27 +85,97 @@ def check_schema(manifest: Any, path: Path, schema: dict[str, tuple[type, ...]] 
                             f"rebuild the index with `retr index`")
 
 
-def read_manifest(folder: Path, kind: str, schema: dict[str, tuple[type, ...]] = INDEX_SCHEMA) -> dict[str, Any]:
+def read_manifest(folder: Path, kind: str, schema: dict[str, tuple[type, ...]] = INDEX_SCHEMA,
+                  data: bytes | None = None, path: Path | None = None) -> dict[str, Any]:
+    """The manifest of ``folder`` (or ``data``, read from ``path`` already), checked against ``schema``."""
     folder = Path(folder)
-    path = folder / MANIFEST
+    path = path or folder / MANIFEST
     what = kind.removeprefix("retr-").replace("-", " ")  # "retr-index" -> "index"
-    if not folder.is_dir():
-        raise RetrError(f"{folder}: no such index folder (build one with `retr index`)")
-    if not path.is_file():
-        raise RetrError(f"{path}: missing: {folder} is not a retr {what} folder")
+    if data is None:
+        if not folder.is_dir():
+            raise RetrError(f"{folder}: no such index folder (build one with `retr index`)")
+        if not path.is_file():
+            raise RetrError(f"{path}: missing: {folder} is not a retr {what} folder")
+        size = path.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise RetrError(f"{path}: {size} bytes: not a retr manifest (at most {MAX_MANIFEST_BYTES})")
+        data = path.read_bytes()
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RetrError(f"{path}: unreadable manifest ({e})") from None
+        manifest = json.loads(data.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise RetrError(f"{path}: unreadable manifest ({str(e)[:80]})") from None
     if not isinstance(manifest, dict):
         raise RetrError(f"{path}: a manifest is a JSON object, this one holds a {type(manifest).__name__}")
     if manifest.get("format") != kind:
         raise RetrError(f"{path}: a {manifest.get('format')!r} folder, not a retr {what} folder")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READ_FORMAT_VERSIONS:
         raise RetrError(f"{path}: format version {manifest.get('format_version')} is not supported "
-                        f"(this retr reads {FORMAT_VERSION}); rebuild it with `retr index`")
+                        f"(this retr reads {', '.join(map(str, READ_FORMAT_VERSIONS))}); rebuild it with `retr index`")
     check_schema(manifest, path, schema)
     return manifest
+
+
+def _bad(path: Path, what: str) -> RetrError:
+    return RetrError(f"{path}: {what}: the index is damaged or was tampered with; rebuild it with `retr index`")
+
+
+def check_index_parts(manifest: dict, parts: Path, path: Path) -> None:
+    """Every part an index's manifest names is a relative path inside ``parts`` with a checksum in ``files`` (so
+    that no check can be turned off by leaving a part out), and its BM25 folder holds only recorded files."""
+    files = manifest["files"]
+    if not files:
+        raise _bad(path, "'files' is empty (it would turn every checksum off)")
+    for rel in files:
+        confined(parts, rel)
+    dense = manifest["dense"]
+    needed = [IDS, DOCS, OFFSETS, *dense_files(dense)]
+    passages = dense.get("passages")
+    if passages is not None:
+        if not isinstance(passages, dict):
+            raise _bad(path, "'dense.passages' is not an object")
+        needed += [passages.get("docs_file"), passages.get("spans_file")]
+    if manifest.get("tombstones"):
+        needed.append(TOMBSTONES)
+    for rel in needed:
+        confined(parts, rel)
+        if rel not in files:
+            raise _bad(path, f"{rel!r} has no checksum in 'files'")
+    bm25 = manifest.get("bm25")
+    if bm25:
+        folder = confined(parts, bm25["dir"])
+        if "/" in bm25["dir"]:
+            raise _bad(path, f"'bm25.dir' {bm25['dir']!r} is not a folder of the index")
+        recorded = {rel.split("/", 1)[1] for rel in files if rel.startswith(bm25["dir"] + "/")}
+        if not recorded:
+            raise _bad(path, f"no file of {bm25['dir']!r} has a checksum in 'files'")
+        if folder.is_symlink() or not folder.is_dir():
+            raise _bad(folder, "not a folder of the index")
+        extra = sorted(set(os.listdir(folder)) - recorded)
+        if extra:
+            raise _bad(folder / extra[0], "not a part its manifest records")
+
+
+def check_shard_entries(manifest: dict, folder: Path, path: Path) -> list[str]:
+    """The shard folders a sharded manifest lists, each checked: a non-empty list of objects whose ``dir`` is a
+    folder of the index with a checksum of its manifest in ``files``."""
+    shards = manifest["shards"]
+    if not shards:
+        raise _bad(path, "'shards' is empty")
+    dirs = []
+    for i, entry in enumerate(shards):
+        if not isinstance(entry, dict):
+            raise _bad(path, f"shard {i} is a {type(entry).__name__}, not an object")
+        name = entry.get("dir")
+        if not isinstance(name, str) or not name:
+            raise _bad(path, f"shard {i} has no 'dir'")
+        confined(folder, name)
+        if "/" in name or name in dirs:
+            raise _bad(path, f"shard {i}'s 'dir' {name!r} is not a folder of its own in the index")
+        want = manifest["files"].get(f"{name}/{MANIFEST}")
+        if not isinstance(want, dict) or not isinstance(want.get("sha256"), str):
+            raise _bad(path, f"shard {i} ({name}) has no manifest checksum in 'files'")
+        dirs.append(name)
+    return dirs
 
 
 def is_index_folder(folder: Path, kind: str) -> bool:

@@ -8,14 +8,17 @@ with the collection's BM25 statistics) and a manifest listing them with each one
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from retr.indexes.folder import IndexFolder, ManifestView
-from retr.indexes.manifest import SHARDED_SCHEMA, is_index_folder, read_manifest
-from retr.retrieval.artifacts import MANIFEST
+from retr.indexes.folder import INDEX_KIND, IndexFolder, ManifestView, open_manifest
+from retr.indexes.generations import Opened, open_generation
+from retr.indexes.manifest import SHARDED_SCHEMA, check_shard_entries
+from retr.retrieval.artifacts import MANIFEST, open_regular
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageMap
 from retr.retrieval.types import Document
@@ -25,9 +28,25 @@ SHARD_DIR = "shard-{:03d}"
 SHARD_PARTITION = "sha256(id)[:8] mod shards"
 
 
+def _format(opened: Opened) -> object:
+    try:
+        manifest = json.loads(opened.data or b"")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return manifest.get("format") if isinstance(manifest, dict) else None
+
+
 def open_index(folder: str | Path):
-    """The index at ``folder``: an ``IndexFolder``, or a ``ShardedIndex`` for a folder of shards."""
-    return ShardedIndex(folder) if is_index_folder(Path(folder), SHARDED_KIND) else IndexFolder(folder)
+    """The index at ``folder`` (its current generation, leased while it is open): an ``IndexFolder``, or a
+    ``ShardedIndex`` for a folder of shards."""
+    opened = open_generation(Path(folder))
+    try:
+        if _format(opened) == SHARDED_KIND:
+            return ShardedIndex(folder, opened)
+        return IndexFolder(folder, opened)
+    except BaseException:
+        opened.release()
+        raise
 
 
 class ShardedDocStore:
@@ -58,24 +77,37 @@ class ShardedDocStore:
 
 
 class ShardedIndex(ManifestView):
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, opened: Opened | None = None):
         self.folder = Path(folder)
-        self.manifest = read_manifest(self.folder, SHARDED_KIND, SHARDED_SCHEMA)
+        self._opened = opened or open_generation(self.folder)
         self.shards: list[IndexFolder] = []
-        for entry in self.manifest["shards"]:
-            path = self.folder / entry["dir"]
-            want = self.manifest["files"].get(f"{entry['dir']}/{MANIFEST}", {}).get("sha256")
+        try:
+            self.manifest = open_manifest(self._opened, SHARDED_KIND, SHARDED_SCHEMA)
+            self._open_shards(self._opened.parts)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_shards(self, parts: Path) -> None:
+        for name in check_shard_entries(self.manifest, parts, self.folder / MANIFEST):
+            path = parts / name
+            want = self.manifest["files"][f"{name}/{MANIFEST}"]["sha256"]
             try:
-                got = hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest()
+                if path.is_symlink() or not path.is_dir():
+                    raise FileNotFoundError(path)
+                with os.fdopen(open_regular(path / MANIFEST), "rb") as fh:
+                    got = hashlib.sha256(fh.read(1 << 26)).hexdigest()
             except OSError:
                 raise RetrError(f"{path}: shard missing: rebuild the index with `retr index --shards`") from None
             if got != want:
                 raise RetrError(f"{path / MANIFEST}: not the shard this index was built with: rebuild it")
-            shard = IndexFolder(path)
-            if shard.manifest.get("shard", {}).get("index") != len(self.shards) or \
-                    shard.manifest["dense"]["model"]["hash"] != self.dense_info["model"]["hash"]:
-                raise RetrError(f"{path}: shard {len(self.shards)} of another index: rebuild it")
+            shard = IndexFolder(path, flat=True)
             self.shards.append(shard)
+            info = shard.manifest.get("shard")
+            if not isinstance(info, dict) or info.get("index") != len(self.shards) - 1 or \
+                    shard.manifest["format"] != INDEX_KIND or \
+                    shard.manifest["dense"]["model"]["hash"] != self.dense_info["model"]["hash"]:
+                raise RetrError(f"{path}: shard {len(self.shards) - 1} of another index: rebuild it")
         counts = [len(s.ids) for s in self.shards]
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.ids = [d for s in self.shards for d in s.ids]
@@ -101,3 +133,4 @@ class ShardedIndex(ManifestView):
     def close(self) -> None:
         for shard in self.shards:
             shard.close()
+        self._release()

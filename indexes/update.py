@@ -1,7 +1,8 @@
 """Change an index without rebuilding it: add (or update) documents, delete them, compact.
 
-Each change writes a new generation of the folder beside it and swaps it in atomically, under the folder's
-writer lock (a reader keeps the generation it opened; ``retr serve`` swaps to the new one by itself). The live
+Each change writes a new generation of the folder and publishes it atomically (``retr.indexes.generations``),
+under the folder's writer lock: a reader keeps the generation it opened, every part of it, for as long as it
+holds it open; ``retr serve`` swaps to the new one by itself. The live
 documents are the *rows*; a search after any change returns what a fresh build of the live documents, in row
 order, returns:
 
@@ -29,13 +30,14 @@ from pathlib import Path
 import numpy as np
 
 from retr.indexes.bm25 import RowTokens, write_bm25
-from retr.indexes.corpus import Corpus
+from retr.indexes.corpus import Corpus, CorpusFormat
 from retr.indexes.dense import DenseIndexConfig, build_faiss, dense_files, live_vectors, save_dense
 from retr.indexes.docstore import DOCS, IDS, OFFSETS, TOMBSTONES, write_docstore
 from retr.indexes.folder import IndexFolder
-from retr.indexes.manifest import is_index_folder, write_manifest
+from retr.indexes.generations import collect, new_generation
+from retr.indexes.manifest import INDEX_FORMAT_VERSION, is_index_folder, read_manifest, write_manifest
 from retr.indexes.shards import SHARDED_KIND
-from retr.retrieval.artifacts import atomic_dir, checksums, read_text, versions, writer_lock
+from retr.retrieval.artifacts import checksums, read_text, versions, writer_lock
 from retr.retrieval.bm25 import BM25_DIR, BM25Config
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
@@ -97,6 +99,7 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
     t0 = time.perf_counter()
     m = index.manifest
     folder = index.folder
+    parts = index.parts
     stored = len(index.stored_ids)
     rows = index.rows if index.rows is not None else np.arange(stored)
     dead = np.union1d(index.tombstones, rows[~keep]).astype(np.int64)
@@ -104,18 +107,18 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
     if live == 0:
         raise RetrError(f"{folder}: the change would leave the index empty: build a new one instead")
     new = deepcopy(m)
-    with atomic_dir(folder) as tmp:
+    with new_generation(folder) as (tmp, generation, name):
         if docs:
-            write_docstore(tmp, docs, after=folder)
+            write_docstore(tmp, docs, after=parts)
             files = checksums(tmp, _STORE_FILES)
         else:
-            files = _link(folder, tmp, _STORE_FILES, m["files"])
+            files = _link(parts, tmp, _STORE_FILES, m["files"])
         if len(dead):
             np.save(tmp / TOMBSTONES, dead)
             files.update(checksums(tmp, [TOMBSTONES]))
 
         info = m["dense"]
-        emb = np.asarray(live_vectors(folder, info, index.faiss_index))[keep]
+        emb = np.asarray(live_vectors(parts, info, index.faiss_index))[keep]
         if vectors is not None and len(vectors):
             emb = np.concatenate([emb, vectors.astype(np.float32)])
         dense_cfg = _config(DenseIndexConfig, m.get("config", {}).get("dense"))
@@ -137,12 +140,12 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
                                vocab_size=stats["vocab_size"])
             files.update({f"{BM25_DIR}/{k}": v for k, v in checksums(tmp / BM25_DIR).items()})
 
-        generation = int(m.get("generation", 0)) + 1
         seconds = time.perf_counter() - t0 + encode_seconds
         op = {**op, "generation": generation, "seconds": seconds, "encode_seconds": encode_seconds,
               "faiss_build_seconds": faiss_seconds, "live": live, "tombstones": len(dead)}
         new.update(num_docs=live, stored_docs=stored + len(docs), tombstones=len(dead), generation=generation,
-                   changes=[*m.get("changes", []), op], files=files, versions=versions())
+                   changes=[*m.get("changes", []), op], files=files, versions=versions(),
+                   format_version=INDEX_FORMAT_VERSION, dir=name)
         new["corpus"] = {**m["corpus"], "num_docs": live,
                          "sha256": _digest(m["corpus"]["sha256"], op["op"], op.get("sha256", ""))}
         write_manifest(tmp, new)
@@ -167,12 +170,37 @@ def _check_changeable(index: IndexFolder) -> None:
                         f"vector per document): rebuild it with `retr index --passages`")
 
 
+def recorded_format(folder: str | Path, fmt: CorpusFormat | None = None) -> CorpusFormat:
+    """``fmt`` with each field it leaves to detection (None) taken from the fields the index at ``folder`` was
+    built with (its manifest's ``corpus.fields``; a title recorded as none stays none): documents added to an
+    index are read as its own were. Fields the manifest does not record stay as given."""
+    fmt = fmt or CorpusFormat()
+    try:
+        manifest = read_manifest(Path(folder), "retr-index") if not is_index_folder(Path(folder), SHARDED_KIND) \
+            else None
+    except RetrError:
+        return fmt  # the change itself says what is wrong with the folder
+    fields = (manifest or {}).get("corpus", {}).get("fields")
+    if not isinstance(fields, dict) or not fields:
+        return fmt
+
+    def pick(given, key, none_means):
+        value = fields.get(key, ...)
+        if given is not None or value is ... or (value is not None and not isinstance(value, str)):
+            return given
+        return none_means if value is None else value
+
+    return CorpusFormat(pick(fmt.id_field, "id", None), pick(fmt.text_field, "text", None),
+                        pick(fmt.title_field, "title", ""))
+
+
 def add_documents(folder: str | Path, corpus: Corpus, encoder: EncoderConfig | None = None) -> Change:
-    """Add ``corpus``'s documents to the index at ``folder``; one whose id is live already replaces it."""
+    """Add ``corpus``'s documents to the index at ``folder``; one whose id is live already replaces it. Read
+    ``corpus`` with ``recorded_format(folder, ...)``: with the fields the index was built with."""
     folder = Path(folder)
     if not len(corpus):
         raise RetrError(f"{corpus.source}: no documents to add")
-    with writer_lock(folder):
+    with writer_lock(folder, op="add"):
         index = _open_changeable(folder)
         try:
             _check_changeable(index)
@@ -186,9 +214,11 @@ def add_documents(folder: str | Path, corpus: Corpus, encoder: EncoderConfig | N
             keep = np.fromiter((i not in updated for i in index.ids), dtype=bool, count=len(index.ids))
             op = {"op": "add", "source": str(corpus.source), "sha256": corpus.sha256, "added": len(corpus) - len(updated),
                   "updated": len(updated), "deleted": 0}
-            return _write_generation(index, keep, corpus.docs, vectors, op, encode_seconds)
+            change = _write_generation(index, keep, corpus.docs, vectors, op, encode_seconds)
         finally:
             index.close()
+        collect(folder)  # the generation this writer read is no longer held by it
+        return change
 
 
 def read_id_list(path: str | Path) -> dict[str, int]:
@@ -210,7 +240,7 @@ def delete_documents(folder: str | Path, ids: Sequence[str] | Mapping[str, int],
     lines = ids if isinstance(ids, Mapping) else {i: n for n, i in reversed(list(enumerate(ids, start=1)))}
     if not wanted:
         raise RetrError(f"{source}: no ids to delete")
-    with writer_lock(folder):
+    with writer_lock(folder, op="delete"):
         index = _open_changeable(folder)
         try:
             _check_changeable(index)
@@ -225,16 +255,18 @@ def delete_documents(folder: str | Path, ids: Sequence[str] | Mapping[str, int],
             keep = np.fromiter((i not in gone for i in index.ids), dtype=bool, count=len(index.ids))
             op = {"op": "delete", "source": source, "sha256": _digest(*sorted(gone)), "added": 0, "updated": 0,
                   "deleted": len(gone), "missing": len(missing)}
-            return _write_generation(index, keep, [], None, op)
+            change = _write_generation(index, keep, [], None, op)
         finally:
             index.close()
+        collect(folder)
+        return change
 
 
 def compact_index(folder: str | Path) -> Change:
     """Fold the tombstones of the index at ``folder`` away: its doc store and id list keep live records only."""
     folder = Path(folder)
     t0 = time.perf_counter()
-    with writer_lock(folder):
+    with writer_lock(folder, op="compact"):
         index = _open_changeable(folder)
         try:
             _check_changeable(index)
@@ -245,18 +277,19 @@ def compact_index(folder: str | Path) -> Change:
                 return Change(generation, 0, 0, 0, len(index.ids), 0, 0.0, 0.0)
             store = index.docstore
             new = deepcopy(m)
-            with atomic_dir(folder) as tmp:
+            with new_generation(folder) as (tmp, generation, name):
                 write_docstore(tmp, (store.get(r) for r in range(len(store))))
                 files = checksums(tmp, _STORE_FILES)
                 kept = [f for f in m["files"] if f not in (*_STORE_FILES, TOMBSTONES)]
-                files.update(_link(folder, tmp, kept, m["files"]))
-                generation += 1
+                files.update(_link(index.parts, tmp, kept, m["files"]))
                 op = {"op": "compact", "generation": generation, "removed": int(m["tombstones"]),
                       "seconds": time.perf_counter() - t0, "live": len(index.ids), "tombstones": 0}
                 new.update(stored_docs=len(index.ids), tombstones=0, generation=generation,
-                           changes=[*m.get("changes", []), op], files=files, versions=versions())
+                           changes=[*m.get("changes", []), op], files=files, versions=versions(),
+                           format_version=INDEX_FORMAT_VERSION, dir=name)
                 write_manifest(tmp, new)
         finally:
             index.close()
+        collect(folder)
     logger.info("%s: compacted (%d tombstones removed)", folder, op["removed"])
     return Change(generation, 0, 0, 0, op["live"], 0, 0.0, time.perf_counter() - t0)

@@ -15,6 +15,7 @@ import logging
 import os
 import platform
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -68,19 +69,48 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, durable: bool = False) -> None:
+    """``path`` replaced by ``data`` in one rename (``durable``: the data, then the rename, synced to disk)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         _chmod_default(Path(tmp), is_dir=False)
         os.replace(tmp, path)
+        if durable:
+            fsync_tree(path.parent, files=False)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def fsync_tree(folder: Path, files: bool = True) -> None:
+    """Sync ``folder`` to disk: its files and sub-folders (``files``), then the folder itself."""
+    folder = Path(folder)
+    if files:
+        for root, _dirs, names in os.walk(folder):
+            for name in names:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -105,8 +135,12 @@ def _leftovers(target: Path) -> Iterator[tuple[Path, int]]:
 
 
 def remove_stale(target: Path) -> int:
-    """Remove what builds of ``target`` killed before they finished left beside it; return how many."""
+    """Remove what builds of ``target`` killed before they finished left beside it; return how many. Where
+    ``target`` itself is missing (a writer died between the two renames of the swap), nothing is removed: the
+    leftovers are then its only complete copies (``retr.indexes.generations.recover_swap`` puts one back)."""
     n = 0
+    if not Path(target).exists():
+        return 0
     for path, pid in _leftovers(target):
         if pid != os.getpid() and not _pid_alive(pid):
             shutil.rmtree(path, ignore_errors=True)
@@ -116,9 +150,20 @@ def remove_stale(target: Path) -> int:
     return n
 
 
+def _holder(lock_path: Path) -> str:
+    """What the writer holding ``lock_path`` wrote into it: ``" (`retr OP`, pid N)"``, or nothing."""
+    try:
+        op, _, pid = lock_path.read_text(encoding="utf-8").strip().partition(" ")
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f" (`retr {op}`, pid {pid})" if op.isidentifier() and pid.isdigit() else ""
+
+
 @contextlib.contextmanager
-def writer_lock(target: Path, wait: bool = False) -> Iterator[None]:
-    """One writer of ``target`` at a time (an flock on ``.NAME.lock`` beside it, removed afterwards)."""
+def writer_lock(target: Path, wait: bool = False, op: str = "index") -> Iterator[None]:
+    """One writer of ``target`` at a time (an flock on ``.NAME.lock`` beside it, removed afterwards). ``op``:
+    what this writer does (``index``, ``add``, ``delete``, ``compact``, ...), named in the message another writer
+    gets and recorded in the lock file for it."""
     target = Path(target).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.with_name(f".{target.name}.lock")
@@ -129,8 +174,10 @@ def writer_lock(target: Path, wait: bool = False) -> Iterator[None]:
         except OSError as e:
             fh.close()
             if e.errno in (errno.EAGAIN, errno.EACCES):
-                raise RetrError(f"{target}: another retr process is writing it now; wait for it to finish or "
-                                f"choose another output") from None
+                advice = ("wait for it to finish, or choose another --out" if op == "index" else
+                          f"wait for it to finish, then run `retr {op}` again")
+                raise RetrError(f"{target}: another retr process is writing it now{_holder(lock_path)}; cannot "
+                                f"{op} it meanwhile: {advice}") from None
             raise
         try:  # the file we locked may have been unlinked by the writer before us: lock the current one
             same = os.fstat(fh.fileno()).st_ino == os.stat(lock_path).st_ino
@@ -139,6 +186,11 @@ def writer_lock(target: Path, wait: bool = False) -> Iterator[None]:
         if same:
             break
         fh.close()
+    with contextlib.suppress(OSError):
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{op} {os.getpid()}\n")
+        fh.flush()
     try:
         yield
     finally:
@@ -180,12 +232,53 @@ def atomic_dir(target: Path) -> Iterator[Path]:
         raise
 
 
-def file_sha256(path: Path) -> str:
+def open_regular(path: Path) -> int:
+    """A read-only fd on ``path``, a regular file: a symlink, FIFO, device or folder is refused without being
+    opened for reading (O_NOFOLLOW | O_NONBLOCK: a FIFO never blocks the open)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RetrError(f"{path}: a symlink, not a regular file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RetrError(f"{path}: not a regular file")
+    return fd
+
+
+def file_sha256(path: Path, limit: int | None = None) -> str:
+    """sha256 of a regular file (never a special one: ``open_regular``); ``limit``: read at most this many bytes
+    (its recorded size: a file that grows is not read on forever)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
+    with os.fdopen(open_regular(path), "rb") as fh:
+        left = limit
+        while left is None or left > 0:
+            chunk = fh.read(1 << 20 if left is None else min(1 << 20, left))
+            if not chunk:
+                break
             h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
     return h.hexdigest()
+
+
+def confined(folder: Path, rel: object) -> Path:
+    """``folder / rel`` for a relative path ``rel`` that stays inside ``folder`` through no symlink; else a
+    ``RetrError`` naming it (absolute, ``..``, empty, a symlink on the way)."""
+    folder = Path(folder)
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        raise RetrError(f"{folder}: its manifest names a path {str(rel)[:60]!r}: not a relative path")
+    parts = Path(rel).parts
+    if Path(rel).is_absolute() or any(p in ("..", ".", "") for p in parts) or rel.endswith("/"):
+        raise RetrError(f"{folder}: its manifest names {rel!r}: a path outside the folder (only relative paths "
+                        f"inside it are read)")
+    path = folder
+    for part in parts[:-1]:
+        path = path / part
+        if path.is_symlink():
+            raise RetrError(f"{path}: a symlink: an index's parts are read only from inside its folder")
+    return folder / rel
 
 
 def checksums(folder: Path, names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -199,11 +292,21 @@ def checksums(folder: Path, names: Iterable[str] | None = None) -> dict[str, dic
 def check_sizes(folder: Path, recorded: dict[str, dict[str, Any]]) -> str | None:
     """The first part of ``folder`` missing or of another size than recorded (cheap: stat only), or None."""
     for rel, info in recorded.items():
-        p = Path(folder) / rel
         try:
-            size = p.stat().st_size
+            p = confined(Path(folder), rel)
+        except RetrError as e:
+            return str(e)
+        if not isinstance(info, dict):
+            return f"{p}: its manifest entry is not an object"
+        try:
+            st = p.lstat()
         except OSError:
             return f"{p}: missing"
+        if stat.S_ISLNK(st.st_mode):
+            return f"{p}: a symlink, not a regular file"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{p}: not a regular file"
+        size = st.st_size
         if size != info.get("bytes"):
             return f"{p}: {size} bytes, its manifest records {info.get('bytes')}"
     return None
@@ -218,7 +321,7 @@ def check_checksums(folder: Path, recorded: dict[str, dict[str, Any]], hash_up_t
     for rel, info in recorded.items():
         if hash_up_to is not None and info.get("bytes", 0) > hash_up_to:
             continue
-        if file_sha256(Path(folder) / rel) != info.get("sha256"):
+        if file_sha256(Path(folder) / rel, limit=info.get("bytes")) != info.get("sha256"):
             return f"{Path(folder) / rel}: its content differs from the checksum in its manifest"
     return None
 

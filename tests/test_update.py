@@ -92,7 +92,7 @@ def test_generations_tombstones_and_compact(changed):
     idx = IndexFolder(folder)
     assert idx.manifest["tombstones"] == 0 and idx.manifest["stored_docs"] == idx.manifest["num_docs"]
     assert idx.rows is None and idx.ids == [d[0] for d in _final_docs()]
-    assert (folder / "docstore.jsonl").stat().st_size < sum(len(json.dumps(d)) for d in DOCS) * 2
+    assert (idx.parts / "docstore.jsonl").stat().st_size < sum(len(json.dumps(d)) for d in DOCS) * 2
     idx.close()
     assert _results(folder) == before
     assert main(["compact", str(folder)]) == 0  # nothing left to fold: a no-op
