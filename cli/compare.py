@@ -15,13 +15,14 @@ def add_parser(sub) -> None:
                                        "wins/ties/losses, latency differences with bootstrap intervals")
     p.add_argument("files", nargs="+", help="eval reports (JSON from `retr eval --out`) or TREC run files; within "
                                             "each dataset the first system is the baseline")
-    p.add_argument("--qrels", default=None, help="qrels (BEIR TSV or TREC) to score TREC run files against")
+    p.add_argument("--qrels", default=None, help="qrels (BEIR TSV or TREC) to score TREC run files against "
+                                                    "(default: none; eval reports hold their own scores)")
     p.add_argument("--metrics", default=",".join(DEFAULT_METRICS), help="comma-separated, e.g. NDCG@10,MAP@100")
     p.add_argument("--resamples", type=options.positive_int, default=RESAMPLES,
                    help="randomization and bootstrap resamples (exact enumeration when 2^n is not more)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the randomization and bootstrap resamples")
     p.add_argument("--alpha", type=float, default=0.05, help="level at which a corrected difference is marked")
-    p.add_argument("--out", default=None, help="JSON with every comparison")
+    p.add_argument("--out", default=None, help="JSON with every comparison (default: none written)")
     p.set_defaults(run=run)
 
 

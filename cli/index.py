@@ -14,12 +14,13 @@ def add_parser(sub) -> None:
                    help="index folder to write (an existing retr index there is replaced atomically; "
                         "anything else is refused)")
     p.add_argument("--bm25", action=argparse.BooleanOptionalAction, default=True,
-                   help="build the BM25 part beside the dense one (default; --no-bm25: dense only)")
+                   help="build the BM25 part beside the dense one (--no-bm25: dense only)")
     p.add_argument("--id-field", default=None, help="default: detected (_id, id, docid, doc_id)")
     p.add_argument("--text-field", default=None, help="default: detected (text, contents, body, abstract)")
     p.add_argument("--title-field", default=None, help="default: 'title' where present; '' for none")
     options.add_model_args(p)
     options.add_index_args(p)
+    options.add_bm25_args(p)
     options.add_passage_args(p)
     p.set_defaults(run=run)
 
@@ -29,11 +30,10 @@ def run(args: argparse.Namespace) -> int:
 
     from retr.indexes.build import IndexConfig, build_index
     from retr.indexes.corpus import CorpusFormat, load_corpus
-    from retr.retrieval.bm25 import BM25Config
 
     corpus = load_corpus(Path(args.corpus), CorpusFormat(args.id_field, args.text_field, args.title_field))
     cfg = IndexConfig(dense=options.dense_config(args), encoder=options.encoder_config(args),
-                      bm25=BM25Config() if args.bm25 else None, use_cache=not args.no_cache,
+                      bm25=options.bm25_config(args) if args.bm25 else None, use_cache=not args.no_cache,
                       passages=options.passage_config(args), shards=args.shards,
                       executor=options.executor_config(args))
     m = build_index(corpus, Path(args.out), cfg)

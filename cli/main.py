@@ -15,17 +15,36 @@ from collections.abc import Sequence
 logger = logging.getLogger("retr")
 
 
+def version() -> str:
+    """The installed distribution's version; from a source tree that is not installed, its pyproject.toml's."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("retr")
+    except metadata.PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        try:
+            with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+                return str(tomllib.load(f)["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from retr.cli import compare, index, regress, report, search, serve, train, update
+    from retr.cli import compare, doctor, index, regress, report, search, serve, surface, train, update
     from retr.cli import eval as eval_cmd
 
     parser = argparse.ArgumentParser(prog="retr", description="Build, search and measure retrieval pipelines.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for command in (index, update, search, eval_cmd, compare, report, regress, train, serve):
+    parser.add_argument("--version", action="version", version=f"retr {version()}",
+                        help="print retr's version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    for command in (index, update, search, eval_cmd, compare, report, regress, train, serve, doctor):
         command.add_parser(sub)
-    return parser
+    return surface.finish(parser)
 
 
 class _StderrHandler(logging.StreamHandler):

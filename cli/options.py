@@ -41,7 +41,8 @@ def nonnegative_int(text: str) -> int:
 
 
 def add_k_values_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k-values", type=k_values, default=DEFAULT_K_VALUES)
+    p.add_argument("--k-values", type=k_values, default=DEFAULT_K_VALUES, metavar="K[,K...]",
+                   help="cut-offs of the metrics (nDCG@k, Recall@k, ...), comma-separated")
 
 
 def k_values(text: str) -> tuple[int, ...]:
@@ -73,27 +74,28 @@ def add_query_prompt_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=choices(), default=DEFAULT_BACKEND,
-                   help=f"bi-encoder inference (default {DEFAULT_BACKEND}); every graph is checked against torch")
+    p.add_argument("--backend", choices=choices(), default=DEFAULT_BACKEND, metavar="NAME",
+                   help="bi-encoder inference: %(choices)s; every graph is checked against torch")
 
 
 def add_query_backend_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--query-backend", choices=choices(), default=None,
-                   help="query encoding (default: --backend, in its base precision where it is calibrated; "
-                        "onnx-int8 encodes a lone query ~2x faster at some cost in quality)")
+    p.add_argument("--query-backend", choices=choices(), default=None, metavar="NAME",
+                   help="query encoding: %(choices)s (default: --backend, in its base precision where it is "
+                        "calibrated; onnx-int8 encodes a lone query ~2x faster at some cost in quality)")
 
 
 def add_rerank_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rerank-depth", type=positive_int, default=DEFAULT_RERANK_DEPTH,
-                   help="first-stage hits the cross-encoder rescores (default: chosen on dev by quality per ms)")
+                   help=f"first-stage hits the cross-encoder rescores (default: {DEFAULT_RERANK_DEPTH}, chosen on dev "
+                        f"by quality per ms)")
     p.add_argument("--rerank-max-length", type=positive_int, default=None,
                    help=f"tokens of (query, document) the cross-encoder reads (default: the length it was trained "
                         f"at, else {DEFAULT_RERANK_MAX_LENGTH})")
     p.add_argument("--rerank-inputs", choices=tuple(INPUT_FORMS), default=None,
                    help="what the cross-encoder reads of a document: its head, or its sentences sharing most query "
                         "terms (default: the form it was trained on, else head)")
-    p.add_argument("--rerank-backend", choices=choices(SCORING), default=DEFAULT_RERANK_BACKEND,
-                   help="cross-encoder inference")
+    p.add_argument("--rerank-backend", choices=choices(SCORING), default=DEFAULT_RERANK_BACKEND, metavar="NAME",
+                   help="cross-encoder inference: %(choices)s; every graph is checked against torch")
     p.add_argument("--rerank-alpha", type=float, default=None,
                    help="cross-encoder weight vs the first stage (default: chosen on dev at training, else 1; on "
                         "a corpus it was not trained on, capped by the reranker check)")
@@ -103,23 +105,39 @@ def add_rerank_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_fusion_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fusion", choices=FUSIONS, default=_PIPELINE.fusion)
-    p.add_argument("--passage-aggregate", choices=AGGREGATES, default=None,
-                   help="an index of passages: how passage scores make a document's (default: the index's own)")
+    p.add_argument("--fusion", choices=FUSIONS, default=_PIPELINE.fusion,
+                   help="hybrid: how the BM25 and dense rankings are fused (minmax, zscore: normalised scores "
+                        "summed; rrf: reciprocal rank fusion)")
+    add_passage_aggregate_arg(p, building=False)
+
+
+def add_passage_aggregate_arg(p: argparse.ArgumentParser, building: bool) -> None:
+    """How a document's score comes from its passages' scores: chosen when an index of passages is built (and
+    recorded in it), and changeable for a search."""
+    if building:
+        p.add_argument("--passage-aggregate", choices=AGGREGATES, default=DEFAULT_AGGREGATE,
+                       help="with --passages: a document's score from its passages' (maxp: the best); recorded in "
+                            "the index as its default")
+    else:
+        p.add_argument("--passage-aggregate", choices=AGGREGATES, default=None,
+                       help="an index of passages: a document's score from its passages' (maxp: the best; "
+                            "default: the index's own)")
 
 
 def add_passage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passages", default=None, metavar="N[:STRIDE]",
                    help="index passages of N tokens, a new one every STRIDE (default N/2), and rank documents by "
                         "them (long documents are otherwise cut at the encoder's max length)")
-    p.add_argument("--aggregate", choices=AGGREGATES, default=DEFAULT_AGGREGATE,
-                   help="with --passages: a document's score from its passages' (maxp: the best)")
+    if "--passage-aggregate" not in p._option_string_actions:  # eval: the search's option chooses the build's too
+        add_passage_aggregate_arg(p, building=True)
 
 
 def passage_config(args):
     from retr.retrieval.passages import PassageConfig
 
-    return PassageConfig.parse(args.passages, args.aggregate) if args.passages else None
+    if not args.passages:
+        return None
+    return PassageConfig.parse(args.passages, args.passage_aggregate or DEFAULT_AGGREGATE)
 
 
 def pipeline_config(args) -> PipelineConfig:
@@ -130,13 +148,15 @@ def pipeline_config(args) -> PipelineConfig:
 def add_index_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", choices=KINDS, default=_DENSE.kind,
                    help="FAISS index kind (lean: 4-bit IVF-PQ codes in RAM, re-scored from memory-mapped fp16 vectors)")
-    p.add_argument("--hnsw-m", type=positive_int, default=_DENSE.hnsw_m)
-    p.add_argument("--ef-construction", type=positive_int, default=_DENSE.ef_construction)
-    p.add_argument("--ef-search", type=positive_int, default=_DENSE.ef_search, help="HNSW search breadth")
-    p.add_argument("--nlist", type=int, default=_DENSE.nlist, help="IVF lists (0: ~4*sqrt(N))")
-    p.add_argument("--pq-m", type=int, default=_DENSE.pq_m, help="PQ sub-quantizers (0: dim/8)")
-    p.add_argument("--pq-nbits", type=positive_int, default=_DENSE.pq_nbits)
-    p.add_argument("--nprobe", type=positive_int, default=_DENSE.nprobe, help="IVF-PQ lists probed")
+    p.add_argument("--hnsw-m", type=positive_int, default=_DENSE.hnsw_m, help="hnsw: neighbours of each node (M)")
+    p.add_argument("--ef-construction", type=positive_int, default=_DENSE.ef_construction,
+                   help="hnsw: candidates considered while linking a node at build time")
+    p.add_argument("--ef-search", type=positive_int, default=_DENSE.ef_search,
+                   help="hnsw: candidates considered while searching (breadth)")
+    p.add_argument("--nlist", type=int, default=_DENSE.nlist, help="ivfpq, lean: IVF lists (0: ~4*sqrt(N))")
+    p.add_argument("--pq-m", type=int, default=_DENSE.pq_m, help="ivfpq: PQ sub-quantizers (0: dim/8)")
+    p.add_argument("--pq-nbits", type=positive_int, default=_DENSE.pq_nbits, help="ivfpq: bits of each PQ code")
+    p.add_argument("--nprobe", type=positive_int, default=_DENSE.nprobe, help="ivfpq: IVF lists probed")
     p.add_argument("--lean-m", type=int, default=_DENSE.lean_m,
                    help="lean: 4-bit sub-quantizers, lean-m/2 bytes of code a vector (0: up to 64)")
     p.add_argument("--lean-nprobe", type=positive_int, default=_DENSE.lean_nprobe, help="lean: lists probed")
@@ -190,3 +210,26 @@ def rerank_config(args, model: str | None):
                         backend=args.rerank_backend, interpolation=args.rerank_alpha,
                         corpus_check=args.rerank_check, inputs=args.rerank_inputs)
 
+
+
+def add_bm25_args(p: argparse.ArgumentParser) -> None:
+    """How BM25 scores and analyses text (``retr index``, ``retr eval``); recorded in the index's manifest."""
+    from retr.retrieval.bm25 import METHODS, NO_LANGUAGE, BM25Config
+
+    d = BM25Config()
+    p.add_argument("--bm25-k1", type=float, default=d.k1, help=f"BM25 term-frequency saturation k1 (default {d.k1})")
+    p.add_argument("--bm25-b", type=float, default=d.b, help=f"BM25 length normalisation b, 0..1 (default {d.b})")
+    p.add_argument("--bm25-method", choices=METHODS, default=d.method,
+                   help=f"BM25 variant as bm25s computes it (default {d.method}; bm25l and bm25+ add --bm25-delta)")
+    p.add_argument("--bm25-delta", type=float, default=d.delta,
+                   help=f"bm25l / bm25+: the delta added to each matching term (default {d.delta})")
+    p.add_argument("--bm25-language", default=d.language, metavar="LANG",
+                   help=f"Snowball stemmer (PyStemmer: german, french, spanish, ...) with bm25s's stopword list where "
+                        f"it has one for the language; '{NO_LANGUAGE}': neither (default {d.language})")
+
+
+def bm25_config(args):
+    from retr.retrieval.bm25 import BM25Config
+
+    return BM25Config.for_language(args.bm25_language, k1=args.bm25_k1, b=args.bm25_b, method=args.bm25_method,
+                                   delta=args.bm25_delta)

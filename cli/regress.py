@@ -9,9 +9,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser("regress", help="measure expected scores again (benchmarks/expected/*.toml); exit 1 on drift")
     p.add_argument("file", help="TOML file of [[expect]] entries")
     p.add_argument("--tier", choices=("ci", "all"), default="all", help="ci: only the entries marked cheap")
-    p.add_argument("--datasets", default=None, help="folder holding the datasets the entries name")
-    p.add_argument("--models", default=None, help="folder holding the trained models the entries name "
-                                                  "(options model and reranker)")
+    p.add_argument("--datasets", default=None,
+                   help="folder holding the datasets the entries name (default: a path as written, else a name "
+                        "under $RETR_DATA)")
+    p.add_argument("--models", default=None,
+                   help="folder holding the trained models the entries name (options model and reranker; default: "
+                        "each name as written, a path or a hub id)")
     p.add_argument("--markdown", action="store_true", help="print the expected figures as a Markdown table, measure "
                                                            "nothing")
     p.add_argument("--no-download", action="store_true", help="never download a dataset")
@@ -30,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         outcome_table,
     )
     from retr.retrieval.backends.graphs import EXPORT_GENERATION
-    from retr.retrieval.backends.runners import cpu_kind
+    from retr.retrieval.backends.platform import this_platform
 
     entries = load_expected(args.file)
     if args.tier == "ci":
@@ -38,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         print(markdown_table(entries))
         return 0
-    kind = cpu_kind()
+    kind = this_platform().kind
     entries, other = for_this_cpu(entries, kind)
     if other:
         print(f"{other} expected score(s) measured on another kind of CPU skipped (this one: {kind})")

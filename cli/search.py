@@ -19,18 +19,21 @@ def _condition(text: str) -> tuple[str, str]:
 def add_parser(sub) -> None:
     p = sub.add_parser("search", help="query an index folder")
     p.add_argument("index", help="index folder written by `retr index`")
-    p.add_argument("query")
-    p.add_argument("-k", type=options.positive_int, default=DEFAULT_K)
-    p.add_argument("--mode", choices=FIRST_STAGES, default=DEFAULT_MODE)
+    p.add_argument("query", help="the query text")
+    p.add_argument("-k", type=options.positive_int, default=DEFAULT_K, help="hits to return")
+    p.add_argument("--mode", choices=FIRST_STAGES, default=DEFAULT_MODE,
+                   help="first stage: bm25, dense, or hybrid (the two fused), as in the API and the service")
     options.add_fusion_arg(p)
-    p.add_argument("--rerank", default=None, metavar="MODEL_DIR", help="cross-encoder folder")
+    p.add_argument("--rerank", default=None, metavar="MODEL_DIR",
+                   help="cross-encoder folder: rescore the first stage's top --rerank-depth hits (default: none)")
     options.add_rerank_args(p)
     p.add_argument("--model", default=None, help="query encoder (default: the one that built the index)")
     options.add_backend_arg(p)
     options.add_query_backend_arg(p)
     options.add_query_prompt_arg(p)
     p.add_argument("--filter", action="append", default=[], metavar="FIELD=VALUE", type=_condition,
-                   help="only documents whose record has FIELD equal to VALUE (repeat: all must hold)")
+                   help="only documents whose record has FIELD equal to VALUE (repeat: all must hold; default: "
+                        "every document)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)
 

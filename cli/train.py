@@ -14,13 +14,18 @@ from retr.train.mlm import MLMTrainConfig
 def _add_common(t, cfg, base_help: str) -> None:
     """The options every trainer takes, with that trainer's defaults."""
     t.add_argument("--base", default=None, help=base_help)
-    t.add_argument("--out", required=True)
-    t.add_argument("--epochs", type=options.positive_int, default=cfg.epochs)
-    t.add_argument("--batch-size", type=options.positive_int, default=cfg.batch_size)
-    t.add_argument("--lr", type=float, default=cfg.learning_rate)
-    t.add_argument("--max-length", type=options.positive_int, default=cfg.max_length)
-    t.add_argument("--seed", type=int, default=cfg.seed)
-    t.add_argument("--max-steps", type=int, default=cfg.max_steps)
+    t.add_argument("--out", required=True, help="folder to write the trained model to (its checkpoints beside it)")
+    t.add_argument("--epochs", type=options.positive_int, default=cfg.epochs, help="passes over the training data")
+    t.add_argument("--batch-size", type=options.positive_int, default=cfg.batch_size,
+                   help="training examples per optimizer step")
+    t.add_argument("--lr", type=float, default=cfg.learning_rate,
+                   help=f"peak learning rate (AdamW; linear warm-up over the first {cfg.warmup_ratio * 100:g}%% of the "
+                        f"steps, then linear decay)")
+    t.add_argument("--max-length", type=options.positive_int, default=cfg.max_length,
+                   help="tokens of each text while training (recorded with the model)")
+    t.add_argument("--seed", type=int, default=cfg.seed, help="seed of the data order, the dev split and the new weights")
+    t.add_argument("--max-steps", type=int, default=cfg.max_steps,
+                   help="stop after this many optimizer steps (-1: after --epochs)")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint of --out")
     for kind, what in (("attention", "the attention probabilities"), ("hidden", "every other backbone layer")):
         default = getattr(cfg, f"{kind}_dropout")
@@ -54,7 +59,7 @@ def add_parser(sub) -> None:
     src = t.add_mutually_exclusive_group(required=True)
     src.add_argument("--dataset", help="BEIR dataset with training qrels")
     src.add_argument("--corpus", help="unlabeled corpus (with --self-supervised)")
-    t.add_argument("--split", default="train")
+    t.add_argument("--split", default="train", help="--dataset: the split whose queries and qrels are trained on")
     t.add_argument("--self-supervised", action="store_true", help="pairs from the corpus: title->body, sentence->rest")
     t.add_argument("--mini-batch-size", type=options.positive_int, default=bi.mini_batch_size,
                    help="GradCache chunk (memory); below --batch-size the cached loss is used")
@@ -64,7 +69,7 @@ def add_parser(sub) -> None:
                    help="training queries held out to pick the epoch")
     t.add_argument("--teacher", default=None,
                    help="cross-encoder folder whose scores of each pair's positive and negatives are distilled "
-                        "into the bi-encoder (KL beside the contrastive loss)")
+                        "into the bi-encoder (KL beside the contrastive loss; default: none)")
     t.add_argument("--teacher-weight", type=float, default=bi.teacher_weight, help="weight of the teacher's loss")
     _add_precision(t, bi)
     _add_freeze(t, bi)
@@ -83,9 +88,10 @@ def add_parser(sub) -> None:
 
     ce = CrossEncoderTrainConfig()
     t = tsub.add_parser("cross-encoder", help="BERT + one-logit head, listwise over the first stage's negatives")
-    t.add_argument("--first-stage-model", default=None, help="bi-encoder of the hybrid first stage to mine from")
-    t.add_argument("--dataset", required=True)
-    t.add_argument("--split", default="train")
+    t.add_argument("--first-stage-model", default=None,
+                   help="bi-encoder of the hybrid first stage the negatives are mined from (default: bundled MiniLM)")
+    t.add_argument("--dataset", required=True, help="BEIR dataset with training qrels")
+    t.add_argument("--split", default="train", help="the split whose queries and qrels are trained on")
     t.add_argument("--num-negatives", type=options.positive_int, default=ce.num_negatives,
                    help="first-stage hard negatives per list")
     t.add_argument("--in-batch-negatives", type=options.positive_int, default=ce.in_batch_negatives,
@@ -105,7 +111,7 @@ def add_parser(sub) -> None:
                    help="keep only the base's first N transformer layers (0: all): a smaller, faster reranker")
     t.add_argument("--teacher", default=None,
                    help="trained cross-encoder folder whose scores of each list are distilled into the targets "
-                        "instead of the first stage's (weight --distill)")
+                        "instead of the first stage's (weight --distill; default: none)")
     _add_precision(t, ce)
     _add_freeze(t, ce)
     _add_common(t, ce, "BERT folder (default: the bundled MiniLM + a new head)")

@@ -82,7 +82,7 @@ def test_index_and_search_a_users_jsonl_with_paths_only(tmp_path, capsys):
     assert main(["search", str(idx), "ice in the mountains", "--json", "-k", "3"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert [r["rank"] for r in res["results"]] == [1, 2, 3] and res["results"][0]["id"] == "b"
-    assert set(res["latency_ms"]) == {"encode", "ann"}
+    assert set(res["latency_ms"]) == {"encode", "ann", "bm25", "fusion"}  # hybrid: the default mode everywhere
     assert main(["search", str(idx), "coffee", "--mode", "bm25", "-k", "1"]) == 0
     assert capsys.readouterr().out.split()[:2] == ["1", "a"]
     # a dense-only index asked for bm25: a clear error, not a traceback

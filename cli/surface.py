@@ -1,0 +1,124 @@
+"""How the command line presents itself: every ``--help`` shows each option's default, and the names an option had
+before it was renamed still work, hidden, with one warning a process.
+
+``finish(parser)`` applies both to a parser and every subcommand under it; `retr.cli.main.build_parser` calls it
+once the subcommands have added their options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+
+# old name -> canonical name, the one registry of renamed options: every (sub)command that has the canonical option
+# also accepts the old one, hidden from --help, warning once a process
+DEPRECATED = {
+    "--reranker": "--rerank",  # the cross-encoder folder, as `retr search --rerank` and `Index.search(rerank=)`
+    "--pipelines": "--mode",  # what to run: bm25, dense, hybrid, each +rerank (the API's and the service's `mode`)
+    "--aggregate": "--passage-aggregate",  # a document's score from its passages', at build and at query time
+}
+
+_warned: set[str] = set()
+
+
+def warn_deprecated(old: str, new: str) -> None:
+    """Print ``old is deprecated; use new`` on stderr, once a process for each old name."""
+    if old not in _warned:
+        _warned.add(old)
+        print(f"retr: warning: {old} is deprecated; use {new}", file=sys.stderr)
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old option name: warns, then does exactly what the canonical option does (same dest, type, choices)."""
+
+    def __init__(self, option_strings, dest, canonical: argparse.Action, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.canonical = canonical
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        new = self.canonical.option_strings[-1]
+        warn_deprecated(option_string or self.option_strings[0], new)
+        self.canonical(parser, namespace, values, new)
+
+
+def _add_aliases(parser: argparse.ArgumentParser) -> None:
+    have = parser._option_string_actions
+    for old, new in DEPRECATED.items():
+        action = have.get(new)
+        if action is None or old in have:
+            continue
+        if action.required:
+            raise ValueError(f"{new} is required: a hidden alias could not stand in for it")
+        parser.add_argument(old, action=_DeprecatedAlias, canonical=action, dest=action.dest, nargs=action.nargs,
+                            type=action.type, choices=action.choices, metavar=action.metavar,
+                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def default_text(action: argparse.Action) -> str | None:
+    """The default to show after an option's help, or None where there is none to show: a flag (off unless given),
+    a required option, a positional, an option without a value by default (its help says what happens then), or
+    help that already states its default."""
+    if not action.option_strings or action.required or action.help is argparse.SUPPRESS:
+        return None
+    default = action.default
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return "on" if default else "off"
+    if action.nargs == 0 or default is None or default is argparse.SUPPRESS or default == []:
+        return None
+    if isinstance(default, (tuple, list)):
+        shown = ",".join(str(v) for v in default)
+    else:
+        shown = "''" if default == "" else str(default)
+    text = _own_help(action).lower()
+    if "default:" in text or f"default {shown}".lower() in text:  # the help says it already, perhaps with why
+        return None
+    return shown
+
+
+def _own_help(action: argparse.Action) -> str:
+    """The help as written (Python 3.9 to 3.12 append their own "(default: ...)" to a BooleanOptionalAction's)."""
+    text = action.help or ""
+    return text.removesuffix(" (default: %(default)s)")
+
+
+def help_template(action: argparse.Action) -> str:
+    """An option's help with its default, as ``--help`` and the CLI reference show it (argparse's ``%(...)s``
+    fields not yet expanded)."""
+    text = _own_help(action)
+    shown = default_text(action)
+    return f"{text} (default: {shown.replace('%', '%%')})" if shown is not None else text
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, each option's default shown after its help."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 30, width: int | None = None):
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return help_template(action)
+
+
+def parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """``(command, parser)`` for the parser and each subcommand under it, depth first: ``("", retr)``,
+    ``("index", ...)``, ..., ``("train bi-encoder", ...)``."""
+    stack = [("", parser)]
+    while stack:
+        name, p = stack.pop(0)
+        yield name, p
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {a.dest: a.help for a in action._choices_actions}
+                for sub, sp in action.choices.items():
+                    if sp.description is None:
+                        sp.description = helps.get(sub)
+                stack[:0] = [(f"{name} {sub}".strip(), sp) for sub, sp in action.choices.items()]
+
+
+def finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every (sub)command shows its defaults, describes itself and accepts the deprecated option names."""
+    for _, p in parsers(parser):
+        p.formatter_class = HelpFormatter
+        _add_aliases(p)
+    return parser
