@@ -44,6 +44,7 @@ def add_parser(sub) -> None:
     options.add_model_args(p)
     options.add_query_backend_arg(p)
     options.add_index_args(p)
+    options.add_bm25_args(p)
     options.add_passage_args(p)
     p.set_defaults(run=run)
 
@@ -55,7 +56,6 @@ def run(args: argparse.Namespace) -> int:
     from retr.eval.report import EvalSuite
     from retr.eval.runner import EvalConfig, run_eval
     from retr.eval.table import detail_table, main_table, summary_table
-    from retr.retrieval.bm25 import BM25Config
     from retr.retrieval.errors import RetrError
     from retr.retrieval.pipeline import parse_pipelines
 
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = EvalConfig(
         pipelines=parse_pipelines(args.pipelines), k_values=args.k_values,
         encoder=options.encoder_config(args, query_backend=True), dense=options.dense_config(args),
-        bm25=BM25Config(), pipeline=options.pipeline_config(args),
+        bm25=options.bm25_config(args), pipeline=options.pipeline_config(args),
         reranker=options.rerank_config(args, args.reranker), ignore_identical_ids=args.ignore_identical_ids,
         warmup=max(0, args.warmup), use_cache=not args.no_cache, passages=options.passage_config(args),
         shards=args.shards, executor=options.executor_config(args),

@@ -90,7 +90,7 @@ def index_bm25(tokens: RowTokens, cfg: BM25Config = _DEFAULT):
     """A bm25s model over ``tokens`` (its statistics: these rows')."""
     import bm25s
 
-    model = bm25s.BM25(k1=cfg.k1, b=cfg.b, method=cfg.method)
+    model = bm25s.BM25(k1=cfg.k1, b=cfg.b, delta=cfg.delta, method=cfg.method)
     model.index((tokens.rows, {w: i for i, w in enumerate(tokens.vocab)}), show_progress=len(tokens) > 10_000)
     return model
 

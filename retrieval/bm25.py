@@ -23,13 +23,62 @@ BM25_DIR = "bm25"
 CONFIG = "retr_bm25.json"
 
 
+METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")  # bm25s's variants (Kamphuis et al., 2020)
+DELTA_METHODS = ("bm25l", "bm25+")  # the variants that read ``delta``
+# bm25s's stopword lists, by the Snowball stemmer's language name; other languages are stemmed without stopwords
+STOPWORDS = {"english": "en", "german": "de", "dutch": "nl", "french": "fr", "spanish": "es", "portuguese": "pt",
+             "italian": "it", "russian": "ru", "swedish": "sv", "norwegian": "no", "turkish": "tr", "danish": "da"}
+NO_LANGUAGE = "none"  # lowercase and split only: no stemmer, no stopwords
+
+
+def languages() -> tuple[str, ...]:
+    """What ``--bm25-language`` accepts: every Snowball stemmer PyStemmer has, and ``none``."""
+    import Stemmer
+
+    return (*sorted(a for a in Stemmer.algorithms() if a not in ("porter", "dutch_porter")), NO_LANGUAGE)
+
+
 @dataclass(frozen=True)
 class BM25Config:
+    """How BM25 scores (``method``: one of ``METHODS``; ``k1``, ``b``; ``delta`` for bm25l and bm25+) and how
+    text becomes terms (a Snowball ``stemmer`` and a bm25s ``stopwords`` list, or None for none)."""
+
     k1: float = 1.5
     b: float = 0.75
     method: str = "lucene"
     stemmer: str | None = "english"
     stopwords: str | None = "en"
+    delta: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise RetrError(f"BM25 method {self.method!r}: choose one of {', '.join(METHODS)}")
+        if not (self.k1 >= 0 and self.k1 < float("inf")):
+            raise RetrError(f"BM25 k1 {self.k1!r} must be a number >= 0")
+        if not 0 <= self.b <= 1:
+            raise RetrError(f"BM25 b {self.b!r} must be between 0 and 1")
+        if not (self.delta >= 0 and self.delta < float("inf")):
+            raise RetrError(f"BM25 delta {self.delta!r} must be a number >= 0")
+
+    @classmethod
+    def for_language(cls, language: str = "english", **scoring) -> BM25Config:
+        """Snowball's stemmer for ``language`` and bm25s's stopwords where it has a list for it (``none``: neither);
+        ``scoring``: k1, b, method, delta."""
+        if language != NO_LANGUAGE and language not in languages():
+            raise RetrError(f"BM25 language {language!r}: choose one of {', '.join(languages())}")
+        if language == NO_LANGUAGE:
+            return cls(stemmer=None, stopwords=None, **scoring)
+        return cls(stemmer=language, stopwords=STOPWORDS.get(language), **scoring)
+
+    @property
+    def language(self) -> str:
+        return self.stemmer or NO_LANGUAGE
+
+    def describe(self) -> str:
+        """One line for a report: ``lucene k1=1.5 b=0.75, english (stopwords en)``."""
+        delta = f" delta={self.delta:g}" if self.method in DELTA_METHODS else ""
+        words = f"{self.language} ({'stopwords ' + self.stopwords if self.stopwords else 'no stopwords'})"
+        return f"{self.method} k1={self.k1:g} b={self.b:g}{delta}, {words}"
 
 
 @functools.lru_cache(maxsize=4)
