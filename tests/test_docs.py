@@ -1,0 +1,163 @@
+"""The docs hold: the README stays short with its workflows first, the getting-started example runs, every `retr`
+command the README and the guides show parses with the real parser, the generated pages (OpenAPI schema, results
+index) are current, and the site builds with `mkdocs build --strict` where mkdocs is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+DOCS = REPO / "docs"
+README = REPO / "README.md"
+README_MAX_BYTES = 15 * 1024
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
+# pages whose command lines are the user's: the README, getting started and every guide (the studies keep the
+# commands as they were run, old option names included)
+COMMAND_PAGES = [README, DOCS / "getting-started.md", *sorted((DOCS / "guides").glob("*.md"))]
+
+
+def _blocks(path: Path, *languages: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(path.read_text(encoding="utf-8")) if lang in languages]
+
+
+def _gen(name: str):
+    """A generator script under docs/_gen/, loaded from its file (it is not part of the package)."""
+    spec = importlib.util.spec_from_file_location(f"docs_gen_{name}", DOCS / "_gen" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def retr_commands(text: str) -> list[list[str]]:
+    """Every `retr ...` command line in shell text: continuation lines joined, comments dropped, split at `&&`,
+    `;` and `|`, a leading `$ ` prompt and `VAR=value` assignments skipped."""
+    commands = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.strip().removeprefix("$ ")
+        if "retr" not in line:
+            continue
+        words = shlex.split(line, comments=True)
+        segment: list[str] = []
+        for word in [*words, "&&"]:
+            if word not in ("&&", ";", "|", "||"):
+                segment.append(word)
+                continue
+            while segment and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", segment[0]):
+                segment.pop(0)
+            if segment and segment[0] == "retr":
+                commands.append(segment[1:])
+            segment = []
+    return commands
+
+
+def test_retr_commands_are_found_in_shell_text():
+    text = ("python3 -m venv .venv && . .venv/bin/activate && RETR_DATA=x retr eval --dataset scifact  # note\n"
+            "$ retr eval --dataset a \\\n     --out r.json\nretrieve --me\n")
+    assert retr_commands(text) == [["eval", "--dataset", "scifact"], ["eval", "--dataset", "a", "--out", "r.json"]]
+
+
+def test_the_readme_is_short_with_its_workflows_first():
+    text = README.read_text(encoding="utf-8")
+    size = len(text.encode("utf-8"))
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes, over {README_MAX_BYTES}: move detail to docs/"
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    workflows = ["Your own corpus: index, search, serve", "A BEIR evaluation", "Training"]
+    assert headings[1:4] == workflows, f"the three workflows come right after Install: {headings}"
+    assert "ruff check . && python -m pytest -q" in text  # the test command .ci/run runs, verbatim
+
+
+@pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_retr_command_shown_parses(page, capsys):
+    from retr.cli.main import build_parser
+
+    commands = [c for body in _blocks(page, "bash", "sh", "console", "text") for c in retr_commands(body)]
+    if page in (README, DOCS / "getting-started.md"):
+        assert len(commands) >= 6, f"{page.name}: expected its workflows' commands, found {commands}"
+    refused = []
+    for argv in commands:
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit:
+            refused.append(f"retr {shlex.join(argv)}: {capsys.readouterr().err.strip().splitlines()[-1]}")
+    assert not refused, f"{page.relative_to(REPO)}: commands the parser refuses:\n" + "\n".join(refused)
+
+
+def test_the_getting_started_python_runs(tiny_bi_encoder, tmp_path, monkeypatch, capsys):
+    """Each ```python block of getting-started.md, as written, on the tiny fixture model (ONNX Runtime) in place of
+    the bundled one: the dense ranking is random there, so the page asserts on BM25's only."""
+    import retr
+
+    build, load = retr.Index.build.__func__, retr.Index.load.__func__
+    tiny = {"model": str(tiny_bi_encoder), "backend": "onnx"}
+    monkeypatch.setattr(retr.Index, "build", classmethod(lambda cls, *a, **kw: build(cls, *a, **{**tiny, **kw})))
+    monkeypatch.setattr(retr.Index, "load", classmethod(lambda cls, *a, **kw: load(cls, *a, **{"backend": "onnx",
+                                                                                              **kw})))
+    monkeypatch.chdir(tmp_path)
+    blocks = _blocks(DOCS / "getting-started.md", "python")
+    assert blocks, "getting-started.md has no python example"
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"docs/getting-started.md[python {i}]", "exec"), {"__name__": "getting_started"})
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[:3]] == ["bm25", "dense", "hybrid"]
+    assert all("'total'" in line for line in out[:3])  # each search's latency per stage, with the total
+    assert out[3].startswith("n2 The VPN needs a hardware token") and "'team': 'it'" in out[3]
+    assert (tmp_path / "notes.idx" / "manifest.json").is_file()
+
+
+def test_the_openapi_schema_is_current(tiny_dataset, tiny_bi_encoder, tmp_path):
+    pytest.importorskip("fastapi")
+    from retr.cli.main import main
+    from retr.cli.serve_app import ServeConfig
+    from retr.retrieval.encoder import EncoderConfig
+
+    gen = _gen("openapi")
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--backend", "onnx"]) == 0
+    now = gen.render(gen.schema(idx, ServeConfig(encoder=EncoderConfig(backend="onnx"))))
+    assert set(gen.json.loads(now)["paths"]) >= {"/search", "/healthz", "/metrics"}
+    assert gen.OUT.read_text(encoding="utf-8") == now, \
+        f"{gen.OUT.relative_to(REPO)} is stale: python docs/_gen/openapi.py INDEX_DIR (any index folder)"
+
+
+def test_the_results_index_is_current_and_cites_every_results_file():
+    gen = _gen("results_index")
+    text = gen.render()
+    assert gen.OUT.read_text(encoding="utf-8") == text, "docs/studies/results.md is stale: " \
+                                                         "python docs/_gen/results_index.py"
+    uncited = [line for line in text.splitlines() if line.endswith(".json` | – |")]
+    assert not uncited, "results files no study names (cite each in its docs/studies page):\n" + "\n".join(uncited)
+
+
+def test_the_results_pattern_reader_expands_what_the_studies_write():
+    gen = _gen("results_index")
+    match = lambda name, written: any(p.match(name) for p in gen._cites(f"see `{written}`"))  # noqa: E731
+    assert match("rerank-curve-npl-ce1.json", "benchmarks/results/rerank-curve-<set>-ce1.json")
+    assert not match("rerank-curve-npl-ce1-d3.json", "rerank-curve-<set>-ce1.json")
+    assert match("attention-export-amx-f32.json", "attention-export-amx-{bf16,f32,ce}.json")
+    assert match("speed-7.json", "speed-7[-npl|-cisi].json") and match("speed-7-cisi.json", "speed-7[-npl|-cisi].json")
+    assert not match("speed-7-amx.json", "speed-7[-npl|-cisi].json")
+
+
+def _have(*modules: str) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+@pytest.mark.skipif(not _have("mkdocs", "material", "mkdocstrings_handlers.python"),
+                    reason="mkdocs, mkdocs-material or mkdocstrings[python] not installed "
+                           "(pip install mkdocs mkdocs-material 'mkdocstrings[python]')")
+def test_the_site_builds_strict(tmp_path):
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(tmp_path / "site")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
+    assert (tmp_path / "site" / "reference" / "python-api" / "index.html").read_text().count('id="retr.Index.') >= 3
