@@ -143,11 +143,11 @@ def test_a_closed_index_refuses_every_call(built):  # case 25
     index = retr.Index.load(built, backend="onnx")
     assert index.search("solar", k=2).hits
     index.close()
-    assert index.closed
     for call in (lambda: index.search("solar"), lambda: index.search_batch(["solar"]), lambda: index.delete(["d1"]),
                  lambda: index.add(built), lambda: index.compact(), lambda: index.ids):
         with pytest.raises(RetrError, match="this Index was closed"):
             call()
+    assert index.closed
     index.close()  # twice is harmless
     with retr.Index.load(built, backend="onnx") as again:
         assert "d1" in again.ids
@@ -260,6 +260,18 @@ def test_cli_api_and_service_give_the_same_hits_with_no_options(built, index, ca
     assert [(h["id"], round(h["score"], 5)) for h in cli["results"]] == want and cli["pipeline"] == DEFAULT_MODE
     assert [(h["id"], round(h["score"], 5)) for h in served["results"]] == want
     assert served["pipeline"] == DEFAULT_MODE
+
+
+def test_a_byte_order_mark_in_an_ids_file_is_not_part_of_the_first_id(built, tmp_path, capsys):  # case 21
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(built, folder)
+    ids = tmp_path / "ids.txt"
+    ids.write_bytes("d1\r\nd2\n".encode("utf-8-sig"))
+    assert main(["delete", str(folder), "--ids", str(ids)]) == 0, capsys.readouterr().err
+    with retr.Index.load(folder, backend="onnx") as index:
+        assert {"d1", "d2"}.isdisjoint(index.ids) and len(index.ids) == 14
 
 
 # -- index parameters and FAISS ---------------------------------------------------------------------------------
