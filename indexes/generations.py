@@ -15,15 +15,17 @@ generation's whole manifest and its ``dir``) in one atomic rename. Readers:
   removed retries from the pointer).
 
 A crash at any step of publishing leaves the old generation published and the new one either absent, unfinished
-(a hidden ``.gen-N.PID.building`` folder, removed by the next writer), or complete under its final name but not
-yet published: the next open reads that newest complete generation, and the next writer publishes it. Nothing
-complete is deleted but a superseded generation no reader holds.
+(a hidden ``.gen-N.PID.building`` folder without its manifest, removed by the next writer), or complete but not yet
+published (its manifest written and every part matching it, under its hidden name or its final one): the next open
+renames it to its final name and reads it, the newest complete generation, and the next writer publishes it.
+Nothing complete is deleted but a superseded generation no reader holds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -47,6 +49,7 @@ _BUILDING_RE = re.compile(r"^\.gen-(\d{6,9})\.(\d+)\.(building|removing)$")
 ROOT_PART_RE = re.compile(r"^(ids\.json|docstore\.jsonl|docstore\.offsets\.npy|tombstones\.npy|dense\.faiss|"
                           r"refine\.faiss|vectors\.npy|passage_docs\.npy|passage_spans\.npy|bm25|shard-\d{3,})$")
 OPEN_TRIES = 200
+_WRITING: set[str] = set()  # the generation folders this process is writing now
 
 
 def generation_dir(name: object) -> str:
@@ -131,6 +134,60 @@ class Opened:
             self.lease.release()
 
 
+def _dead(name: str) -> bool:
+    """Whether the writer of the hidden folder ``name`` is gone (a killed process, or a writer of this one that
+    stopped without finishing)."""
+    m = _BUILDING_RE.match(name)
+    if not m:
+        return False
+    pid = int(m.group(2))
+    return name not in _WRITING if pid == os.getpid() else not _pid_alive(pid)
+
+
+def _finished(folder: Path, name: str) -> bool:
+    """Whether ``folder`` holds the whole generation ``name``: its manifest, naming it, and every part it records
+    of the size and checksum recorded."""
+    from retr.retrieval.artifacts import check_checksums
+
+    try:
+        manifest = json.loads((folder / MANIFEST).read_bytes())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    if not isinstance(manifest, dict) or manifest.get("dir") != name or not isinstance(manifest.get("files"), dict):
+        return False
+    files = manifest["files"]
+    sized = {k: v for k, v in files.items() if isinstance(v, dict) and "bytes" in v}
+    try:
+        if check_checksums(folder, sized) is not None:
+            return False
+        for rel, info in files.items():
+            if rel not in sized and hashlib.sha256((folder / rel).read_bytes()).hexdigest() != info.get("sha256"):
+                return False
+    except (OSError, RetrError, AttributeError):
+        return False
+    return True
+
+
+def roll_forward(root: Path) -> int:
+    """Give a generation that a dead writer finished but did not rename its final name (a rename only: readers
+    may do it); return how many."""
+    n = 0
+    for e in list(os.scandir(root)) if root.is_dir() else []:
+        m = _BUILDING_RE.match(e.name)
+        if not m or m.group(3) != "building" or not _dead(e.name):
+            continue
+        name = GEN_DIR.format(int(m.group(1)))
+        if (root / name).exists() or not _finished(Path(e.path), name):
+            continue
+        with contextlib.suppress(OSError):  # another process did it first, or a read-only folder
+            fsync_tree(Path(e.path))
+            os.rename(e.path, root / name)
+            n += 1
+            logger.warning("%s: generation %s was written whole by a writer that died before renaming it: recovered",
+                           root, name)
+    return n
+
+
 def open_generation(root: Path) -> Opened:
     """The newest complete generation of the index folder ``root``, leased (its manifest is checked by the caller)."""
     root = Path(root)
@@ -139,6 +196,8 @@ def open_generation(root: Path) -> Opened:
             time.sleep(min(0.001 * attempt, 0.02))
         if not root.is_dir():
             recover_swap(root)
+        if attempt == 0:
+            roll_forward(root)
         try:
             data, pointer = _read_pointer(root)
         except FileNotFoundError:
@@ -213,12 +272,13 @@ def current_number(root: Path) -> int | None:
 
 def recover(root: Path) -> None:
     """Under the writer lock: publish a complete generation newer than the pointer (its writer died before
-    publishing it), and remove what writers that died left unfinished."""
+    publishing it), and remove what writers that died left unfinished (never a complete generation)."""
+    roll_forward(root)
     for e in list(os.scandir(root)) if root.is_dir() else []:
         m = _BUILDING_RE.match(e.name)
-        if m and (m.group(3) == "removing" or not _pid_alive(int(m.group(2)))):
+        if m and (m.group(3) == "removing" or _dead(e.name)):
             shutil.rmtree(e.path, ignore_errors=True)
-            logger.info("removed %s, left unfinished by a killed writer", e.path)
+            logger.info("removed %s, left unfinished by a writer that died", e.path)
     newest = complete_generations(root)
     current = current_number(root)
     if newest and (current is None or newest[-1][0] > current):
@@ -256,6 +316,7 @@ def new_generation(root: Path) -> Iterator[tuple[Path, int, str]]:
     name = GEN_DIR.format(number)
     tmp = root / f".{name}.{os.getpid()}.building"
     tmp.mkdir()
+    _WRITING.add(tmp.name)
     try:
         yield tmp, number, name
         if not (tmp / MANIFEST).is_file():
@@ -266,6 +327,8 @@ def new_generation(root: Path) -> Iterator[tuple[Path, int, str]]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _WRITING.discard(tmp.name)
     publish(root, name)
 
 

@@ -8,11 +8,13 @@ same files share an identity, and two models that differ in one weight never do.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,17 +50,82 @@ def _defines_model(rel: Path) -> bool:
     return rel.name not in _NOT_MODEL_FILES and not rel.name.endswith(_NOT_MODEL_SUFFIXES)
 
 
+_SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def _special(real: str) -> bool:
+    return any(real == r or real.startswith(r + "/") for r in _SPECIAL_ROOTS)
+
+
 def model_files(path: Path) -> list[Path]:
-    """The files that define the model in ``path``, relative to it, sorted (symlinks followed: a hub snapshot
-    links to its blobs)."""
-    out = []
-    for root, dirs, files in os.walk(path, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in files:
-            rel = (Path(root) / name).relative_to(path)
-            if _defines_model(rel):
-                out.append(rel)
+    """The files that define the model in ``path``, relative to it, sorted. File symlinks are followed (a hub
+    snapshot links to its blobs) to regular files only; a folder symlink must stay inside ``path``. A symlink
+    loop, a dangling link, a device, FIFO or socket, or anything under /proc, /sys or /dev is a ``RetrError``
+    naming it: never read (a hash of /dev/zero never ends)."""
+    path = Path(path)
+    top = os.path.realpath(path)
+    out: list[Path] = []
+
+    def walk(folder: str, rel: Path, ancestors: frozenset) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:
+            raise RetrError(f"{folder}: unreadable model folder ({e.strerror})") from None
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            child = rel / entry.name
+            real = os.path.realpath(entry.path)
+            try:
+                st = os.stat(entry.path)
+            except OSError as e:
+                why = "a symlink loop" if e.errno == errno.ELOOP else f"a dangling link ({e.strerror})"
+                raise RetrError(f"{entry.path}: {why} in the model folder") from None
+            if stat.S_ISDIR(st.st_mode):
+                if entry.name in _NOT_MODEL_DIRS or entry.name.startswith("checkpoint-"):
+                    continue
+                if real != top and not real.startswith(top + os.sep):
+                    raise RetrError(f"{entry.path}: links outside the model folder ({real}): a model's folders "
+                                    f"are read only inside it")
+                key = (st.st_dev, st.st_ino)
+                if key in ancestors:
+                    raise RetrError(f"{entry.path}: a symlink loop in the model folder")
+                walk(entry.path, child, ancestors | {key})
+            elif _defines_model(child):
+                if _special(real) or not stat.S_ISREG(st.st_mode):
+                    raise RetrError(f"{entry.path}: not a regular file ({real}): a model's files are read only from "
+                                    f"regular files")
+                out.append(child)
+
+    root = os.stat(path)
+    walk(str(path), Path(), frozenset({(root.st_dev, root.st_ino)}))
     return sorted(out)
+
+
+def check_loadable(path: Path) -> None:
+    """Refuse a model folder retr would not load safely: a ``modules.json`` naming a class outside
+    sentence-transformers (code the folder chooses), or weights only in a pickle (``pytorch_model.bin``, which
+    runs code when loaded)."""
+    modules = path / "modules.json"
+    if modules.is_file():
+        try:
+            entries = json.loads(modules.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise RetrError(f"{modules}: unreadable ({str(e)[:80]})") from None
+        if not isinstance(entries, list):
+            raise RetrError(f"{modules}: not a list of modules")
+        for i, entry in enumerate(entries):
+            kind = entry.get("type") if isinstance(entry, dict) else None
+            if not isinstance(kind, str) or not kind.startswith("sentence_transformers."):
+                raise RetrError(f"{modules}: module {i} is {str(kind)[:60]!r}: retr loads only sentence-transformers' "
+                                f"own modules, never a class a model folder names")
+    files = [p for p in path.rglob("*") if not any(part.startswith(".") or part in _NOT_MODEL_DIRS
+                                                   for part in p.relative_to(path).parts)]
+    names = {p.name for p in files}
+    pickled = sorted(n for n in names if n.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt")) and n != "training_args.bin")
+    if pickled and not any(n.endswith(".safetensors") for n in names):
+        raise RetrError(f"{path}: its weights are only in {pickled[0]} (a pickle, which can run code when loaded): "
+                        f"retr loads safetensors only; save the model as model.safetensors where it came from")
 
 
 def hash_model_dir(path: Path) -> str:
@@ -80,9 +147,17 @@ def _hash_files(root: str, stats: tuple) -> str:
         h.update(b"\0")
         h.update(str(size).encode())
         h.update(b"\0")
-        with open(os.path.join(root, rel), "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
+        fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO swapped in never blocks
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise RetrError(f"{os.path.join(root, rel)}: not a regular file")
+            left = size  # its size when listed: a file that grows is not read on forever
+            while left > 0:
+                chunk = fh.read(min(1 << 20, left))
+                if not chunk:
+                    break
                 h.update(chunk)
+                left -= len(chunk)
     return h.hexdigest()
 
 
@@ -132,6 +207,7 @@ class ModelRef:
                 raise RetrError(f"{p}: not a sentence-transformers or transformers model folder "
                                 f"(no modules.json or config.json)")
             p = p.resolve()
+            check_loadable(p)
             return cls(str(p), p, hash_model_dir(p))
         if name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1):
             raise RetrError(f"{name}: no such model folder")
@@ -139,6 +215,7 @@ class ModelRef:
         if snap is None:
             raise RetrError(f"model {name!r}: no such folder, and not in the hub cache (offline?): download it "
                             f"once where the hub is reachable, or pass a local folder")
+        check_loadable(snap)
         return cls(name, snap, hash_model_dir(snap))
 
     def named_prompts(self) -> tuple[dict[str, str], str | None]:
