@@ -225,7 +225,29 @@ def check_name(name: str, what: str) -> str:
     return name
 
 
+def checked_split(qrels: Qrels, all_queries: Mapping[str, str], corpus: Corpus, qrels_source: str,
+                  query_at=lambda qid: "queries") -> tuple[Qrels, QrelsCheck]:
+    """``clean_qrels``, then refuse a judged query without searchable text (named where ``query_at`` says it is)
+    and a split with nothing left to score: a BEIR folder's and an ir_datasets collection's checks alike."""
+    qrels, check = clean_qrels(qrels, all_queries, corpus, qrels_source)
+    if check.queries_without_text:  # `retr search` refuses such a query: eval never scores it as a silent zero
+        qid = next(q for q in qrels if not has_searchable_text(all_queries[q]))
+        raise RetrError(f"{query_at(qid)}: query {qid!r} has no searchable text (empty, "
+                        f"whitespace or control characters) but {Path(qrels_source).name} judges it "
+                        f"({check.queries_without_text} such quer{'y' if check.queries_without_text == 1 else 'ies'}): "
+                        f"give it text or remove its judgements")
+    if not any(qrels.num_relevant(q) for q in qrels):
+        raise RetrError(f"{qrels_source}: nothing to score: no judged query with a relevant document is left "
+                        f"({check.unknown_queries} judged queries are not among the queries, {check.unknown_docs} "
+                        f"judgements name documents not in the corpus)")
+    return qrels, check
+
+
 def load_dataset(spec: str, split: str = "test", download: bool = True) -> Dataset:
+    from retr.eval.irds import is_irds, load_irds
+
+    if is_irds(spec):  # an ir_datasets id names its split itself
+        return load_irds(spec)
     check_name(split, "split")
     path = resolve_dataset(spec, download=download)
     qrels_path = path / "qrels" / f"{split}.tsv"
@@ -234,17 +256,8 @@ def load_dataset(spec: str, split: str = "test", download: bool = True) -> Datas
         raise RetrError(f"{qrels_path}: no such file (splits here: {', '.join(have) or 'none'})")
     corpus = load_corpus(path / "corpus.jsonl")
     all_queries, query_lines = load_queries_at(path / "queries.jsonl")
-    qrels, check = clean_qrels(load_qrels(qrels_path), all_queries, corpus, str(qrels_path))
-    if check.queries_without_text:  # `retr search` refuses such a query: eval never scores it as a silent zero
-        qid = next(q for q in qrels if not has_searchable_text(all_queries[q]))
-        raise RetrError(f"{path / 'queries.jsonl'}:{query_lines[qid]}: query {qid!r} has no searchable text (empty, "
-                        f"whitespace or control characters) but {qrels_path.name} judges it "
-                        f"({check.queries_without_text} such quer{'y' if check.queries_without_text == 1 else 'ies'}): "
-                        f"give it text or remove its judgements")
-    if not any(qrels.num_relevant(q) for q in qrels):
-        raise RetrError(f"{qrels_path}: nothing to score: no judged query with a relevant document is left "
-                        f"({check.unknown_queries} judged queries are not in queries.jsonl, {check.unknown_docs} "
-                        f"judgements name documents not in corpus.jsonl)")
+    qrels, check = checked_split(load_qrels(qrels_path), all_queries, corpus, str(qrels_path),
+                                 lambda qid: f"{path / 'queries.jsonl'}:{query_lines[qid]}")
     queries = {q: all_queries[q] for q in qrels}
     name = check_name(path.name if p_is_path(spec) else spec, "dataset name")
     return Dataset(name=name, path=path, split=split, corpus=corpus, queries=queries, qrels=qrels, check=check)

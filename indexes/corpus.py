@@ -132,6 +132,37 @@ def _text_value(path: Path, lineno: int, name: str, value) -> str:
     return str(value)
 
 
+def _digest(h, doc: Document) -> None:
+    """Add ``doc`` to the corpus checksum ``h`` (one definition: a file and documents held in memory alike)."""
+    for part in (doc.doc_id, doc.title, doc.text):
+        h.update(part.encode("utf-8"))
+        h.update(b"\x1f")
+    if doc.metadata:  # only where there is some: a corpus without extra fields keeps its checksum
+        h.update(json.dumps(doc.metadata, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+        h.update(b"\x1d")
+    h.update(b"\x1e")
+
+
+def corpus_of(docs: list[Document], source: Path) -> Corpus:
+    """A corpus of documents that come from elsewhere than a file (ir_datasets, a list in memory), checked as
+    ``load_corpus`` checks a file's: ids present and unique; ``source`` names where they came from."""
+    h = hashlib.sha256()
+    seen: set[str] = set()
+    empty = 0
+    for i, doc in enumerate(docs):
+        if not doc.doc_id.strip():
+            raise RetrError(f"{source}: document {i + 1} has an empty id")
+        if doc.doc_id in seen:
+            raise RetrError(f"{source}: duplicate document id {doc.doc_id!r} (document {i + 1})")
+        seen.add(doc.doc_id)
+        empty += not (doc.text.strip() or doc.title.strip())
+        _digest(h, doc)
+    if not docs:
+        raise RetrError(f"{source}: holds no documents")
+    return Corpus(docs=list(docs), source=source, sha256=h.hexdigest(), empty_docs=empty,
+                  fields={"id": "id", "text": "text", "title": "title"})
+
+
 def load_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Corpus:
     """Load a corpus file or BEIR folder. Duplicate ids, records without an id, ids that are not strings or
     numbers and texts that are not strings are errors; empty documents are kept (indexed as empty) and counted,
@@ -178,13 +209,7 @@ def load_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Corpus:
         metadata = {k: v for k, v in rec.items() if k not in used_fields and v not in (None, "", {}, [])}
         doc = Document(doc_id, title, text, metadata)
         docs.append(doc)
-        for part in (doc_id, title, text):
-            h.update(part.encode("utf-8"))
-            h.update(b"\x1f")
-        if metadata:  # only where there is some: a corpus without extra fields keeps its checksum
-            h.update(json.dumps(metadata, sort_keys=True, ensure_ascii=False).encode("utf-8"))
-            h.update(b"\x1d")
-        h.update(b"\x1e")
+        _digest(h, doc)
     if not docs:
         raise RetrError(f"{path}: the corpus holds no documents")
     if max(empty, missing_text) > MAX_EMPTY_SHARE * len(docs):
