@@ -198,8 +198,8 @@ def test_a_dataset_with_nothing_scoreable_is_an_error(tiny_dataset, tmp_path):
         (folder / name).write_bytes((tiny_dataset / name).read_bytes())
     (folder / "qrels").mkdir()
     _write(folder / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq1\tNOPE\t1\nqX\td2\t1\n")
-    with pytest.raises(RetrError, match=r"test\.tsv: nothing to score.*\(1 judged queries are not in queries\.jsonl, "
-                                        r"1 judgements name documents not in corpus\.jsonl"):
+    with pytest.raises(RetrError, match=r"test\.tsv: nothing to score.*\(1 judged queries are not among the queries, "
+                                        r"1 judgements name documents not in the corpus"):
         load_dataset(str(folder), "test", download=False)
 
 
@@ -221,3 +221,33 @@ def test_a_zip_member_escaping_the_target_folder_is_refused(tmp_path):
         download_beir("evil", home, url=zpath.as_uri(), md5=hashlib.md5(blob).hexdigest())
     assert not (home / "evil").exists() and not (home.parent / "escaped.txt").exists()
     assert not list(home.glob("*.zip"))
+
+
+@pytest.mark.parametrize("text", ["   ", "\x00\u200b", "\t\x07"])
+def test_a_judged_query_without_searchable_text_is_refused_naming_its_line(tmp_path, text):  # issue 41, case 6
+    from .conftest import QUERIES, write_beir
+
+    folder = write_beir(tmp_path / "ds", queries={**QUERIES, "q3": text})
+    with pytest.raises(RetrError, match=r"ds/queries\.jsonl:3: query 'q3' has no searchable text .* test\.tsv "
+                                        r"judges it \(1 such query\)"):
+        load_dataset(str(folder), "test", download=False)
+    unjudged = write_beir(tmp_path / "ok", queries={**QUERIES, "q9": text})  # not judged: never searched
+    assert "q9" not in load_dataset(str(unjudged), "test", download=False).queries
+
+
+def test_conflicting_duplicate_grades_warn_naming_both_lines(tmp_path, caplog):  # issue 41, case 6
+    p = _write(tmp_path / "q.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t2\nq1\td2\t1\nq1\td1\t0\nq1\td2\t1\n")
+    with caplog.at_level("WARNING", logger="retr.eval.data"):
+        assert load_qrels(p).to_dict() == {"q1": {"d1": 0, "d2": 1}}  # the last grade, as before
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and warned[0].startswith(f"{p}:4: query 'q1', document 'd1' judged 0 here but 2 at "
+                                                     f"line 2")
+
+
+def test_an_empty_id_is_reported_as_empty_not_missing(tmp_path):  # issue 41, case 22
+    p = _write(tmp_path / "c.jsonl", '{"_id": "1", "text": "a"}\n{"_id": "", "text": "b"}\n')
+    with pytest.raises(RetrError, match=r"c\.jsonl:2: empty document id \(field '_id' is ''\)"):
+        load_corpus(p)
+    p = _write(tmp_path / "c2.jsonl", '{"_id": "1", "text": "a"}\n{"_id": "  ", "text": "b"}\n')
+    with pytest.raises(RetrError, match=r"c2\.jsonl:2: empty document id"):
+        load_corpus(p)
