@@ -15,9 +15,12 @@ def add_parser(sub) -> None:
                         "anything else is refused)")
     p.add_argument("--bm25", action=argparse.BooleanOptionalAction, default=True,
                    help="build the BM25 part beside the dense one (--no-bm25: dense only)")
-    p.add_argument("--id-field", default=None, help="default: detected (_id, id, docid, doc_id)")
-    p.add_argument("--text-field", default=None, help="default: detected (text, contents, body, abstract)")
-    p.add_argument("--title-field", default=None, help="default: 'title' where present; '' for none")
+    p.add_argument("--id-field", default=None,
+                   help="the field holding a document's id (default: detected: _id, id, docid, doc_id)")
+    p.add_argument("--text-field", default=None,
+                   help="the field holding a document's text (default: detected: text, contents, body, abstract)")
+    p.add_argument("--title-field", default=None,
+                   help="the field holding a document's title (default: 'title' where present; '' for none)")
     options.add_model_args(p)
     options.add_index_args(p)
     options.add_bm25_args(p)

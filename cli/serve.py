@@ -42,7 +42,8 @@ def seconds(text: str) -> float:
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve an index folder over HTTP: /search, a search page, /metrics")
     p.add_argument("index", help="index folder written by `retr index`")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only; any other is warned about)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, loopback only; any other is warned about)")
     p.add_argument("--port", type=port, default=8000, help="TCP port to listen on, 0-65535 (0: a free one, said in "
                    "the startup line)")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",

@@ -10,12 +10,15 @@ def add_parser(sub) -> None:
     p.add_argument("index", help="index folder (from `retr index`)")
     p.add_argument("--corpus", required=True, help="the documents to add: BEIR folder or corpus file "
                                                    "(.jsonl, .csv, .tsv); an id already in the index is an update")
-    p.add_argument("--id-field", default=None, help="default: the field the index was built with, else detected "
-                                                    "(_id, id, docid, doc_id)")
-    p.add_argument("--text-field", default=None, help="default: the field the index was built with, else detected "
-                                                      "(text, contents, body, abstract)")
-    p.add_argument("--title-field", default=None, help="default: the field the index was built with, else 'title' "
-                                                       "where present; '' for none")
+    p.add_argument("--id-field", default=None,
+                   help="the field holding a document's id (default: the index's own, else detected: _id, id, "
+                        "docid, doc_id)")
+    p.add_argument("--text-field", default=None,
+                   help="the field holding a document's text (default: the index's own, else detected: text, "
+                        "contents, body, abstract)")
+    p.add_argument("--title-field", default=None,
+                   help="the field holding a document's title (default: the index's own, else 'title' where "
+                        "present; '' for none)")
     p.set_defaults(run=run_add)
 
     p = sub.add_parser("delete", help="delete documents from an index (tombstones; `retr compact` folds them away)")

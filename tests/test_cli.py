@@ -118,8 +118,8 @@ def test_search_modes_and_rerank_with_tiny_models(tiny_dataset, tiny_bi_encoder,
 def test_eval_with_rerank_pipeline_on_tiny_dataset(tiny_dataset, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
                                                    capsys):
     report = tmp_path / "r.json"
-    assert main(["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--pipelines",
-                 "hybrid,hybrid+rerank", "--reranker", str(tiny_cross_encoder), "--rerank-depth", "4",
+    assert main(["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--mode",
+                 "hybrid,hybrid+rerank", "--rerank", str(tiny_cross_encoder), "--rerank-depth", "4",
                  "--rerank-backend", "onnx", "--k-values", "1,5,10", "--warmup", "1", "--out", str(report)]) == 0
     rep = json.loads(report.read_text())
     assert rep["pipelines"]["hybrid+rerank"]["latency_ms"]["rerank"]["n"] == 6
@@ -188,8 +188,9 @@ def test_eval_on_the_shipped_fixture_matches_beir_reuses_and_rebuilds_its_cache(
     report_path = tmp_path / "r.json"
     argv = ["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--backend", "onnx",
             "--pipelines", "bm25,dense,hybrid", "--k-values", "1,3,10", "--out", str(report_path)]
-    assert main(argv) == 0
+    assert main(argv) == 0  # --pipelines: the deprecated name of --mode still runs the pipelines it names
     report = EvalReport.read(report_path)
+    assert list(report.pipelines) == ["bm25", "dense", "hybrid"]
     ds = load_dataset(str(tiny_dataset))
     for name, p in report.pipelines.items():
         run = read_trec(p.run_file)
