@@ -10,7 +10,7 @@ runner that measures them all again and reports every drift.
     tier = "ci"                  # cheap enough for every CI run; others run when asked for (--tier all)
     options = { kind = "flat" }  # eval options: backend, query_backend, model, reranker, kind, fusion,
                                  # fusion_depth, split
-    cpu = "bf16+int8"            # measured on this kind of CPU (runners.cpu_kind()); absent: the same on any CPU
+    cpu = "bf16+int8"            # measured on this kind of CPU (Platform.kind); absent: the same on any CPU
     export = 3                   # measured with graphs of this export generation (graphs.EXPORT_GENERATION);
                                  # absent: no exported graph involved (BM25)
 
@@ -58,7 +58,7 @@ class Expected:
     tolerance: float
     tier: str = "full"
     options: dict = field(default_factory=dict)
-    cpu: str | None = None  # the CPU kind it was measured on (runners.cpu_kind()); None: any
+    cpu: str | None = None  # the CPU kind it was measured on (Platform.kind); None: any
     export: int | None = None  # the graphs' export generation it was measured with; None: no graph involved
     line: int = 0  # the entry's position in its file, for messages
     source: str = ""  # the file it came from, for messages
@@ -140,8 +140,8 @@ def load_expected(path: str | Path) -> list[Expected]:
 
 
 def for_this_cpu(entries: Sequence[Expected], kind: str) -> tuple[list[Expected], int]:
-    """The entries that apply on a CPU of ``kind`` (``runners.cpu_kind()``), and how many were measured on another
-    kind."""
+    """The entries that apply on a CPU of ``kind`` (``Platform.kind``, resolved once by the caller), and how many
+    were measured on another kind."""
     kept = [e for e in entries if e.cpu is None or e.cpu == kind]
     return kept, len(entries) - len(kept)
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from retr.retrieval.artifacts import cache_home
-from retr.retrieval.backends import sample_texts
+from retr.retrieval.backends import chooser, sample_texts
 from retr.retrieval.backends.batching import TOKENIZE_CHUNK, fast_tokenizer, plain_tokenizer, run_sorted
 from retr.retrieval.backends.export import EMBEDDING, Calibration
 from retr.retrieval.backends.graphs import EXPORT_GENERATION, Graph, find_cached, graph_info, open_graph
+from retr.retrieval.backends.platform import Platform, this_platform
 from retr.retrieval.backends.registry import (
     BACKENDS,
     DEFAULT_BACKEND,
@@ -108,6 +109,12 @@ class CorpusPlan:
     graph: Graph | None
     tokens: list | None
     truncation: dict | None = None  # BiEncoder.truncation of the texts, from the same tokenisation as ``tokens``
+    choice: dict | None = None  # how the graph was chosen, where it was measured (chooser.Break.to_dict)
+
+    def graph_info(self) -> dict:
+        """``graph_info`` of its graph, with the measured choice where there was one."""
+        info = graph_info(self.graph)
+        return {**info, "chosen": self.choice} if self.choice is not None else info
 
 
 class BiEncoder:
@@ -158,7 +165,8 @@ class BiEncoder:
         """The backend whose graph a corpus (of ``calibration_min_docs``+ documents) goes through on this CPU:
         ``backend``, or the graph that stands in where a calibrated backend does not pay here
         (``registry.on_this_cpu``, which says so once)."""
-        if self.graph is None or on_this_cpu(get_backend(self.config.backend)).name == self.config.backend:
+        if self.graph is None or on_this_cpu(get_backend(self.config.backend), platform=self.platform).name \
+                == self.config.backend:
             return self.backend
         return self.graph.variant
 
@@ -264,7 +272,7 @@ class BiEncoder:
         plan = self.corpus_plan(texts)
         if plan.graph is None:
             return CorpusEncoding(self.encode(plan.texts, show_progress=show_progress), graph_info(None))
-        return CorpusEncoding(self._run(plan.graph, plan.tokens, show_progress), plan.graph.info(),
+        return CorpusEncoding(self._run(plan.graph, plan.tokens, show_progress), plan.graph_info(),
                               truncation=plan.truncation)
 
     def corpus_plan(self, texts: list[str]) -> CorpusPlan:
@@ -279,9 +287,47 @@ class BiEncoder:
             truncation = self._truncation(counts)
         else:
             tok, truncation = self._token_ids(texts), None
-        graph = self.graph if not backend.calibrated or len(texts) < self.config.calibration_min_docs \
-            else self.calibrated_graph or self.graph
-        return CorpusPlan(texts, graph, tok, truncation)
+        graph, choice = self.graph, None
+        if backend.calibrated and len(texts) >= self.config.calibration_min_docs \
+                and self.corpus_backend == self.backend:
+            if self.platform.int8_forced:  # RETR_INT8_DOT=1: int8 whatever it costs (tests, benchmarks)
+                graph = self.calibrated_graph or self.graph
+            else:
+                brk = self.calibration_break(len(texts))
+                choice = brk.to_dict()
+                if brk.pays:
+                    graph = self.calibrated_graph or self.graph
+        return CorpusPlan(texts, graph, tok, truncation, choice)
+
+    @functools.cached_property
+    def platform(self) -> Platform:
+        return this_platform()
+
+    def _doc_seconds(self, graph: Graph) -> float:
+        """Seconds per document of ``graph`` on retr's sample passages, in a short bounded run."""
+        rows = self._token_ids(_prefixed(self.prompts.document, sample_texts.passages()[:32]))
+        out = np.empty((len(rows), self.dim), dtype=np.float32)
+        return chooser.time_per_unit(lambda: run_sorted(graph.runner, rows, self.config.token_budget, out),
+                                     len(rows), min_rounds=2)
+
+    def calibration_break(self, docs: int) -> chooser.Break:
+        """Whether ``docs`` documents pay for calibrating the static int8 graph: the base graph timed here; the
+        int8 graph timed here too where it is already calibrated (then it costs nothing more), else assumed from
+        the platform (``chooser.calibration_pays``). Said in an info line."""
+        base_s = self._doc_seconds(self.graph)
+        cached = find_cached(self.model_hash, get_backend(self.config.backend), EMBEDDING, cache_home(),
+                             calibration=self.calibration)
+        if cached is not None:
+            self.__dict__["calibrated_graph"] = cached
+            brk = chooser.calibration_pays(docs, base_s, self.platform, self._doc_seconds(cached), 0.0)
+        else:
+            brk = chooser.calibration_pays(docs, base_s, self.platform)
+        logger.info("%s for %d documents: base graph %.1f ms/doc, int8 %.1f ms/doc (%s), calibration %.0f s: %s",
+                    self.config.backend, docs, brk.base_s * 1000, brk.int8_s * 1000,
+                    "measured" if brk.measured else "assumed", brk.calibration_s,
+                    "int8" if brk.pays else f"the base graph (int8 pays from ~{brk.to_dict()['break_even_docs']} "
+                    "documents)")
+        return brk
 
     @functools.cached_property
     def calibration(self) -> Calibration:
@@ -343,6 +389,11 @@ class BiEncoder:
     def query_graph(self) -> Graph | None:
         """The graph queries go through: the query backend's (its base graph where calibrated: a query has no
         corpus to calibrate on), or the document graph when that one is refused or the same."""
+        if self.config.query_backend is None and self.graph is not None:
+            choice = self.query_choice
+            graph = self._query_candidates.get(choice.backend) if choice is not None else None
+            if graph is not None:
+                return graph
         wanted = base_of(self.config.resolved_query_backend).name
         if self.graph is None or wanted in (self.graph.variant, "torch"):
             return self.graph
@@ -353,6 +404,54 @@ class BiEncoder:
         except RetrError as e:  # e.g. int8 too far from torch for this model: queries take the document graph
             logger.warning("query backend %s refused (%s): queries use the %s graph", wanted, e, self.graph.variant)
             return self.graph
+
+    @functools.cached_property
+    def _query_candidates(self) -> dict[str, Graph]:
+        """The graphs a query could take without exporting anything: the documents' graph, and every other
+        uncalibrated backend's graph this machine can run that is already in the cache (one thread each)."""
+        found = {self.graph.variant: self.graph}
+        kept, _ = chooser.prune(self.platform, [b for name, b in BACKENDS.items() if name != self.graph.variant
+                                                and b.exported and not b.calibrated and b.supports(EMBEDDING)])
+        for b in kept:
+            try:
+                graph = find_cached(self.model_hash, b, EMBEDDING, cache_home(), threads=QUERY_THREADS)
+            except RetrError:  # refused here before: not a candidate
+                graph = None
+            if graph is not None:
+                found[b.name] = graph
+        return found
+
+    def _query_seconds(self, graph: Graph) -> float:
+        """Seconds per lone query through ``graph`` (retr's sample questions, one at a time; bounded)."""
+        rows = self._token_ids(_prefixed(self.prompts.query, sample_texts.questions()[:8]))
+        feeds = [{"input_ids": np.asarray([r], dtype=np.int64), "attention_mask": np.ones((1, len(r)), np.int64)}
+                 for r in rows]
+        return chooser.time_per_unit(lambda: [graph.runner(f) for f in feeds], len(feeds), budget_s=0.5)
+
+    @functools.cached_property
+    def query_choice(self) -> chooser.Choice | None:
+        """Which graph a lone query is fastest through on this machine, among ``_query_candidates`` (each passed
+        its agreement check when it was made): timed once, then stored per model, candidates, CPU and library
+        versions. None: one candidate only (nothing to choose), or ``query_backend`` was given."""
+        if self.config.query_backend is not None or self.graph is None or len(self._query_candidates) < 2:
+            return None
+        stored = chooser.ChoiceStore(cache_home()).get(self._query_choice_key())
+        if stored is not None and stored.backend in self._query_candidates:
+            return stored
+        return self.time_query_candidates()
+
+    def _query_choice_key(self) -> str:
+        ids = [f"{b}/export{EXPORT_GENERATION}/{g.precision}" for b, g in self._query_candidates.items()]
+        return chooser.choice_key(self.model_hash, chooser.QUERIES, ids, self.platform)
+
+    def time_query_candidates(self) -> chooser.Choice:
+        """Time every query candidate now, choose, and store the choice (what ``query_choice`` reads)."""
+        timings = [chooser.Timing(name, self._query_seconds(g)) for name, g in self._query_candidates.items()]
+        choice = chooser.choose(chooser.QUERIES, timings, self.graph.variant)
+        logger.info("queries: %s (%s)", choice.backend, choice.why)
+        chooser.ChoiceStore(cache_home()).put(self._query_choice_key(), choice, model_hash=self.model_hash,
+                                              cpu=self.platform.cpu)
+        return choice
 
     def encode_queries(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
         """Queries, shape (n, dim), through the query graph."""
@@ -377,8 +476,11 @@ class BiEncoder:
         return self.encode_queries([text])
 
     def describe_queries(self) -> dict:
-        """How queries are encoded (resolves the query graph if it is not resolved yet)."""
-        return graph_info(self.query_graph)
+        """How queries are encoded (resolves the query graph if it is not resolved yet), with the measured choice
+        where there was one."""
+        info = graph_info(self.query_graph)
+        choice = self.query_choice if self.config.query_backend is None and self.graph is not None else None
+        return {**info, "chosen": choice.to_dict()} if choice is not None else info
 
 
 def _progress(total: int, show: bool):

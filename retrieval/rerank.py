@@ -18,6 +18,7 @@ from retr.retrieval.backends import sample_texts
 from retr.retrieval.backends.batching import fast_pair_tokenizer, run_sorted
 from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
 from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
+from retr.retrieval.backends.platform import this_platform
 from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND, get_backend, on_this_cpu
 from retr.retrieval.errors import RetrError
 from retr.retrieval.focus import DEFAULT_INPUTS, check_inputs, reader
@@ -275,7 +276,7 @@ class CrossEncoderReranker:
         self._read = reader(self.inputs, self.path, self.max_length)
         self.graph: Graph | None = None
         if config.device == "cpu":
-            backend = on_this_cpu(get_backend(config.backend, SCORING), SCORING)
+            backend = on_this_cpu(get_backend(config.backend, SCORING), SCORING, this_platform())
             calibration = self._calibration() if backend.calibrated else None
             self.graph = open_graph(lambda: self.model, self.ref.hash, backend.name, self.max_length, cache_home(),
                                     SCORING, use_cache_alone=self._fast_pairs is not None, calibration=calibration)

@@ -328,42 +328,16 @@ def test_corpora_go_through_one_static_int8_graph_calibrated_once_per_model(tiny
     assert prompted.calibration.digest != enc.calibration.digest  # the graph sees what the documents will look like
 
 
-def test_static_int8_is_used_only_where_the_cpu_has_int8_dot_products_and_no_amx(monkeypatch):
-    """int8 pays with AVX-512 VNNI or AVX-VNNI; not with AVX2 alone (slower), not with AMX (bf16 as fast); the
-    CPU kind that expected scores are filed under follows; RETR_INT8_DOT overrides the reading either way."""
-    from retr.retrieval.backends import runners
-
-    monkeypatch.delenv("RETR_INT8_DOT", raising=False)
-    cpus = {  # flags -> (int8 pays, cpu kind)
-        frozenset({"avx2"}): (False, "fp32"),
-        frozenset({"avx2", "avx_vnni"}): (True, "fp32+int8"),
-        frozenset({"avx512f", "avx512_vnni", "avx512_bf16"}): (True, "bf16+int8"),  # an AVX-512 EPYC
-        frozenset({"avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"}): (False, "bf16"),
-    }
-    for flags, (pays, kind) in cpus.items():
-        monkeypatch.setattr(runners, "_cpu_flags", lambda flags=flags: flags)
-        assert (runners.int8_pays(), runners.cpu_kind()) == (pays, kind), sorted(flags)
-        for forced in ("0", "1"):
-            monkeypatch.setenv("RETR_INT8_DOT", forced)
-            assert runners.int8_pays() is (forced == "1")
-            monkeypatch.delenv("RETR_INT8_DOT")
-        assert registry.get_backend(DEFAULT).pays() is pays
-        for forced, precision in (("0", "fp32"), ("1", "bf16")):  # RETR_BF16 overrides the native precision
-            monkeypatch.setenv("RETR_BF16", forced)
-            assert runners.native_precision() == precision and runners.cpu_kind().startswith(precision)
-            monkeypatch.delenv("RETR_BF16")
-
-
 def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_nothing_is_calibrated(
         tiny_bi_encoder, tiny_cross_encoder, tmp_path, monkeypatch):
     """On a CPU where int8 is no faster than the base graph (no int8 dot products; or AMX), the static int8
     backends hand their work to their base graph: the same vectors and scores as it, no calibration and no int8
     graph in the cache."""
-    from retr.retrieval.backends.runners import int8_pays
+    from retr.retrieval.backends.platform import this_platform
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
     monkeypatch.setenv("RETR_INT8_DOT", "0")
-    assert not int8_pays()
+    assert not this_platform().static_int8
     calls = _counting_static_int8(monkeypatch)
     words = " ".join(TEXTS).split()
     corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 11)) for i in range(40)]

@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from retr.retrieval.backends import export, runners
+from retr.retrieval.backends import export
 from retr.retrieval.backends.export import EMBEDDING, SCORING, GraphKind
+from retr.retrieval.backends.platform import Platform, this_platform
 from retr.retrieval.backends.runners import native_precision
 from retr.retrieval.errors import RetrError
 
@@ -33,9 +34,6 @@ class Backend:
     batch_invariant: bool = True  # False: a text's output depends on the batch it is in (dynamic int8)
     # most ranking noise a graph may add per graph kind (GraphKind.rank_noise); a kind not listed: not checked
     max_rank_noise: Mapping[str, float] = field(default_factory=dict)
-    # whether this CPU runs the backend faster than its base (static int8: runners.int8_pays); where not, what it
-    # would encode or score takes the base graph instead
-    pays: Callable[[], bool] = lambda: True
 
     @property
     def calibrated(self) -> bool:
@@ -73,8 +71,7 @@ def _static_int8(name: str, help_: str, convert: Callable) -> Backend:
     """A backend of static int8 OpenVINO graphs, calibrated once per model and checked for ranking noise."""
     return Backend(name, help_, "openvino", "model.xml", {"bi": 0.98, "ce": CE_STATIC_INT8_FLOOR}, convert,
                    lambda: f"int8+{native_precision()}", base="openvino",
-                   max_rank_noise={"bi": MAX_RANK_NOISE, "ce": CE_MAX_RANK_NOISE},
-                   pays=lambda: runners.int8_pays())
+                   max_rank_noise={"bi": MAX_RANK_NOISE, "ce": CE_MAX_RANK_NOISE})
 
 
 BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
@@ -117,15 +114,15 @@ def base_of(name: str) -> Backend:
     return BACKENDS[b.base] if b.calibrated else b
 
 
-def on_this_cpu(backend: Backend, kind: GraphKind = EMBEDDING) -> Backend:
-    """The backend that does ``backend``'s work on this CPU: itself, or its base where it does not pay here
-    (static int8 where ``runners.int8_pays`` says no), with an info line saying so. The one place that choice is
-    made."""
-    if backend.base is None or backend.pays():
+def on_this_cpu(backend: Backend, kind: GraphKind = EMBEDDING, platform: Platform | None = None) -> Backend:
+    """The backend that does ``backend``'s work on ``platform`` (default: this machine): itself, or its base where
+    it cannot run natively there (static int8 without int8 dot products: ``chooser.prune``), with an info line
+    saying so. Whether a corpus then pays for a calibration is measured (``chooser.calibration_pays``)."""
+    platform = platform or this_platform()
+    if backend.base is None or platform.static_int8:
         return backend
-    logger.info("%s: on this CPU int8 is no faster than the %s graph (%s): the %s's work goes through that graph, "
-                "and nothing is calibrated", backend.name, backend.base,
-                "AMX runs bf16 as fast" if runners.cpu_has_int8_dot() else "no int8 dot products", kind.label)
+    logger.info("%s: this CPU has no int8 dot-product instructions (int8 would be emulated): the %s's work goes "
+                "through the %s graph, and nothing is calibrated", backend.name, kind.label, backend.base)
     return get_backend(backend.base, kind)
 
 

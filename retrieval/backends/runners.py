@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import queue
 import threading
@@ -10,68 +9,27 @@ from pathlib import Path
 
 import numpy as np
 
-
-@functools.lru_cache(maxsize=1)
-def _cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags, from /proc/cpuinfo (read once); empty where it cannot be read."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    return frozenset(flag for line in text.splitlines() if line.startswith("flags")
-                     for flag in line.split(":", 1)[-1].split())
+from retr.retrieval.backends.platform import this_platform
 
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX), from /proc/cpuinfo; False elsewhere.
-    The one check for training (bf16 autocast) and inference (OpenVINO's precision hint). ``RETR_BF16=0`` / ``1``
-    overrides the reading (fp32 graphs and training on a bf16 CPU: the figures of an fp32 machine, measured here)."""
-    forced = os.environ.get("RETR_BF16")
-    if forced in ("0", "1"):
-        return forced == "1"
-    return not _cpu_flags().isdisjoint({"avx512_bf16", "amx_bf16"})
-
-
-def cpu_has_int8_dot() -> bool:
-    """Whether this CPU multiplies int8 in one instruction (AVX-512 VNNI, AVX-VNNI or AMX), from /proc/cpuinfo."""
-    return not _cpu_flags().isdisjoint({"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
-def cpu_has_amx() -> bool:
-    """Whether this CPU has AMX tiles for bf16 (Intel Sapphire Rapids and later), from /proc/cpuinfo."""
-    return "amx_bf16" in _cpu_flags()
-
-
-def int8_pays() -> bool:
-    """Whether static int8 graphs run faster than the base graph on this CPU: with int8 dot products and without
-    AMX. Without int8 dot products (AVX2 alone) int8 is slower: MiniLM documents through OpenVINO at 19.2 docs/s
-    in int8 against 22.7 in fp32 on an AVX2 EPYC. With AMX its bf16 tiles make the bf16 graph as fast: 104.5 docs/s
-    in int8 against 107.6 in bf16 on an AMX Xeon, and a new 1,000-document corpus indexed in 15.5 s against 12.0 s
-    (`benchmarks/graph_speed.py`, `benchmarks/speed.py --sections 7`; README, "First run on a new corpus"). Where
-    it pays (AVX-512 VNNI or AVX-VNNI without AMX): 3.4x sentence-transformers against 2.6x for bf16. With graphs of
-    export generation 3 (fused attention) the AMX Xeon's int8 graph alone encodes 122.8 docs/s against 90.2 for
-    bf16, but a new 1,000-document corpus, whole process, still indexes faster in bf16: 8.69 s against 10.31 s.
-    ``RETR_INT8_DOT=1`` / ``0`` overrides the reading (tests; benchmarks that time int8 anyway)."""
-    forced = os.environ.get("RETR_INT8_DOT")
-    if forced in ("0", "1"):
-        return forced == "1"
-    return cpu_has_int8_dot() and not cpu_has_amx()
+    """Whether this CPU computes in bf16 natively (``Platform.bf16``, ``RETR_BF16`` overriding)."""
+    return this_platform().bf16
 
 
 def native_precision() -> str:
-    """bf16 where the CPU has native bf16, else fp32: what OpenVINO graphs run in."""
-    return "bf16" if cpu_has_bf16() else "fp32"
+    """bf16 where the CPU has native bf16, else fp32: what OpenVINO graphs run in (``Platform.precision``)."""
+    return this_platform().precision
 
 
 def cpu_kind() -> str:
-    """What decides an exported graph's numbers on this CPU: its native precision, ``+int8`` where static int8
-    graphs are used (``bf16+int8``, ``bf16``, ``fp32+int8``, ``fp32``). Expected scores are recorded per kind."""
-    return native_precision() + ("+int8" if int8_pays() else "")
+    """Which table of expected scores applies on this CPU (``Platform.kind``)."""
+    return this_platform().kind
 
 
 def default_threads() -> int:
-    """Inference threads: the machine's cores, at most 4 (one policy for every runner)."""
-    return max(1, min(os.cpu_count() or 1, 4))
+    """Inference threads: the machine's cores, at most 4 (one policy for every runner; ``Platform.threads``)."""
+    return this_platform().threads
 
 
 class OrtRunner:

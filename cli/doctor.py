@@ -1,0 +1,147 @@
+"""`retr doctor`: this machine as retr sees it: the CPU, each candidate graph's measured speed, what is chosen and
+why, and what a first run costs here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from retr.cli import options
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("doctor", help="this machine's CPU, the candidate graphs timed here, what is chosen and why, "
+                                      "and what a first run costs")
+    p.add_argument("--model", default=None, help="bi-encoder (default: the bundled all-MiniLM-L6-v2)")
+    options.add_backend_arg(p)
+    p.add_argument("--docs", type=options.positive_int, default=1000,
+                   help="corpus size the first-run cost and the int8 calibration break-even are given for")
+    p.add_argument("--export", action="store_true",
+                   help="also make (export, calibrate) every candidate graph not yet in the cache, timing what "
+                        "each costs, so that every candidate is timed (needs torch; slow)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)
+
+
+def _made_seconds(graph) -> float | None:
+    """What making ``graph`` cost when it was made (its cache manifest's ``export_seconds``)."""
+    try:
+        return float(json.loads((graph.path.parent / "manifest.json").read_text())["export_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _report(args: argparse.Namespace) -> dict:
+    import time
+
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.backends import chooser
+    from retr.retrieval.backends.export import EMBEDDING
+    from retr.retrieval.backends.graphs import find_cached, open_graph
+    from retr.retrieval.backends.platform import this_platform
+    from retr.retrieval.backends.registry import BACKENDS, base_of, get_backend
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    platform = this_platform()
+    config = EncoderConfig(model=args.model, backend=args.backend)
+    t0 = time.perf_counter()
+    enc = BiEncoder(config)
+    opened_s = time.perf_counter() - t0
+    if enc.graph is None:
+        return {"platform": platform.to_dict(), "model": enc.model_id, "backend": "torch",
+                "why": "no exported graph here: torch encodes"}
+    kept, pruned = chooser.prune(platform, [b for b in BACKENDS.values() if b.exported and b.supports(EMBEDDING)])
+    costs = {enc.graph.variant: _made_seconds(enc.graph)}
+    backend = get_backend(config.backend)
+    if args.export:
+        for b in kept:
+            if b.calibrated or b.name == enc.graph.variant:
+                continue
+            t0 = time.perf_counter()
+            if find_cached(enc.model_hash, b, EMBEDDING, cache_home()) is None:
+                open_graph(lambda: enc.model, enc.model_hash, b.name, enc.max_length, cache_home(), EMBEDDING,
+                           use_cache_alone=False, model_path=enc.ref.path)
+                costs[b.name] = time.perf_counter() - t0
+        if backend.calibrated and backend in kept:
+            enc.calibrated_graph  # noqa: B018 - calibrated (and cached) now, timed below
+        enc = BiEncoder(config)  # sees every graph now in the cache
+    query_choice = enc.time_query_candidates() if len(enc._query_candidates) > 1 else None
+    query_rows = [{"backend": name, "ms_per_query": enc._query_seconds(g) * 1000 if query_choice is None
+                   else next(t.ms for t in query_choice.timings if t.backend == name),
+                   "made_seconds": costs.get(name) or _made_seconds(g)}
+                  for name, g in enc._query_candidates.items()]
+    base_s = enc._doc_seconds(enc.graph)
+    documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000}}
+    if backend.calibrated and backend in kept:
+        calibrated = find_cached(enc.model_hash, backend, EMBEDDING, cache_home(), calibration=enc.calibration)
+        if calibrated is not None:
+            brk = chooser.calibration_pays(args.docs, base_s, platform, enc._doc_seconds(calibrated),
+                                           _made_seconds(calibrated))
+        else:
+            brk = chooser.calibration_pays(args.docs, base_s, platform)
+        documents["int8"] = {"backend": backend.name, **brk.to_dict()}
+        doc_choice = backend.name if brk.pays else enc.graph.variant
+        doc_why = (f"int8 saves {brk.saving_s:.1f} s on {args.docs} documents against a calibration of "
+                   f"{brk.calibration_s:.1f} s ({'measured' if brk.measured else 'assumed until measured'}; "
+                   f"break-even ~{brk.to_dict()['break_even_docs']} documents)")
+    else:
+        doc_choice = base_of(config.backend).name
+        why_pruned = dict(pruned).get(backend.name)
+        doc_why = "the configured graph, the only document candidate here" + (
+            f" ({backend.name} pruned: {why_pruned})" if why_pruned else "")
+    not_cached = [b.name for b in kept if b.name not in enc._query_candidates and not b.calibrated]
+    first_run = {"graph_build_seconds": costs.get(enc.graph.variant), "open_seconds_now": opened_s,
+                 "encode_seconds_estimate": args.docs * base_s, "docs": args.docs}
+    if "int8" in documents and documents["int8"]["pays"]:
+        first_run["calibration_seconds"] = documents["int8"]["calibration_s"]
+    return {
+        "platform": platform.to_dict(), "model": enc.model_id, "model_hash": enc.model_hash,
+        "backend": config.backend,
+        "queries": {"chosen": query_choice.backend if query_choice else enc.graph.variant,
+                    "why": query_choice.why if query_choice else "the only query candidate in the cache",
+                    "candidates": query_rows},
+        "documents": {"chosen": doc_choice, "why": doc_why, **documents},
+        "pruned": [{"backend": n, "why": w} for n, w in pruned],
+        "not_in_cache": not_cached,
+        "first_run": first_run,
+    }
+
+
+def _print(r: dict) -> None:
+    p = r["platform"]
+    print(f"CPU: {p['cpu']} ({p['cores']} cores; {p['threads']} inference threads; graphs compute in "
+          f"{p['precision']}; int8 dot products: {'yes' if p['int8_dot'] else 'no'}; AMX: "
+          f"{'yes' if p['amx'] else 'no'})")
+    print(f"model: {r['model']} ({r.get('model_hash', '')[:12]}), --backend {r['backend']}")
+    if "queries" not in r:
+        print(r["why"])
+        return
+    print("queries (one alone, ms):")
+    for c in r["queries"]["candidates"]:
+        made = f"  made in {c['made_seconds']:.1f} s" if c.get("made_seconds") else ""
+        print(f"  {c['backend']:<18} {c['ms_per_query']:8.2f}{made}")
+    print(f"  chosen: {r['queries']['chosen']} - {r['queries']['why']}")
+    d = r["documents"]
+    print(f"documents (ms per document): {d['base']['backend']} {d['base']['ms_per_doc']:.1f}"
+          + (f", {d['int8']['backend']} {1000 * d['int8']['int8_s']:.1f}"
+             f" ({'measured' if d['int8']['measured'] else 'assumed'})" if "int8" in d else ""))
+    print(f"  chosen: {d['chosen']} - {d['why']}")
+    for x in r["pruned"]:
+        print(f"pruned: {x['backend']}: {x['why']}")
+    if r["not_in_cache"]:
+        print(f"not timed (not in the cache; `retr doctor --export` makes and times them): "
+              f"{', '.join(r['not_in_cache'])}")
+    f = r["first_run"]
+    build = f"{f['graph_build_seconds']:.1f} s graph build, " if f.get("graph_build_seconds") else ""
+    calib = f"{f['calibration_seconds']:.1f} s int8 calibration, " if f.get("calibration_seconds") else ""
+    print(f"first run on {f['docs']} new documents here: {build}{calib}~{f['encode_seconds_estimate']:.0f} s "
+          "encoding")
+
+
+def run(args: argparse.Namespace) -> int:
+    report = _report(args)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print(report)
+    return 0

@@ -1,0 +1,198 @@
+"""Which graph does which work, measured on this machine instead of assumed from its CPU flags.
+
+For a model, each candidate graph (a backend whose graph this machine can run and already has, or can make
+cheaply) is timed in a short, bounded run on retr's fixed sample: one query alone (queries), a batch of passages
+(documents), one query's pairs at the rerank depth (cross-encoders). The fastest candidate that passed its
+checks (agreement with torch, ranking noise: a graph that fails them is refused before it is ever timed) is
+chosen. Flags only prune what cannot run here (``prune``). The choice is stored per (model hash, the candidates'
+graph identities, CPU model string, library versions), so a later run reads it instead of timing again.
+
+Static int8 document graphs cost a calibration before they can be timed; ``calibration_pays`` decides whether a
+corpus is large enough for the measured (or, until measured, assumed) saving to exceed that cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from retr.retrieval.artifacts import atomic_write_text, versions
+from retr.retrieval.backends.platform import Platform
+
+logger = logging.getLogger(__name__)
+
+QUERIES, DOCUMENTS, PAIRS = "queries", "documents", "pairs"  # the roles a graph is chosen for
+UNITS = {QUERIES: "ms per query", DOCUMENTS: "ms per document", PAIRS: "ms per query's pairs"}
+BUDGET_S = 0.8  # timing of one candidate: at most about this long (a few candidates: a few seconds in all)
+MIN_ROUNDS = 3
+CALIBRATION_PRIOR_S = 19.0  # static int8 export + calibration + check, until measured here (AVX-512 EPYC, issue 39)
+RUNTIME_MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One candidate as measured: seconds per unit of its role's work (None: not timed, ``why`` says why)."""
+    backend: str
+    seconds: float | None
+    passed: bool = True  # passed its agreement and ranking-noise checks
+    why: str = ""
+
+    @property
+    def ms(self) -> float | None:
+        return None if self.seconds is None else self.seconds * 1000
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What does one role's work on this machine, and why."""
+    role: str
+    backend: str
+    why: str
+    timings: tuple[Timing, ...] = ()
+    pruned: tuple[tuple[str, str], ...] = ()  # (backend, why it cannot run here)
+    measured: bool = True  # False: read from the store, or nothing to time
+
+    def to_dict(self) -> dict:
+        return {"role": self.role, "backend": self.backend, "why": self.why, "unit": UNITS[self.role],
+                "candidates": [{"backend": t.backend, "ms": t.ms, "passed": t.passed,
+                                **({"why": t.why} if t.why else {})} for t in self.timings],
+                "pruned": [{"backend": b, "why": w} for b, w in self.pruned]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Choice:
+        timings = tuple(Timing(c["backend"], None if c.get("ms") is None else float(c["ms"]) / 1000,
+                               bool(c.get("passed", True)), str(c.get("why", ""))) for c in d.get("candidates", ()))
+        pruned = tuple((p["backend"], p["why"]) for p in d.get("pruned", ()))
+        return cls(str(d["role"]), str(d["backend"]), str(d["why"]), timings, pruned, measured=False)
+
+
+def prune(platform: Platform, backends: Sequence) -> tuple[list, list[tuple[str, str]]]:
+    """The backends (registry values) that can run on ``platform``, and why each other one cannot: its runtime is
+    not installed, or it is static int8 on a CPU without int8 dot-product instructions (its MatMuls would be
+    emulated: slower than the base graph, measured 0.85x on an AVX2 EPYC, and it costs a calibration to learn)."""
+    kept, pruned = [], []
+    for b in backends:
+        module = RUNTIME_MODULES.get(b.runtime)
+        if module is not None and importlib.util.find_spec(module) is None:
+            pruned.append((b.name, f"{module} is not installed"))
+        elif b.calibrated and not platform.static_int8:
+            pruned.append((b.name, "no int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI, AMX) on this CPU"))
+        else:
+            kept.append(b)
+    return kept, pruned
+
+
+def choose(role: str, timings: Sequence[Timing], fallback: str, pruned: Sequence[tuple[str, str]] = ()) -> Choice:
+    """The fastest timed candidate that passed its checks; ``fallback`` (with the reason) when none did. Ties go
+    to the earlier candidate (the configured backend comes first)."""
+    ok = [t for t in timings if t.passed and t.seconds is not None]
+    if not ok:
+        return Choice(role, fallback, "no candidate was timed and passed: the configured graph", tuple(timings),
+                      tuple(pruned))
+    best = min(ok, key=lambda t: t.seconds)
+    others = [t for t in ok if t is not best]
+    why = f"fastest of {len(ok)} passing candidate(s): {best.ms:.2f} {UNITS[role]}"
+    if others:
+        runner_up = min(others, key=lambda t: t.seconds)
+        why += f" against {runner_up.ms:.2f} for {runner_up.backend}"
+    failed = [t.backend for t in timings if not t.passed]
+    if failed:
+        why += f"; failed their checks: {', '.join(failed)}"
+    return Choice(role, best.backend, why, tuple(timings), tuple(pruned))
+
+
+def time_per_unit(run: Callable[[], object], units: int, budget_s: float = BUDGET_S,
+                  min_rounds: int = MIN_ROUNDS) -> float:
+    """Median seconds per unit of ``run()`` (which does ``units`` units of work), after one warm-up call, over at
+    least ``min_rounds`` rounds and at most about ``budget_s`` seconds."""
+    run()  # warm-up: compilation, first allocations
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_rounds or time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 200:
+            break
+    return statistics.median(times) / max(1, units)
+
+
+@dataclass(frozen=True)
+class Break:
+    """Whether calibrating static int8 pays for a corpus: its saving against the base graph and its cost."""
+    docs: int
+    base_s: float  # seconds per document, base graph
+    int8_s: float  # seconds per document, static int8
+    calibration_s: float
+    measured: bool  # int8_s and calibration_s measured here (else assumed: Platform.int8_prior, the prior cost)
+
+    @property
+    def saving_s(self) -> float:
+        return self.docs * (self.base_s - self.int8_s)
+
+    @property
+    def pays(self) -> bool:
+        return self.saving_s > self.calibration_s
+
+    @property
+    def break_even_docs(self) -> float:
+        gain = self.base_s - self.int8_s
+        return self.calibration_s / gain if gain > 0 else float("inf")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "saving_s": self.saving_s, "pays": self.pays,
+                "break_even_docs": None if self.break_even_docs == float("inf") else round(self.break_even_docs)}
+
+
+def calibration_pays(docs: int, base_s: float, platform: Platform, int8_s: float | None = None,
+                     calibration_s: float | None = None) -> Break:
+    """Whether ``docs`` documents save more by static int8 than its calibration costs: with int8's and the
+    calibration's measured figures where they exist (``int8_s`` seconds per document, ``calibration_s``), else
+    ``platform.int8_prior`` and ``CALIBRATION_PRIOR_S``."""
+    measured = int8_s is not None and calibration_s is not None
+    return Break(docs, base_s, int8_s if int8_s is not None else base_s / platform.int8_prior,
+                 calibration_s if calibration_s is not None else CALIBRATION_PRIOR_S, measured)
+
+
+# -- the store -------------------------------------------------------------------------------------------------
+
+def choice_key(model_hash: str, role: str, graph_ids: Sequence[str], platform: Platform) -> str:
+    """What a stored choice is valid for: the model, the role, every candidate's graph identity, the CPU model
+    string and the library versions. Any of them changes: time again."""
+    raw = json.dumps([model_hash, role, sorted(graph_ids), platform.cpu, platform.precision, versions()],
+                     sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class ChoiceStore:
+    """Choices kept under ``<cache>/choices/<key>.json`` (JSON, written atomically)."""
+    root: Path
+    extra: dict = field(default_factory=dict)
+
+    def _path(self, key: str) -> Path:
+        return self.root / "choices" / f"{key}.json"
+
+    def get(self, key: str) -> Choice | None:
+        try:
+            return Choice.from_dict(json.loads(self._path(key).read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, key: str, choice: Choice, **info) -> None:
+        try:
+            self._path(key).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self._path(key), json.dumps({**choice.to_dict(), **info}, indent=2) + "\n")
+        except OSError as e:  # a read-only cache: the choice is timed again next time
+            logger.debug("choice not stored: %s", e)
+
+
+__all__ = ["DOCUMENTS", "PAIRS", "QUERIES", "Break", "Choice", "ChoiceStore", "Timing", "calibration_pays",
+           "choice_key", "choose", "prune", "time_per_unit"]

@@ -1,0 +1,121 @@
+"""The machine retr runs on, as one value: resolved once per process and passed down.
+
+Training precision, the graphs' precision, expected-score filtering and the backend chooser all read one
+``Platform`` instead of each reading ``/proc/cpuinfo`` again. Flags only say what cannot run (natively) here;
+which graph is fastest is measured on the machine (``backends.chooser``). ``RETR_BF16=0/1`` and
+``RETR_INT8_DOT=0/1`` stay overrides (the figures of another kind of machine, measured on this one).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform as _platform
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+AMX_FLAG = "amx_bf16"
+
+
+def _forced(name: str) -> bool | None:
+    value = os.environ.get(name)
+    return value == "1" if value in ("0", "1") else None
+
+
+@dataclass(frozen=True)
+class Platform:
+    """A CPU as retr's choices see it. Build one with ``Platform.of`` (tests: any flags) or ``this_platform()``."""
+    cpu: str  # the model name string ("AMD EPYC", "Intel(R) Xeon(R) Platinum 8481C"): part of every choice's key
+    flags: frozenset[str] = field(default_factory=frozenset)
+    cores: int = 1
+    bf16_forced: bool | None = None  # RETR_BF16
+    int8_forced: bool | None = None  # RETR_INT8_DOT
+
+    @classmethod
+    def of(cls, flags, cpu: str = "simulated", cores: int = 2, bf16_forced: bool | None = None,
+           int8_forced: bool | None = None) -> Platform:
+        return cls(cpu, frozenset(flags), max(1, int(cores)), bf16_forced, int8_forced)
+
+    @property
+    def bf16(self) -> bool:
+        """bf16 arithmetic natively (AVX-512 BF16 or AMX): training autocast and OpenVINO's precision hint."""
+        return self.bf16_forced if self.bf16_forced is not None else not self.flags.isdisjoint(BF16_FLAGS)
+
+    @property
+    def int8_dot(self) -> bool:
+        """int8 multiplies in one instruction (AVX-512 VNNI, AVX-VNNI, AMX); without them int8 MatMuls are
+        emulated (AVX2: MiniLM at 19.2 docs/s in int8 against 22.7 in fp32 on an AVX2 EPYC)."""
+        return self.int8_forced if self.int8_forced is not None else not self.flags.isdisjoint(INT8_DOT_FLAGS)
+
+    @property
+    def amx(self) -> bool:
+        return AMX_FLAG in self.flags
+
+    @property
+    def precision(self) -> str:
+        """What OpenVINO graphs compute in here: bf16 where native, else fp32."""
+        return "bf16" if self.bf16 else "fp32"
+
+    @property
+    def static_int8(self) -> bool:
+        """Whether static int8 graphs are candidates here at all (native int8 dot products, or forced); whether
+        a corpus then pays for their calibration is measured (``chooser.calibration_pays``)."""
+        return self.int8_dot
+
+    @property
+    def int8_prior(self) -> float:
+        """Static int8's document throughput over the base graph's, assumed until measured here: 1.44 with int8
+        dot products and no AMX (75 against 52 docs/s, AVX-512 VNNI EPYC, issue 39), 0.97 with AMX (104.5
+        against 107.6, AMX Xeon), 0.85 emulated (19.2 against 22.7, AVX2 EPYC)."""
+        if self.int8_forced is not None:
+            return 1.44 if self.int8_forced else 0.85
+        return 0.97 if self.amx else 1.44 if self.int8_dot else 0.85
+
+    @property
+    def kind(self) -> str:
+        """Which table of expected scores applies here: the precision, ``+int8`` where static int8 is expected to
+        pay (``int8_prior`` > 1: ``bf16+int8``, ``bf16``, ``fp32+int8``, ``fp32``)."""
+        return self.precision + ("+int8" if self.static_int8 and self.int8_prior > 1 else "")
+
+    @property
+    def threads(self) -> int:
+        """Inference threads: the machine's cores, at most 4 (one policy for every runner)."""
+        return max(1, min(self.cores, 4))
+
+    def without(self, *flags: str) -> Platform:
+        """This platform with ``flags`` removed: how a CPU lacking them would prune (AVX2-only, no AMX)."""
+        return replace(self, flags=self.flags - set(flags))
+
+    def to_dict(self) -> dict:
+        return {"cpu": self.cpu, "cores": self.cores, "threads": self.threads, "precision": self.precision,
+                "bf16": self.bf16, "int8_dot": self.int8_dot, "amx": self.amx, "kind": self.kind,
+                "avx512": any(f.startswith("avx512") for f in self.flags), "avx2": "avx2" in self.flags}
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return _platform.processor() or _platform.machine() or "unknown", frozenset()
+    model, flags = "", frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = frozenset(value.split())
+    return model or _platform.processor() or _platform.machine() or "unknown", flags
+
+
+def this_platform() -> Platform:
+    """This machine: ``/proc/cpuinfo`` (read once per process), the core count and the ``RETR_BF16`` /
+    ``RETR_INT8_DOT`` overrides."""
+    cpu, flags = _cpuinfo()
+    return Platform(cpu, flags, max(1, os.cpu_count() or 1), _forced("RETR_BF16"), _forced("RETR_INT8_DOT"))
+
+
+__all__ = ["Platform", "this_platform"]

@@ -1,0 +1,168 @@
+"""The Platform value and the chooser: flags only prune, measured speeds choose (fake platforms and fake timings,
+never a timed assertion)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import MappingProxyType
+
+import numpy as np
+import pytest
+
+from retr.retrieval.backends import chooser, registry
+from retr.retrieval.backends.chooser import DOCUMENTS, PAIRS, QUERIES, Timing
+from retr.retrieval.backends.platform import Platform, this_platform
+
+AVX2 = Platform.of({"avx", "avx2", "fma"}, cpu="AMD EPYC (AVX2 only)")
+VNNI = Platform.of({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}, cpu="AMD EPYC 9R14")  # AVX-512, no AMX
+AMX = Platform.of(VNNI.flags | {"amx_bf16", "amx_int8", "amx_tile"}, cpu="Intel Xeon 8481C")
+STATIC = [registry.BACKENDS[n] for n in ("openvino-int8", "openvino-int8-ffn")]
+UNCALIBRATED = [registry.BACKENDS[n] for n in ("openvino", "onnx", "onnx-int8")]
+
+
+def test_the_platform_reads_flags_once_into_precision_and_the_expected_score_kind(monkeypatch):
+    assert (AVX2.precision, AVX2.static_int8, AVX2.kind) == ("fp32", False, "fp32")
+    assert (VNNI.precision, VNNI.static_int8, VNNI.kind) == ("bf16", True, "bf16+int8")
+    assert (AMX.precision, AMX.static_int8, AMX.amx, AMX.kind) == ("bf16", True, True, "bf16")
+    vnni_laptop = Platform.of({"avx2", "avx_vnni"})
+    assert (vnni_laptop.precision, vnni_laptop.kind) == ("fp32", "fp32+int8")
+    assert AMX.without("amx_bf16", "amx_int8", "amx_tile") == Platform(AMX.cpu, VNNI.flags, AMX.cores)
+    assert Platform.of(set(), cores=64).threads == 4 and Platform.of(set(), cores=1).threads == 1
+    # the overrides: RETR_BF16 / RETR_INT8_DOT, read into the value
+    monkeypatch.setenv("RETR_BF16", "0")
+    monkeypatch.setenv("RETR_INT8_DOT", "0")
+    p = this_platform()
+    assert (p.precision, p.static_int8, p.kind) == ("fp32", False, "fp32")
+    monkeypatch.setenv("RETR_BF16", "1")
+    monkeypatch.setenv("RETR_INT8_DOT", "1")
+    p = this_platform()
+    assert (p.precision, p.static_int8, p.kind) == ("bf16", True, "bf16+int8")
+    assert p.cpu and p.to_dict()["cpu"] == p.cpu
+
+
+@pytest.mark.parametrize("platform,static_kept", [(AVX2, False), (VNNI, True), (AMX, True)])
+def test_flags_prune_only_what_cannot_run_natively(platform, static_kept):
+    """AVX2-only: static int8 is pruned (its MatMuls would be emulated); no-AMX and AMX CPUs keep it as a
+    candidate (whether it pays is measured); uncalibrated graphs always run."""
+    kept, pruned = chooser.prune(platform, STATIC + UNCALIBRATED)
+    names = [b.name for b in kept]
+    assert names[-3:] == ["openvino", "onnx", "onnx-int8"]
+    assert (("openvino-int8" in names) is static_kept) and (("openvino-int8-ffn" in names) is static_kept)
+    assert [b for b, _ in pruned] == ([] if static_kept else ["openvino-int8", "openvino-int8-ffn"])
+    assert all("int8 dot-product" in why for _, why in pruned)
+    assert registry.on_this_cpu(registry.BACKENDS["openvino-int8"], platform=platform).name == \
+        ("openvino-int8" if static_kept else "openvino")
+
+
+def test_a_runtime_that_is_not_installed_is_pruned(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "onnxruntime" else real(name))
+    kept, pruned = chooser.prune(VNNI, UNCALIBRATED)
+    assert [b.name for b in kept] == ["openvino"]
+    assert pruned == [("onnx", "onnxruntime is not installed"), ("onnx-int8", "onnxruntime is not installed")]
+
+
+@pytest.mark.parametrize("role", [QUERIES, DOCUMENTS, PAIRS])
+def test_the_chooser_picks_the_fastest_candidate_that_passed(role):
+    timings = [Timing("openvino", 0.0057), Timing("onnx", 0.0049), Timing("onnx-int8", 0.0032)]
+    choice = chooser.choose(role, timings, "openvino")
+    assert choice.backend == "onnx-int8" and "3.20" in choice.why and "onnx" in choice.why
+    timings[0] = Timing("openvino", 0.0021)  # another machine: the base graph is fastest
+    assert chooser.choose(role, timings, "onnx").backend == "openvino"
+
+
+def test_a_candidate_that_failed_its_check_is_never_picked_however_fast():
+    timings = [Timing("openvino", 0.0057), Timing("onnx-int8", 0.0001, passed=False, why="cosine 0.91 < 0.985"),
+               Timing("onnx", None, why="not in the cache")]
+    choice = chooser.choose(QUERIES, timings, "openvino")
+    assert choice.backend == "openvino" and "onnx-int8" in choice.why
+    alone = chooser.choose(QUERIES, [timings[1], timings[2]], "openvino")  # nothing passed: the configured graph
+    assert alone.backend == "openvino" and "no candidate" in alone.why
+    tie = chooser.choose(QUERIES, [Timing("openvino", 0.003), Timing("onnx", 0.003)], "onnx")
+    assert tie.backend == "openvino"  # ties go to the configured (first) candidate
+    back = chooser.Choice.from_dict(choice.to_dict())
+    assert (back.backend, [t.backend for t in back.timings], back.timings[1].passed) == \
+        ("openvino", ["openvino", "onnx-int8", "onnx"], False)
+
+
+def test_calibration_pays_only_where_the_measured_saving_exceeds_its_cost():
+    # the issue's AVX-512 EPYC: base 52 docs/s, int8 75 docs/s, calibration 19 s -> break-even ~3,300 documents
+    small = chooser.calibration_pays(1000, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=19.0)
+    large = chooser.calibration_pays(5183, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=19.0)
+    assert not small.pays and large.pays and small.measured
+    assert 3000 < small.break_even_docs < 3500 and small.to_dict()["break_even_docs"] == round(small.break_even_docs)
+    assert chooser.calibration_pays(100, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=0.0).pays  # already calibrated
+    slower = chooser.calibration_pays(10 ** 6, 1 / 52, VNNI, int8_s=1 / 40, calibration_s=0.0)
+    assert not slower.pays and slower.to_dict()["break_even_docs"] is None  # int8 slower: never
+    prior = chooser.calibration_pays(1000, 1 / 52, AMX)  # not measured: AMX's prior says int8 is no faster
+    assert not prior.measured and not prior.pays and prior.int8_s > prior.base_s
+
+
+def test_a_stored_choice_is_keyed_by_model_candidates_cpu_and_versions(tmp_path):
+    store = chooser.ChoiceStore(tmp_path)
+    key = chooser.choice_key("h" * 64, QUERIES, ["openvino/export4/bf16", "onnx/export4/fp32"], VNNI)
+    assert store.get(key) is None
+    store.put(key, chooser.choose(QUERIES, [Timing("openvino", 0.004), Timing("onnx", 0.003)], "openvino"))
+    assert store.get(key).backend == "onnx" and not store.get(key).measured
+    others = {chooser.choice_key("h" * 64, QUERIES, ["openvino/export4/bf16"], VNNI),
+              chooser.choice_key("h" * 64, QUERIES, ["openvino/export4/bf16", "onnx/export4/fp32"], AMX),
+              chooser.choice_key("g" * 64, QUERIES, ["openvino/export4/bf16", "onnx/export4/fp32"], VNNI),
+              chooser.choice_key("h" * 64, DOCUMENTS, ["openvino/export4/bf16", "onnx/export4/fp32"], VNNI)}
+    assert key not in others and len(others) == 4
+    (tmp_path / "choices" / f"{key}.json").write_text("{not json")
+    assert store.get(key) is None  # a damaged entry: timed again
+
+
+def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored(tiny_bi_encoder, monkeypatch):
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.backends.export import EMBEDDING
+    from retr.retrieval.backends.graphs import load_or_export
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    cfg = EncoderConfig(model=str(tiny_bi_encoder))
+    enc = BiEncoder(cfg)
+    assert enc.query_choice is None and enc.query_graph is enc.graph  # one candidate: nothing timed
+    load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
+                   cache_home())
+    speeds = {"openvino": 0.004, "onnx": 0.002}
+    timed = []
+    monkeypatch.setattr(BiEncoder, "_query_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
+    fresh = BiEncoder(cfg)
+    assert fresh.query_graph.variant == "onnx" and sorted(timed) == ["onnx", "openvino"]
+    chosen = fresh.describe_queries()["chosen"]
+    assert chosen["backend"] == "onnx" and [c["backend"] for c in chosen["candidates"]] == ["openvino", "onnx"]
+    q = fresh.encode_queries(["wolves in the forest"])
+    np.testing.assert_allclose(q, enc.encode_queries(["wolves in the forest"]), atol=1e-3)
+    timed.clear()
+    again = BiEncoder(cfg)  # the stored choice: nothing timed again
+    assert again.query_graph.variant == "onnx" and timed == []
+    speeds.update(openvino=0.001)
+    given = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), query_backend="openvino"))  # an override wins
+    assert given.query_graph.variant == "openvino" and given.query_choice is None and timed == []
+
+
+def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the_cost(tiny_bi_encoder, monkeypatch):
+    from retr.retrieval.backends.graphs import Graph
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    monkeypatch.delenv("RETR_INT8_DOT")
+    convert = registry.BACKENDS["openvino-int8"].convert
+    calls = []
+    entries = dict(registry.BACKENDS)
+    entries["openvino-int8"] = replace(entries["openvino-int8"], convert=lambda *a: calls.append(1) or convert(*a))
+    monkeypatch.setattr(registry, "BACKENDS", MappingProxyType(entries))
+    speeds = {"openvino": 0.02, "openvino-int8": 0.01}
+    monkeypatch.setattr(BiEncoder, "_doc_seconds", lambda self, g: speeds[g.variant])
+    corpus = [f"document {i} about wolves and forests number {i}" for i in range(40)]
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    enc.__dict__["platform"] = VNNI  # an AVX-512 VNNI CPU: static int8 is a candidate, its cost assumed
+    encoded = enc.encode_corpus(corpus)  # 40 docs save 40 * 6 ms << the assumed calibration: the built graph
+    assert encoded.graph["backend"] == "openvino" and calls == []
+    assert encoded.graph["chosen"]["pays"] is False and encoded.graph["chosen"]["measured"] is False
+    enc.__dict__["platform"] = AVX2  # pruned: nothing measured, nothing calibrated
+    fresh = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    fresh.__dict__["platform"] = AVX2
+    assert fresh.encode_corpus(corpus).graph.get("chosen") is None and calls == []
+    assert isinstance(enc.graph, Graph)
