@@ -113,17 +113,57 @@ def test_the_getting_started_python_runs(tiny_bi_encoder, tmp_path, monkeypatch,
     assert (tmp_path / "notes.idx" / "manifest.json").is_file()
 
 
-def test_the_openapi_schema_is_current(tiny_dataset, tiny_bi_encoder, tmp_path):
-    pytest.importorskip("fastapi")
+@pytest.fixture(scope="module")
+def tiny_index(tiny_dataset, tiny_bi_encoder, tmp_path_factory) -> Path:
+    """An index folder as `retr index` writes it by default (flat + BM25), of the fixture corpus."""
     from retr.cli.main import main
+
+    idx = tmp_path_factory.mktemp("docs") / "idx"
+    assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--backend", "onnx"]) == 0
+    return idx
+
+
+def _key_paths(node, prefix=""):
+    """Every dotted key path of a JSON value, with the JSON kind of its value (object, array, string, number ...)."""
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+             type(None): "null"}
+    out = {}
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "...":  # the page's "and the rest" marker
+                continue
+            path = f"{prefix}{key}"
+            out[path] = kinds[type(value)]
+            out.update(_key_paths(value, path + "."))
+    return out
+
+
+def test_the_index_format_page_matches_a_built_index(tiny_index):
+    """Every key of the page's example manifest is in a manifest `retr index` writes now (same kind of value), every
+    top-level key written is shown, and every file of the folder is named in the page's table."""
+    import json
+
+    page = (DOCS / "reference" / "index-format.md").read_text(encoding="utf-8")
+    example = json.loads(_blocks(DOCS / "reference" / "index-format.md", "json")[0])
+    real = json.loads((tiny_index / "manifest.json").read_text())
+    shown, written = _key_paths(example), _key_paths(real)
+    wrong = {k: (v, written.get(k)) for k, v in shown.items()
+             if written.get(k) != v and not (v == "null" or written.get(k) == "null") and not k.startswith("files.")}
+    assert not wrong, f"docs/reference/index-format.md shows keys a built manifest lacks or types differently: {wrong}"
+    assert set(real) == set(example), f"top-level manifest keys: built {sorted(real)}, shown {sorted(example)}"
+    unnamed = [p.name for p in tiny_index.rglob("*") if p.is_file() and f"`{p.name}`" not in page
+               and p.name not in page]
+    assert not unnamed, f"files of an index folder the page does not name: {unnamed}"
+
+
+def test_the_openapi_schema_is_current(tiny_index):
+    pytest.importorskip("fastapi")
     from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
 
     gen = _gen("openapi")
-    idx = tmp_path / "idx"
-    assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--model", str(tiny_bi_encoder),
-                 "--backend", "onnx"]) == 0
-    now = gen.render(gen.schema(idx, ServeConfig(encoder=EncoderConfig(backend="onnx"))))
+    now = gen.render(gen.schema(tiny_index, ServeConfig(encoder=EncoderConfig(backend="onnx"))))
     assert set(gen.json.loads(now)["paths"]) >= {"/search", "/healthz", "/metrics"}
     assert gen.OUT.read_text(encoding="utf-8") == now, \
         f"{gen.OUT.relative_to(REPO)} is stale: python docs/_gen/openapi.py INDEX_DIR (any index folder)"
