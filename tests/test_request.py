@@ -254,12 +254,12 @@ def test_cli_api_and_service_give_the_same_hits_with_no_options(built, index, ca
         bad, refused = server.request("/search", {"query": "\x00\u200b"})
     finally:
         server.stop()
-    assert status == 200 and 400 <= bad < 500 and "searchable" in json.dumps(refused)
     want = [(h.id, round(h.score, 5)) for h in api.hits]
     assert len(want) == DEFAULT_K and api.pipeline == DEFAULT_MODE
     assert [(h["id"], round(h["score"], 5)) for h in cli["results"]] == want and cli["pipeline"] == DEFAULT_MODE
-    assert [(h["id"], round(h["score"], 5)) for h in served["results"]] == want
+    assert status == 200 and [(h["id"], round(h["score"], 5)) for h in served["results"]] == want
     assert served["pipeline"] == DEFAULT_MODE
+    assert 400 <= bad < 500 and "searchable" in json.dumps(refused)  # case 7 at the service's door
 
 
 def test_a_byte_order_mark_in_an_ids_file_is_not_part_of_the_first_id(built, tmp_path, capsys):  # case 21
@@ -275,16 +275,22 @@ def test_a_byte_order_mark_in_an_ids_file_is_not_part_of_the_first_id(built, tmp
 
 
 # -- index parameters and FAISS ---------------------------------------------------------------------------------
-def test_nlist_above_the_corpus_is_one_line_and_faiss_prints_nothing(tiny_dataset, tiny_bi_encoder, tmp_path,
-                                                                      capfd, caplog):  # cases 18 and 24
-    base = ["index", "--corpus", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--backend", "onnx",
+def _index_args(tiny_dataset, tiny_bi_encoder) -> list[str]:
+    return ["index", "--corpus", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--backend", "onnx",
             "--kind", "ivfpq"]
-    assert main([*base, "--out", str(tmp_path / "a"), "--nlist", "1000"]) == 2
+
+
+def test_nlist_above_the_corpus_size_is_one_line(tiny_dataset, tiny_bi_encoder, tmp_path, capfd):  # case 18
+    assert main([*_index_args(tiny_dataset, tiny_bi_encoder), "--out", str(tmp_path / "a"), "--nlist", "1000"]) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert err[-1] == ("retr: error: --nlist 1000: more lists than the 16 vectors to cluster; give at most 16, "
                        "or 0 to choose from the corpus size")
     assert not (tmp_path / "a").exists()
+
+
+def test_faiss_clustering_warning_goes_through_the_logger(tiny_dataset, tiny_bi_encoder, tmp_path, capfd,
+                                                         caplog):  # case 24
     with caplog.at_level(logging.WARNING, logger="retr.indexes.dense"):
-        assert main([*base, "--out", str(tmp_path / "b"), "--nlist", "2"]) == 0
+        assert main([*_index_args(tiny_dataset, tiny_bi_encoder), "--out", str(tmp_path / "b"), "--nlist", "2"]) == 0
     assert "WARNING clustering" not in capfd.readouterr().err  # FAISS's own print, past logging
     assert any("16 training vectors for 2 centroids" in r.getMessage() for r in caplog.records)
