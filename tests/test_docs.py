@@ -75,6 +75,15 @@ def test_the_readme_is_short_with_its_workflows_first():
     assert "ruff check . && python -m pytest -q" in text  # the test command .ci/run runs, verbatim
 
 
+def test_the_readme_links_resolve():
+    """mkdocs checks the site's links; the README's (read on the repository's web page) are checked here."""
+    text = README.read_text(encoding="utf-8")
+    targets = [t for t in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) if "://" not in t]
+    assert len(targets) >= 5, targets
+    missing = [t for t in targets if not (REPO / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
 @pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_retr_command_shown_parses(page, capsys):
     from retr.cli.main import build_parser
