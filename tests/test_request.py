@@ -228,6 +228,23 @@ def test_any_delete_argument_is_refused_or_deletes_what_it_names(built, tmp_path
     index.close()
 
 
+def test_a_requests_fusion_and_aggregate_are_those_of_an_index_opened_with_them(built, index, tiny_dataset,
+                                                                               tiny_bi_encoder, tmp_path):
+    query = "solar electricity for the night"
+    with retr.Index.load(built, backend="onnx", fusion="rrf") as rrf:
+        want = [(h.id, h.score) for h in rrf.search(query).hits]
+    got = [(h.id, h.score) for h in index.search(query, fusion="rrf").hits]
+    assert got == want and got != [(h.id, h.score) for h in index.search(query).hits]
+    folder = tmp_path / "passages"
+    with retr.Index.build(tiny_dataset, folder, model=str(tiny_bi_encoder), backend="onnx", passages="8:4",
+                          bm25=False) as passages:
+        by = {agg: [(h.id, h.score) for h in passages.search(query, mode="dense", passage_aggregate=agg).hits]
+              for agg in ("maxp", "sum")}
+    assert by["maxp"] != by["sum"]
+    with retr.Index.load(folder, backend="onnx") as again:  # the index's own aggregate: maxp
+        assert [(h.id, h.score) for h in again.search(query, mode="dense").hits] == by["maxp"]
+
+
 # -- the CLI and the service ------------------------------------------------------------------------------------
 def test_the_cli_refuses_unsearchable_queries(built, capsys):  # case 7
     for query in ("\x00\x00", "\u200b\u200b", " \t "):
