@@ -100,9 +100,10 @@ def test_every_retr_command_shown_parses(page, capsys):
     assert not refused, f"{page.relative_to(REPO)}: commands the parser refuses:\n" + "\n".join(refused)
 
 
-def test_the_getting_started_python_runs(tiny_bi_encoder, tmp_path, monkeypatch, capsys):
-    """Each ```python block of getting-started.md, as written, on the tiny fixture model (ONNX Runtime) in place of
-    the bundled one: the dense ranking is random there, so the page asserts on BM25's only."""
+def test_the_python_examples_run(tiny_bi_encoder, tmp_path, monkeypatch, capsys):
+    """Each ```python block of getting-started.md, then of the Python API page (which reads the notes the first
+    wrote), as written, on the tiny fixture model (ONNX Runtime) in place of the bundled one: the dense ranking is
+    random there, so the pages assert on BM25's only."""
     import retr
 
     build, load = retr.Index.build.__func__, retr.Index.load.__func__
@@ -111,15 +112,20 @@ def test_the_getting_started_python_runs(tiny_bi_encoder, tmp_path, monkeypatch,
     monkeypatch.setattr(retr.Index, "load", classmethod(lambda cls, *a, **kw: load(cls, *a, **{"backend": "onnx",
                                                                                               **kw})))
     monkeypatch.chdir(tmp_path)
-    blocks = _blocks(DOCS / "getting-started.md", "python")
-    assert blocks, "getting-started.md has no python example"
-    for i, code in enumerate(blocks):
-        exec(compile(code, f"docs/getting-started.md[python {i}]", "exec"), {"__name__": "getting_started"})
-    out = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in out[:3]] == ["bm25", "dense", "hybrid"]
-    assert all("'total'" in line for line in out[:3])  # each search's latency per stage, with the total
-    assert out[3].startswith("n2 The VPN needs a hardware token") and "'team': 'it'" in out[3]
+    out = {}
+    for page in (DOCS / "getting-started.md", DOCS / "reference" / "python-api.md"):
+        blocks = _blocks(page, "python")
+        assert blocks, f"{page.name} has no python example"
+        for i, code in enumerate(blocks):
+            exec(compile(code, f"{page.relative_to(REPO)}[python {i}]", "exec"), {"__name__": "docs_example"})
+        out[page.name] = capsys.readouterr().out.splitlines()
+    started = out["getting-started.md"]
+    assert [line.split()[0] for line in started[:3]] == ["bm25", "dense", "hybrid"]
+    assert all("'total'" in line for line in started[:3])  # each search's latency per stage, with the total
+    assert started[3].startswith("n2 The VPN needs a hardware token") and "'team': 'it'" in started[3]
     assert (tmp_path / "notes.idx" / "manifest.json").is_file()
+    ranks = [line.split()[0] for line in out["python-api.md"]]
+    assert ranks == ["1", "2", "3"], out["python-api.md"]  # k=5 over the three notes
 
 
 @pytest.fixture(scope="module")
