@@ -115,6 +115,7 @@ class Index:
 
     def __init__(self, searcher):
         self._searcher = searcher
+        self._temp: Path | None = None  # from_documents without out: the folder removed on close
 
     @classmethod
     def build(cls, corpus: str | Path, out: str | Path, *, model: str | None = None,
@@ -131,25 +132,48 @@ class Index:
         are ``DenseIndexConfig`` fields (``hnsw_m``, ``ef_search``, ...), each bounded by the config."""
         from retr.indexes.build import build_index
         from retr.indexes.corpus import CorpusFormat, load_corpus
-        from retr.retrieval.bm25 import BM25Config
 
         corpus_path, out_path = _path(corpus, "corpus"), _path(out, "out")
-        allowed = set(DenseIndexConfig.__dataclass_fields__) - {"kind"}
-        unknown = sorted(set(dense_options) - allowed)
-        if unknown:
-            raise RetrError(f"unknown index option {unknown[0]!r}: choose from {', '.join(sorted(allowed))}")
-        dense = DenseIndexConfig(kind=kind, **dense_options)
-        encoder = _encoder(model, backend, None, max_length, query_prompt, doc_prompt)
-        cfg = IndexConfig(dense=dense, encoder=encoder, bm25=BM25Config() if _flag(bm25, "bm25") else None,
-                          use_cache=_flag(use_cache, "use_cache"), passages=_passages(passages, aggregate),
-                          shards=check_int(shards, "shards", 1, 4096),
-                          executor=ExecutorConfig(name=_choice(executor, "executor", EXECUTORS),
-                                                  address=_text(ray_address, "ray_address"),
-                                                  actors=check_int(ray_actors, "ray_actors", 1, 4096)))
+        cfg = _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages,
+                            aggregate, shards, executor, ray_address, ray_actors, dense_options)
         fmt = CorpusFormat(_text(id_field, "id_field"), _text(text_field, "text_field"),
                            _text(title_field, "title_field"))
         build_index(load_corpus(corpus_path, fmt), out_path, cfg)
         return cls.load(out_path, backend=backend)
+
+    @classmethod
+    def from_documents(cls, docs: Iterable[str | Mapping], out: str | Path | None = None, *,
+                       model: str | None = None, backend: str = EncoderConfig.backend, bm25: object = True,
+                       kind: str = DenseIndexConfig.kind, max_length: int | None = None,
+                       use_cache: bool = IndexConfig.use_cache, query_prompt: str | None = None,
+                       doc_prompt: str | None = None, passages: str | None = None,
+                       aggregate: str = PassageConfig.aggregate, shards: int = IndexConfig.shards,
+                       **dense_options) -> Index:
+        """An index of documents held in memory: strings (ids "0", "1", ... by position) or dicts with ``text``
+        and optionally ``id`` (or ``_id``/``doc_id``), ``title`` and any other fields (metadata, usable in
+        ``filter``). ``out``: the folder to write (the one `retr index` writes); None: a temporary folder,
+        removed when the index is closed. The other options are ``build``'s."""
+        import shutil
+        import tempfile
+
+        from retr.indexes.build import build_index
+        from retr.indexes.corpus import corpus_of
+
+        out_path = _path(out, "out", optional=True)
+        cfg = _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages,
+                            aggregate, shards, "local", None, ExecutorConfig.actors, dense_options)
+        corpus = corpus_of(_documents(docs), Path("<documents>"))
+        temp = Path(tempfile.mkdtemp(prefix="retr-index-")) if out_path is None else None
+        try:
+            folder = out_path if temp is None else temp / "index"
+            build_index(corpus, folder, cfg)
+            index = cls.load(folder, backend=backend)
+        except BaseException:
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
+            raise
+        index._temp = temp
+        return index
 
     @classmethod
     def load(cls, folder: str | Path, *, model: str | None = None, backend: str = EncoderConfig.backend,
@@ -200,6 +224,27 @@ class Index:
         return self.run(SearchRequest.batch(queries, k=k, mode=mode, rerank=rerank, filter=filter, fusion=fusion,
                                             passage_aggregate=passage_aggregate))
 
+    def search_topics(self, topics: Mapping[str, str] | str | Path, k: int = DEFAULT_K, mode: str = DEFAULT_MODE,
+                      rerank: str | None = None, filter: Mapping[str, object] | None = None, *,
+                      fusion: str | None = None, passage_aggregate: str | None = None):
+        """A batch search to a ``Run`` (query id -> ranked hits, as `retr search --topics` writes it): ``topics``
+        a mapping of query id -> query, or a topic file (TSV, JSONL, BEIR queries.jsonl, TREC topics). The path
+        of ``search`` and ``search_batch``: each query's hits are the ones it gets alone. Write the run with
+        ``retr.eval.trec.write_run`` and score it with ``retr.eval.metrics.evaluate``."""
+        if isinstance(topics, (str, os.PathLike)):
+            from retr.eval.topics import read_topics
+
+            topics = read_topics(_path(topics, "topics"))
+        if not isinstance(topics, Mapping) or not topics:
+            raise RetrError(f"topics must be a non-empty mapping of query id -> query, or a topic file, "
+                            f"got {_shown(topics)}")
+        ids = list(topics)
+        if any(not isinstance(q, str) for q in ids):
+            raise RetrError("topics: every query id must be a str")
+        request = SearchRequest.batch(list(topics.values()), k=k, mode=mode, rerank=rerank, filter=filter,
+                                      fusion=fusion, passage_aggregate=passage_aggregate)
+        return self._open.search_run(request, ids)
+
     def run(self, request: SearchRequest) -> list[SearchResult]:
         """One result per query of ``request`` (a ``retr.SearchRequest``, as `retr serve` and `retr search`
         build)."""
@@ -247,12 +292,78 @@ class Index:
 
     def close(self) -> None:
         self._searcher.close()
+        if self._temp is not None:
+            import shutil
+
+            shutil.rmtree(self._temp, ignore_errors=True)
+            self._temp = None
 
     def __enter__(self) -> Index:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages, aggregate,
+                  shards, executor, ray_address, ray_actors, dense_options: dict) -> IndexConfig:
+    """An index's config from the options of ``Index.build`` / ``from_documents``, each checked; ``bm25``: True,
+    False or a ``retr.retrieval.bm25.BM25Config`` (k1, b, variant, language)."""
+    from retr.retrieval.bm25 import BM25Config
+
+    allowed = set(DenseIndexConfig.__dataclass_fields__) - {"kind"}
+    unknown = sorted(set(dense_options) - allowed)
+    if unknown:
+        raise RetrError(f"unknown index option {unknown[0]!r}: choose from {', '.join(sorted(allowed))}")
+    dense = DenseIndexConfig(kind=kind, **dense_options)
+    encoder = _encoder(model, backend, None, max_length, query_prompt, doc_prompt)
+    bm25_cfg = bm25 if isinstance(bm25, BM25Config) else (BM25Config() if _flag(bm25, "bm25") else None)
+    return IndexConfig(dense=dense, encoder=encoder, bm25=bm25_cfg,
+                       use_cache=_flag(use_cache, "use_cache"), passages=_passages(passages, aggregate),
+                       shards=check_int(shards, "shards", 1, 4096),
+                       executor=ExecutorConfig(name=_choice(executor, "executor", EXECUTORS),
+                                               address=_text(ray_address, "ray_address"),
+                                               actors=check_int(ray_actors, "ray_actors", 1, 4096)))
+
+
+_ID_KEYS = ("id", "_id", "doc_id")
+
+
+def _documents(docs: object) -> list:
+    """``from_documents``'s input as ``Document`` s: each a str, or a dict with text, maybe id/title/metadata."""
+    import json
+
+    from retr.retrieval.types import Document
+
+    if isinstance(docs, (str, bytes, bytearray, Mapping)) or not isinstance(docs, Iterable):
+        raise RetrError(f"docs must be a list of str or dict, got {_shown(docs)}")
+    out = []
+    for i, doc in enumerate(docs):
+        if isinstance(doc, str):
+            out.append(Document(str(i), "", doc))
+            continue
+        if not isinstance(doc, Mapping):
+            raise RetrError(f"docs[{i}] must be a str or a dict with 'text', got {_shown(doc)}")
+        keys = [k for k in _ID_KEYS if k in doc]
+        if len(keys) > 1:
+            raise RetrError(f"docs[{i}] has both {keys[0]!r} and {keys[1]!r}: which is the id?")
+        doc_id = doc[keys[0]] if keys else str(i)
+        if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+            raise RetrError(f"docs[{i}][{keys[0]!r}] must be a str or int, got {_shown(doc_id)}")
+        text, title = doc.get("text", ""), doc.get("title", "")
+        for name, value in (("text", text), ("title", title)):
+            if not isinstance(value, str):
+                raise RetrError(f"docs[{i}][{name!r}] must be a str, got {_shown(value)}")
+        if "text" not in doc and "title" not in doc:
+            raise RetrError(f"docs[{i}] has no 'text' (nor 'title'): fields {', '.join(map(repr, doc)) or 'none'}")
+        metadata = {k: v for k, v in doc.items() if k not in (*keys, "text", "title") and v not in (None, "", {}, [])}
+        try:
+            json.dumps(metadata)
+        except (TypeError, ValueError):
+            raise RetrError(f"docs[{i}]: its other fields must be JSON values (str, number, bool, list, dict): "
+                            f"{', '.join(map(repr, metadata))}") from None
+        out.append(Document(str(doc_id).strip(), title, text, metadata))
+    return out
 
 
 def _new_file(value: object, field: str) -> Path | None:

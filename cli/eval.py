@@ -21,9 +21,19 @@ def add_parser(sub) -> None:
     source.add_argument("--run", action="append", dest="runs", default=None, metavar="RUN",
                         help="score a run file made elsewhere (TREC, MS MARCO TSV or JSONL; repeat for several) "
                              "against --qrels, with the scorer of --dataset and `retr compare`")
+    source.add_argument("--index", default=None, metavar="IDX",
+                        help="evaluate an index folder as it is (built by `retr index`, changed, sharded, of "
+                             "passages, lean): search --topics with it and score against --qrels; nothing rebuilt")
     p.add_argument("--qrels", default=None,
-                   help="with --run: the judgements (BEIR TSV or TREC qrels) to score against (no default: --run "
-                        "needs it)")
+                   help="with --run or --index: the judgements (BEIR TSV or TREC qrels) to score against (no "
+                        "default: both need it)")
+    p.add_argument("--topics", default=None, metavar="FILE",
+                   help="with --index: the queries (TSV 'id<TAB>query', JSONL, BEIR queries.jsonl or TREC topics); "
+                        "the judged ones are searched")
+    from retr.eval.topics import TREC_FIELDS
+
+    p.add_argument("--topic-field", choices=TREC_FIELDS, default=TREC_FIELDS[0],
+                   help="TREC topics: the field searched")
     p.add_argument("--split", default="test", help="the split whose queries and qrels are scored")
     p.add_argument("--mode", dest="pipelines", default=",".join(DEFAULT_PIPELINES), metavar="MODE[,MODE...]",
                    help=f"the pipelines to measure, comma-separated, each on the same index: {', '.join(PIPELINES)}")
@@ -61,8 +71,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.runs is not None:
         return _score_runs(args)
-    if args.qrels is not None:
-        raise RetrError("--qrels goes with --run (a --dataset folder holds its own qrels/)")
+    if args.qrels is not None and args.index is None:
+        raise RetrError("--qrels goes with --run or --index (a --dataset folder holds its own qrels/)")
+    if args.topics is not None and args.index is None:
+        raise RetrError("--topics goes with --index (a --dataset folder holds its own queries)")
     cfg = EvalConfig(
         pipelines=parse_pipelines(args.pipelines), k_values=args.k_values,
         encoder=options.encoder_config(args, query_backend=True), dense=options.dense_config(args),
@@ -71,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         warmup=max(0, args.warmup), use_cache=not args.no_cache, passages=options.passage_config(args),
         shards=args.shards, executor=options.executor_config(args),
     )
+    if args.index is not None:
+        return _eval_index(args, cfg)
     specs = dataset_specs(args.dataset)
     datasets = [load_dataset(s, args.split, download=not args.no_download) for s in specs]  # all checked first
     run_dir = Path(args.run_dir) if args.run_dir else None
@@ -131,6 +145,32 @@ def _score_runs(args: argparse.Namespace) -> int:
             raise RetrError(f"two runs are both named {name!r} ({runs[name]}, {path}): give the files different names")
         runs[name] = path
     report = score_runs(runs, args.qrels, args.k_values, args.ignore_identical_ids)
+    print(main_table(report))
+    print()
+    print(detail_table(report))
+    if args.out:
+        report.write(Path(args.out))
+        print(f"\nreport written to {args.out}")
+    return 0
+
+
+def _eval_index(args: argparse.Namespace, cfg) -> int:
+    """``--index IDX --topics FILE --qrels FILE``: the report of ``--dataset`` for an index as it is."""
+    from pathlib import Path
+
+    from retr.eval.data import load_qrels
+    from retr.eval.runner import run_eval_index
+    from retr.eval.table import detail_table, main_table
+    from retr.eval.topics import read_topics
+    from retr.retrieval.errors import RetrError
+
+    if not args.topics or not args.qrels:
+        raise RetrError("--index needs --topics FILE (the queries) and --qrels FILE (their judgements)")
+    topics = read_topics(args.topics, field=args.topic_field)
+    qrels = load_qrels(args.qrels)
+    run_dir = Path(args.run_dir) if args.run_dir else (Path(args.out).with_name(f"{Path(args.out).stem}-runs")
+                                                       if args.out else None)
+    report = run_eval_index(args.index, topics, qrels, cfg, run_dir, args.qrels)
     print(main_table(report))
     print()
     print(detail_table(report))

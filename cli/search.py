@@ -19,7 +19,7 @@ def _condition(text: str) -> tuple[str, str]:
 def add_parser(sub) -> None:
     p = sub.add_parser("search", help="query an index folder")
     p.add_argument("index", help="index folder written by `retr index`")
-    p.add_argument("query", help="the query text")
+    p.add_argument("query", nargs="?", default=None, help="the query text (or --topics FILE: a batch)")
     p.add_argument("-k", type=options.positive_int, default=DEFAULT_K, help="hits to return")
     p.add_argument("--mode", choices=FIRST_STAGES, default=DEFAULT_MODE,
                    help="first stage: bm25, dense, or hybrid (the two fused), as in the API and the service")
@@ -35,6 +35,9 @@ def add_parser(sub) -> None:
                    help="only documents whose record has FIELD equal to VALUE (repeat: all must hold; default: "
                         "every document)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    from retr.cli.batch import add_batch_args
+
+    add_batch_args(p)
     p.set_defaults(run=run)
 
 
@@ -45,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     from retr.indexes.searcher import Searcher
     from retr.retrieval.request import SearchRequest
 
+    if args.topics is not None or args.query is None:
+        from retr.cli.batch import run_batch
+
+        return run_batch(args)
     request = SearchRequest.one(args.query, k=args.k, mode=args.mode, rerank=args.rerank,
                                 filter=dict(args.filter) or None)  # checked before the index is opened
     searcher = Searcher(args.index, options.query_encoder_config(args),

@@ -167,6 +167,59 @@ def score_runs(runs: Mapping[str, str | Path], qrels_path: str | Path, k_values:
         environment=environment(), total_seconds=time.perf_counter() - t_start)
 
 
+def _pipelines(index, factory: PipelineFactory, queries: dict[str, str], qrels: Qrels, cfg: EvalConfig,
+               run_dir: Path | None, run_prefix: str, source: str) -> dict[str, PipelineResult]:
+    """Each pipeline of ``cfg`` over ``queries``, one warm query at a time, scored against ``qrels``."""
+    k = max(cfg.k_values)
+    results: dict[str, PipelineResult] = {}
+    for spec in cfg.pipelines:
+        retriever = factory.make(spec)
+        t0 = time.perf_counter()
+        run, timings = run_pipeline(retriever, queries, k, cfg.warmup)
+        wall = time.perf_counter() - t0
+        run_file = None
+        if run_dir is not None:
+            run_file = str(Path(run_dir) / f"{run_prefix}.{spec.name.replace('+', '_')}.trec")
+        results[spec.name] = pipeline_result(spec.name, run, qrels, cfg.k_values, cfg.ignore_identical_ids, source,
+                                             timings, (*retriever.stages, "total"), wall, run_file, _cost(index, spec))
+    return results
+
+
+def run_eval_index(folder: str | Path, topics: Mapping[str, str], qrels: Qrels, cfg: EvalConfig,
+                   run_dir: Path | None = None, qrels_source: str = "qrels") -> EvalReport:
+    """The report of ``run_eval`` for an index folder as it is (built by `retr index`, changed by add/delete,
+    sharded, of passages, lean, copied from elsewhere), searched with ``topics`` and scored against ``qrels``.
+    Nothing is rebuilt or re-encoded: the documents are the index's; the query encoder is the one that built it
+    (unless ``cfg.encoder.model`` names another, checked against it). Judgements of documents the index does not
+    hold and of queries ``topics`` lacks are dropped, and counted, as ``--dataset`` drops them."""
+    from retr.eval.data import checked_split
+    from retr.indexes.shards import open_index
+
+    t_start = time.perf_counter()
+    index = open_index(folder)
+    try:
+        qrels, check = checked_split(qrels, topics, set(index.ids), qrels_source)
+        queries = {q: topics[q] for q in qrels}
+        reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
+        factory = PipelineFactory(index, None, reranker, cfg.pipeline, encoder_config=cfg.encoder)
+        if reranker is not None and reranker.needs_check(factory.corpus_sha256) \
+                and reranker.find_check(factory.corpus_sha256, factory.dense_model_hash) is None:
+            check_index_reranker(index, factory.encoder, reranker, cfg.pipeline)  # as search and serve do
+        name = Path(index.folder).name
+        split = Path(qrels_source).stem
+        results = _pipelines(index, factory, queries, qrels, cfg, run_dir, f"{name}.{split}", qrels_source)
+        encoder = factory._encoder
+        return EvalReport(
+            dataset=DatasetInfo(name=name, path=str(index.folder), split=split, num_docs=len(index.ids),
+                                num_queries=len(queries), qrels_check=asdict(check)),
+            k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
+            index={"folder": str(index.folder), "manifest": index.manifest},
+            reranker=_reranker_record(reranker, factory) if reranker else None, config=_as_json(asdict(cfg)),
+            environment=environment(encoder, index.manifest), total_seconds=time.perf_counter() - t_start)
+    finally:
+        index.close()
+
+
 def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> EvalReport:
     t_start = time.perf_counter()
     needs_dense = any(p.uses_dense for p in cfg.pipelines)
@@ -178,19 +231,8 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
     factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
     if reranker is not None and reranker.needs_check(factory.corpus_sha256):
         check_index_reranker(index, encoder, reranker, cfg.pipeline, dataset.corpus)  # as search and serve do
-    k = max(cfg.k_values)
-    results: dict[str, PipelineResult] = {}
-    for spec in cfg.pipelines:
-        retriever = factory.make(spec)
-        t0 = time.perf_counter()
-        run, timings = run_pipeline(retriever, dataset.queries, k, cfg.warmup)
-        wall = time.perf_counter() - t0
-        run_file = None
-        if run_dir is not None:
-            run_file = str(Path(run_dir) / f"{dataset.name}.{dataset.split}.{spec.name.replace('+', '_')}.trec")
-        results[spec.name] = pipeline_result(
-            spec.name, run, dataset.qrels, cfg.k_values, cfg.ignore_identical_ids, f"{dataset.path} ({dataset.split})",
-            timings, (*retriever.stages, "total"), wall, run_file, _cost(index, spec))
+    results = _pipelines(index, factory, dataset.queries, dataset.qrels, cfg, run_dir,
+                         f"{dataset.name}.{dataset.split}", f"{dataset.path} ({dataset.split})")
     return EvalReport(
         dataset=DatasetInfo(name=dataset.name, path=str(dataset.path), split=dataset.split,
                             num_docs=len(dataset.corpus), num_queries=len(dataset.queries),

@@ -34,8 +34,15 @@ def _no_space(value: str, what: str, fmt: str) -> str:
     return value
 
 
+def check_tag(tag: str, fmt: str = "trec") -> str:
+    """A run tag ``fmt`` can hold (TREC: no whitespace); checked before a batch search, not after it."""
+    if fmt not in RUN_FORMATS:
+        raise RetrError(f"run format {fmt!r}: choose one of {', '.join(RUN_FORMATS)}")
+    return _no_space(tag, "run tag", "TREC") if fmt == "trec" else tag
+
+
 def _trec_lines(run: Run, tag: str) -> list[str]:
-    _no_space(tag, "run tag", "TREC")
+    check_tag(tag)
     out = []
     for qid, hits in run.items():
         _no_space(qid, "query id", "TREC")

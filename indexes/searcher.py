@@ -21,7 +21,7 @@ from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpe
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE, SearchRequest
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
-from retr.retrieval.types import filter_value
+from retr.retrieval.types import Run, filter_value
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,27 @@ class SearchResult:
         """The JSON shape of `retr search --json` (and of `retr serve`'s /search)."""
         return {"query": self.query, "pipeline": self.pipeline, "k": self.k,
                 "results": [h.__dict__ for h in self.hits], "latency_ms": dict(self.latency_ms)}
+
+
+BATCH = 64  # queries a batch search hands the pipeline at once: encoded together, searched together
+
+
+def _chunks(ids: list[str], queries: Sequence[str], size: int, encoder: BiEncoder | None):
+    """``{id: query}`` parts of at most ``size`` queries. With a query encoder, each part holds queries of one
+    token length: encoded together without padding, a query's vector is the one it gets alone, bit for bit
+    (padded to a longer neighbour, the attention sums run over more positions and round differently)."""
+    if encoder is None:
+        groups = [list(range(len(ids)))]
+    else:
+        prompt = encoder.prompts.query or ""
+        lengths = encoder.token_counts([prompt + q for q in queries]).tolist()
+        by_length: dict[int, list[int]] = {}
+        for i, n in enumerate(lengths):
+            by_length.setdefault(min(n, encoder.max_length), []).append(i)
+        groups = list(by_length.values())
+    for group in groups:
+        for start in range(0, len(group), size):
+            yield {ids[i]: queries[i] for i in group[start:start + size]}
 
 
 class Searcher:
@@ -154,25 +175,55 @@ class Searcher:
             raise RetrError(f"{self.index.folder}: this index was closed: open it again to search")
         spec = PipelineSpec.parse(request.pipeline)
         k = request.k
+        timer = StageTimer()
+        t0 = time.perf_counter()
+        run = self.search_run(request, timer=timer)
+        share = 1000.0 / len(request.queries)  # a batch's time, per query
+        latency = {**{s: v * share for s, v in timer.seconds.items()}, "total": (time.perf_counter() - t0) * share}
+        out = []
+        for i, q in enumerate(request.queries):
+            hits = run[str(i)]
+            docs = [self.index.docstore.get(self._positions[h.doc_id]) for h in hits]
+            out.append(SearchResult(
+                query=q, pipeline=spec.name, k=k,
+                hits=[SearchHit(r, h.doc_id, h.score, d.title, d.text, dict(d.metadata))
+                      for r, (h, d) in enumerate(zip(hits, docs, strict=True), start=1)],
+                latency_ms=dict(latency)))
+        return out
+
+    def search_run(self, request: SearchRequest, ids: Sequence[str] | None = None, chunk: int = BATCH,
+                   progress: Callable[[int], None] | None = None, timer: StageTimer | None = None) -> Run:
+        """The ``Run`` of ``request``'s queries (keyed by ``ids``, default their positions "0", "1", ...): the one
+        path of a single search, ``Index.search_batch``, the service's batch and `retr search --topics`.
+
+        Queries go to the pipeline ``chunk`` at a time: a dense stage encodes a chunk (queries of one token
+        length) in one batch and FAISS searches its vectors together (OpenMP threads over the queries); BM25
+        spreads a chunk's queries over threads. Each query is still ranked alone: its hits and scores are the
+        ones it gets searched by itself.
+        ``progress(n)``: called after each chunk with the queries done in it."""
+        if not isinstance(request, SearchRequest):
+            raise RetrError(f"a search takes a SearchRequest, got {type(request).__name__}")
+        if self._closed:
+            raise RetrError(f"{self.index.folder}: this index was closed: open it again to search")
+        ids = [str(i) for i in range(len(request.queries))] if ids is None else [str(i) for i in ids]
+        if len(ids) != len(request.queries) or len(set(ids)) != len(ids):
+            raise RetrError(f"a batch needs one distinct id per query: {len(ids)} ids for {len(request.queries)} "
+                            f"queries")
+        spec = PipelineSpec.parse(request.pipeline)
         with self._lock:  # lazy parts (encoder, its query graph, BM25, cross-encoder, filters) are made once
             factory = self._factory_for(request)
             retriever = factory.make(spec, self.reranker(request.rerank) if request.rerank else None,
                                      self.allowed(request.filter))
             if spec.uses_dense:
                 _ = factory.encoder.query_graph
-        out = []
-        for q in request.queries:
-            timer = StageTimer()
-            t0 = time.perf_counter()
-            hits = retriever.search({"q": q}, k, timer)["q"]
-            total = time.perf_counter() - t0
-            docs = [self.index.docstore.get(self._positions[h.doc_id]) for h in hits]
-            out.append(SearchResult(
-                query=q, pipeline=spec.name, k=k,
-                hits=[SearchHit(r, h.doc_id, h.score, d.title, d.text, dict(d.metadata))
-                      for r, (h, d) in enumerate(zip(hits, docs, strict=True), start=1)],
-                latency_ms={**{s: v * 1000.0 for s, v in timer.seconds.items()}, "total": total * 1000.0}))
-        return out
+        timer = timer if timer is not None else StageTimer()
+        rankings: dict = {}
+        for part in _chunks(ids, request.queries, max(1, chunk), factory.encoder if spec.uses_dense else None):
+            found = retriever.search(part, request.k, timer)
+            rankings.update((qid, found[qid]) for qid in part)
+            if progress is not None:
+                progress(len(part))
+        return Run({qid: rankings[qid] for qid in ids})
 
     def search_many(self, queries: Sequence[str], k: int = DEFAULT_K, mode: str = DEFAULT_MODE,
                     rerank: str | None = None, filter: Mapping[str, object] | None = None) -> list[SearchResult]:

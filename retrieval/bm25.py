@@ -6,6 +6,7 @@ import copy
 import functools
 import json
 import logging
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 BM25_DIR = "bm25"
 CONFIG = "retr_bm25.json"
+MIN_QUERIES_PER_THREAD = 8  # fewer queries than this a thread: one thread (starting threads costs more)
 
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")  # bm25s's variants (Kamphuis et al., 2020)
@@ -141,6 +143,7 @@ class BM25Retriever:
         self.vocab = self.model.vocab_dict
         self._terms = analyzer(self.cfg)
         self.mask: np.ndarray | None = None  # positions a metadata filter allows (``restricted``); None: all
+        self.threads = os.cpu_count() or 1  # a batch of queries is spread over this many threads
         n = int(self.model.scores["num_docs"])
         if n != len(self.ids):
             raise RetrError(f"{folder}: BM25 index holds {n} documents but the id list has {len(self.ids)}")
@@ -160,27 +163,42 @@ class BM25Retriever:
         return [vocab[w] for w in self._terms(text) if w in vocab]
 
     def search(self, queries: Mapping[str, str], k: int, timer: StageTimer | None = None) -> Run:
+        """Each query ranked alone; many queries are spread over ``threads`` threads (as bm25s's own batch
+        retrieval does: its numpy scoring releases the GIL for much of the work), in contiguous parts, so the
+        run is the same whatever the thread count."""
         timer = timer or StageTimer()
-        ids = self.ids
-        k_eff = min(k, len(ids))
-        out: dict[str, list[Hit]] = {}
+        k_eff = min(k, len(self.ids))
+        items = list(queries.items())
         with timer.stage("bm25"):
-            for qid, text in queries.items():
-                token_ids = self._query_ids(text)
-                if not token_ids or k_eff == 0:
-                    out[qid] = []
-                    continue
-                scores = self.model.get_scores_from_ids(token_ids)
-                if self.mask is not None:
-                    scores = np.where(self.mask, scores, 0.0)
-                if k_eff < len(scores):
-                    top = np.argpartition(-scores, k_eff - 1)[:k_eff]
-                    # every document tied with the k-th joins, and trec order (score, then id) picks among them:
-                    # the cut never depends on the partition's order, so a sharded index cuts where this one does
-                    top = np.union1d(top, np.flatnonzero(scores == scores[top].min()))
-                else:
-                    top = np.arange(len(scores))
-                top = top[scores[top] > 0]
-                out[qid] = trec_sorted(Hit(ids[d], s) for d, s in zip(top.tolist(), scores[top].tolist(),
-                                                                       strict=True))[:k_eff]
-        return Run(out)
+            threads = min(self.threads, len(items) // MIN_QUERIES_PER_THREAD)
+            if threads <= 1:
+                return Run(self._rank(items, k_eff))
+            from concurrent.futures import ThreadPoolExecutor
+
+            size = -(-len(items) // threads)
+            with ThreadPoolExecutor(threads, thread_name_prefix="retr-bm25") as pool:
+                parts = list(pool.map(lambda i: self._rank(items[i:i + size], k_eff), range(0, len(items), size)))
+        return Run({qid: hits for part in parts for qid, hits in part.items()})
+
+    def _rank(self, items: list[tuple[str, str]], k_eff: int) -> dict[str, list[Hit]]:
+        ids = self.ids
+        out: dict[str, list[Hit]] = {}
+        for qid, text in items:
+            token_ids = self._query_ids(text)
+            if not token_ids or k_eff == 0:
+                out[qid] = []
+                continue
+            scores = self.model.get_scores_from_ids(token_ids)
+            if self.mask is not None:
+                scores = np.where(self.mask, scores, 0.0)
+            if k_eff < len(scores):
+                top = np.argpartition(-scores, k_eff - 1)[:k_eff]
+                # every document tied with the k-th joins, and trec order (score, then id) picks among them:
+                # the cut never depends on the partition's order, so a sharded index cuts where this one does
+                top = np.union1d(top, np.flatnonzero(scores == scores[top].min()))
+            else:
+                top = np.arange(len(scores))
+            top = top[scores[top] > 0]
+            out[qid] = trec_sorted(Hit(ids[d], s) for d, s in zip(top.tolist(), scores[top].tolist(),
+                                                                   strict=True))[:k_eff]
+        return out
