@@ -1,4 +1,4 @@
-"""`retr search IDX --topics FILE --output RUN`: every topic of a file searched, one run file written.
+"""`retr search IDX --topics FILE --out RUN`: every topic of a file searched, one run file written.
 
 Topics are read as TSV, JSONL, BEIR queries.jsonl or TREC topics (``retr.eval.topics``); the run is written as
 TREC, MS MARCO TSV or JSONL (``retr.eval.trec``). The search is ``Searcher.search_run``, the path of a single
@@ -17,9 +17,10 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--topics", default=None, metavar="FILE",
                    help="search every topic of FILE (TSV 'id<TAB>query', JSONL, BEIR queries.jsonl or TREC <top> "
-                        "topics) instead of one query, and write the run to --output")
+                        "topics) instead of one query, and write the run to --out (default: the one query given)")
     p.add_argument("--topic-field", choices=TREC_FIELDS, default="title", help="TREC topics: the field searched")
-    p.add_argument("--output", default=None, metavar="RUN", help="with --topics: the run file to write")
+    p.add_argument("--out", dest="output", default=None, metavar="RUN",
+                   help="with --topics: the run file to write (no default: --topics needs it)")
     p.add_argument("--format", choices=RUN_FORMATS, default=RUN_FORMATS[0],
                    help="with --topics: the run file's form (trec: 'qid Q0 docid rank score tag'; msmarco: "
                         "'qid<TAB>docid<TAB>rank'; jsonl: one object per query)")
@@ -52,9 +53,9 @@ def run_batch(args: argparse.Namespace) -> int:
     if args.query is not None:
         raise RetrError(f"give a query or --topics, not both (query {args.query!r})")
     if not args.output:
-        raise RetrError("--topics needs --output RUN: the run file to write")
+        raise RetrError("--topics needs --out RUN: the run file to write")
     if args.json:
-        raise RetrError("--json prints one query's hits: with --topics, write --format jsonl to --output")
+        raise RetrError("--json prints one query's hits: with --topics, write --format jsonl to --out")
     check_tag(args.run_tag, args.format)
     topics = read_topics(args.topics, field=args.topic_field)
     request = SearchRequest.batch(list(topics.values()), k=args.k, mode=args.mode, rerank=args.rerank,

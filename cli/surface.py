@@ -12,11 +12,13 @@ import sys
 from collections.abc import Iterator
 
 # old name -> canonical name, the one registry of renamed options: every (sub)command that has the canonical option
-# also accepts the old one, hidden from --help, warning once a process
+# (unless it is required there: argparse would not count the old name as giving it) also accepts the old one,
+# hidden from --help, warning once a process
 DEPRECATED = {
     "--reranker": "--rerank",  # the cross-encoder folder, as `retr search --rerank` and `Index.search(rerank=)`
     "--pipelines": "--mode",  # what to run: bm25, dense, hybrid, each +rerank (the API's and the service's `mode`)
     "--aggregate": "--passage-aggregate",  # a document's score from its passages', at build and at query time
+    "--output": "--out",  # the file or folder a command writes (Pyserini's name for a run file)
 }
 
 _warned: set[str] = set()
@@ -46,10 +48,8 @@ def _add_aliases(parser: argparse.ArgumentParser) -> None:
     have = parser._option_string_actions
     for old, new in DEPRECATED.items():
         action = have.get(new)
-        if action is None or old in have:
+        if action is None or action.required or old in have:
             continue
-        if action.required:
-            raise ValueError(f"{new} is required: a hidden alias could not stand in for it")
         parser.add_argument(old, action=_DeprecatedAlias, canonical=action, dest=action.dest, nargs=action.nargs,
                             type=action.type, choices=action.choices, metavar=action.metavar,
                             default=argparse.SUPPRESS, help=argparse.SUPPRESS)

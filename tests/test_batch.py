@@ -106,7 +106,7 @@ def test_bm25_threads_give_the_same_run(index):
 def test_batch_search_input_errors(index, tmp_path, capsys):
     topics = _topics(tmp_path)
     cases = [
-        (["search", str(index), "--topics", str(topics)], "--topics needs --output RUN"),
+        (["search", str(index), "--topics", str(topics)], "--topics needs --out RUN"),
         (["search", str(index)], "give a query, or --topics FILE"),
         (["search", str(index), "water", "--topics", str(topics), "--output", "x"], "not both"),
         (["search", str(index), "--topics", str(topics), "--output", str(tmp_path / "r"), "--run-tag", "a b"],
