@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
                         "default: both need it)")
     p.add_argument("--topics", default=None, metavar="FILE",
                    help="with --index: the queries (TSV 'id<TAB>query', JSONL, BEIR queries.jsonl or TREC topics); "
-                        "the judged ones are searched")
+                        "the judged ones are searched (no default: --index needs it)")
     from retr.eval.topics import TREC_FIELDS
 
     p.add_argument("--topic-field", choices=TREC_FIELDS, default=TREC_FIELDS[0],
