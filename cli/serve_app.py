@@ -329,8 +329,16 @@ def json_encoder():
 def validation_message(errors) -> str:
     """A request model's first validation error as one line: ``field: what is wrong``."""
     first = errors[0] if errors else {}
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    where = ".".join(_field(p) for p in first.get("loc", ()) if p != "body")
     return f"{where + ': ' if where else ''}{first.get('msg', 'invalid request')}"
+
+
+def _field(part) -> str:
+    """A field name or index as a message shows it: a key that is not a plain name (a client's filter key may hold
+    anything, newlines included) quoted and escaped, and cut at 40 characters."""
+    if isinstance(part, str) and not part.isidentifier():
+        part = json.dumps(part[:40])
+    return str(part)
 
 
 async def send_json(send, status: int, body: bytes) -> None:

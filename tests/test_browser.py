@@ -78,6 +78,70 @@ def test_the_search_page_finds_highlights_and_links(tiny_dataset, tiny_bi_encode
         server.stop()
 
 
+def test_the_search_page_keeps_its_query_in_the_url(tiny_dataset, tiny_bi_encoder, tmp_path, browser):
+    """A URL ``/?q=&mode=&k=`` runs its search when loaded (a result can be shared); a new search is a new history
+    entry, and the back and forward buttons bring each search back, its form and its results."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    from retr.cli.serve_app import ServeConfig
+    from retr.retrieval.encoder import EncoderConfig
+    from retr.retrieval.request import DEFAULT_MODE
+
+    from .serving import Server
+
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--backend", "onnx", "--bm25"]) == 0
+    server = Server(idx, ServeConfig(encoder=EncoderConfig(backend="onnx")))
+
+    def shown(query: str, count: int):
+        """Wait until the page shows ``count`` hits for ``query``; their ids."""
+        def ready(d):
+            hits = d.find_elements(By.CSS_SELECTOR, "#results .hit")
+            marks = {m.text.lower() for m in d.find_elements(By.CSS_SELECTOR, "#results mark")}
+            return len(hits) == count and query.split()[0] in marks and [h.text.split()[0] for h in hits]
+        return WebDriverWait(browser, 20).until(ready)
+
+    def url_query() -> dict:
+        return {k: v[0] for k, v in parse_qs(urlsplit(browser.current_url).query).items()}
+
+    try:
+        browser.get(server.url + "/?q=wolves+tundra&mode=bm25&k=2")
+        shown("wolves", 2)
+        assert browser.find_element(By.ID, "q").get_attribute("value") == "wolves tundra"
+        assert Select(browser.find_element(By.ID, "mode")).first_selected_option.text == "bm25"
+        assert browser.find_element(By.ID, "k").get_attribute("value") == "2"
+        first = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#results .hit .meta")]
+        assert "d9" in first[0] and "d16" in first[1]  # the two docs with both words, as on a typed search
+        box = browser.find_element(By.ID, "q")
+        box.clear()
+        box.send_keys("solar panels")
+        box.submit()
+        WebDriverWait(browser, 20).until(lambda d: url_query().get("q") == "solar panels")
+        assert url_query() == {"q": "solar panels", "mode": "bm25", "k": "2"}
+        shown("solar", 2)
+        browser.back()  # the first search again: its URL, form and results
+        WebDriverWait(browser, 20).until(lambda d: url_query().get("q") == "wolves tundra")
+        shown("wolves", 2)
+        assert browser.find_element(By.ID, "q").get_attribute("value") == "wolves tundra"
+        browser.forward()
+        WebDriverWait(browser, 20).until(lambda d: url_query().get("q") == "solar panels")
+        shown("solar", 2)
+        assert browser.find_element(By.ID, "q").get_attribute("value") == "solar panels"
+        # a shared URL with a mode this server does not know: the default mode, and the search still runs
+        browser.get(server.url + "/?q=wolves&mode=colbert")
+        shown("wolves", 10)
+        assert Select(browser.find_element(By.ID, "mode")).first_selected_option.text == DEFAULT_MODE
+        browser.get(server.url + "/")  # no query: an empty page, no search
+        assert browser.find_element(By.ID, "q").get_attribute("value") == ""
+        assert not browser.find_elements(By.CSS_SELECTOR, "#results .hit")
+    finally:
+        server.stop()
+
+
 def test_the_html_report_renders_with_its_figures(tiny_dataset, tiny_bi_encoder, tmp_path, browser):
     """`retr report`'s page in the browser: the summary table is there and every embedded figure decodes."""
     from selenium.webdriver.common.by import By
