@@ -123,7 +123,9 @@ def run_mlm(args: argparse.Namespace) -> int:
 
     from retr.indexes.corpus import load_corpus
     from retr.train.mlm import train_mlm
+    from retr.train.runtime import require_training_stack
 
+    require_training_stack()  # before the corpus is read
     cfg = MLMTrainConfig(**_common(args), mask_prob=args.mask_prob, whole_word=args.whole_word)
     m = train_mlm(Path(args.out), cfg, load_corpus(Path(args.corpus)), resume=args.resume)
     print(f"MLM-adapted BERT written to {args.out}: dev MLM loss {m['dev_mlm_loss_before']:.3f} -> "
@@ -136,7 +138,9 @@ def run_cross_encoder(args: argparse.Namespace) -> int:
 
     from retr.eval.data import load_dataset
     from retr.train.cross_encoder import train_cross_encoder
+    from retr.train.runtime import require_training_stack
 
+    require_training_stack()  # before the dataset is read
     cfg = CrossEncoderTrainConfig(**_common(args), first_stage_model=args.first_stage_model,
                                   num_negatives=args.num_negatives, in_batch_negatives=args.in_batch_negatives,
                                   dev_fraction=args.dev_fraction, precision=args.precision, distill=args.distill,
@@ -155,9 +159,11 @@ def run_bi_encoder(args: argparse.Namespace) -> int:
     from retr.indexes.corpus import load_corpus
     from retr.retrieval.errors import RetrError
     from retr.train.bi_encoder import train_bi_encoder
+    from retr.train.runtime import require_training_stack
 
     if args.self_supervised != bool(args.corpus):
         raise RetrError("use --corpus with --self-supervised, or --dataset for labeled training")
+    require_training_stack()  # before the data is read
     cfg = BiEncoderTrainConfig(**_common(args), mini_batch_size=args.mini_batch_size,
                                num_negatives=args.num_negatives, dev_fraction=args.dev_fraction,
                                self_supervised=args.self_supervised, precision=args.precision,

@@ -476,3 +476,113 @@ def test_training_without_attention_dropout_writes_it_into_the_model(tiny_train,
         assert saved["attention_probs_dropout_prob"] == 0.0 and saved["hidden_dropout_prob"] == 0.1, trainer
         config = json.loads((out / "retr_manifest.json").read_text())["config"]
         assert config["attention_dropout"] == 0.0 and config["hidden_dropout"] is None, trainer
+
+
+# --- progress: a bar on a terminal, a line per epoch elsewhere, none of the libraries' own prints ---------------
+
+_EPOCH_LINE = r"\[retr\] INFO epoch {n}/2, loss \d+\.\d{{4}}, {metric} \d+\.\d{{4}} \(step \d+/\d+, \d+:\d\d, \d+:\d\d left\)"
+_LIBRARY_PRINTS = ("{'loss'", "'eval_", "{'train_runtime'", "Computing widget examples", "Map:", "examples/s",
+                   "Writing model shards")
+
+
+def _no_library_prints(*outputs: str) -> None:
+    for text in outputs:
+        for raw in _LIBRARY_PRINTS:
+            assert raw not in text, (raw, text)
+
+
+def test_training_off_a_terminal_logs_one_line_per_epoch_and_no_library_prints(tiny_train, tiny_bi_encoder,
+                                                                               tmp_path, capsys):
+    import re
+
+    from retr.cli.main import main
+
+    assert main(["train", "bi-encoder", "--dataset", str(tiny_train), "--base", str(tiny_bi_encoder.parent / "bert"),
+                 "--out", str(tmp_path / "bi"), "--epochs", "2", "--batch-size", "4", "--max-length", "32"]) == 0
+    out, err = capsys.readouterr()
+    _no_library_prints(out, err)
+    assert out.count("\n") == 1 and out.startswith("bi-encoder written to")  # stdout: the result alone
+    assert "\r" not in err and "step/s" not in err  # no bar where there is no terminal
+    assert re.search(r"\[retr\] INFO before training: dev nDCG@10 \d\.\d{4}\n", err)
+    for n in (1, 2):
+        assert len(re.findall(_EPOCH_LINE.format(n=n, metric="dev nDCG@10"), err)) == 1, err
+    assert len(re.findall(r"INFO epoch \d", err)) == 2 and "dev nDCG@10 1.0000 (epoch" not in err
+    losses = [float(v) for v in re.findall(r"epoch \d/2, loss (\d+\.\d+)", err)]
+    manifest = json.loads((tmp_path / "bi" / "retr_manifest.json").read_text())
+    # each epoch line's loss is the mean of the losses the trainer logged in that epoch (one per step here)
+    per_step = manifest["loss_history"]
+    assert len(per_step) == manifest["steps"] == 8
+    assert losses == pytest.approx([sum(per_step[:4]) / 4, sum(per_step[4:]) / 4], abs=1e-4)
+
+
+class _FakeTerminal:
+    """A stderr that says it is a terminal and keeps what is written to it."""
+
+    def __init__(self):
+        import io
+
+        self.buffer = io.StringIO()
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        return self.buffer.write(s)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_training_on_a_terminal_draws_a_step_bar_with_the_loss_and_restores_the_libraries(tiny_dataset,
+                                                                                         tiny_bi_encoder, tmp_path,
+                                                                                         capsys, monkeypatch):
+    import re
+    import sys
+
+    from transformers.utils import logging as hf_logging
+
+    from retr.cli.main import main
+
+    hf_bars = hf_logging.is_progress_bar_enabled()
+    terminal = _FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["train", "mlm", "--corpus", str(tiny_dataset), "--base", str(tiny_bi_encoder.parent / "bert"),
+                 "--out", str(tmp_path / "mlm"), "--epochs", "2", "--batch-size", "4", "--max-length", "32"]) == 0
+    monkeypatch.undo()
+    shown = terminal.buffer.getvalue()
+    out, err = capsys.readouterr()
+    _no_library_prints(shown, out, err)
+    # the bar: steps counted to the end, with its rate, ETA and the running loss
+    frames = shown.split("\r")
+    assert any(re.search(r"training: +100%\|.*\| 8/8 \[\d\d:\d\d<00:00, .*loss=\d+\.\d{4}", f) for f in frames), shown
+    assert any(re.search(r"training: +\d+%\|.*\| [1-7]/8 \[\d\d:\d\d<\d\d:\d\d", f) for f in frames), shown
+    assert "dev MLM loss=" in shown  # the last evaluation beside it
+    # the log lines are written above the bar (which is cleared first: a carriage return), each whole on its line
+    assert re.search(r"\[retr\] INFO before training: dev MLM loss \d+\.\d{4}\n", shown)
+    for n in (1, 2):
+        assert re.search(r"[\r\n]" + _EPOCH_LINE.format(n=n, metric="dev MLM loss") + "\n", shown), shown
+    # the libraries' bars are as they were once training is over
+    assert hf_logging.is_progress_bar_enabled() == hf_bars
+    import sentence_transformers.base.model_card as card
+    from tqdm.autonotebook import tqdm
+
+    assert card.tqdm is tqdm
+
+
+def test_training_without_the_train_extra_says_what_to_install(tiny_train, tiny_bi_encoder, tmp_path, capsys,
+                                                               monkeypatch):
+    import importlib.util
+
+    from retr.cli.main import main
+    from retr.train.bi_encoder import train_bi_encoder
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a))
+    assert main(["train", "bi-encoder", "--dataset", str(tiny_train), "--out", str(tmp_path / "bi")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == ("retr: error: training needs datasets, which is not installed: "
+                                            "pip install 'retr[train]'")
+    assert "fields used" not in err and not (tmp_path / "bi").exists()  # refused before the data was read
+    with pytest.raises(RetrError, match=r"pip install 'retr\[train\]'"):  # the Python API refuses alike
+        train_bi_encoder(tmp_path / "bi", _cfg(tiny_bi_encoder.parent / "bert"),
+                         dataset=load_dataset(str(tiny_train), "train", download=False))

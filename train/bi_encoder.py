@@ -30,6 +30,7 @@ from retr.train.common import (
 )
 from retr.train.data import labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
 from retr.train.negatives import mine_bm25_negatives, temporary_bm25
+from retr.train.runtime import training_run
 from retr.train.teacher import teacher_record
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ def _dev_candidates(bm25, queries: dict[str, str], qrels: Qrels, depth: int) -> 
             for q in queries}
 
 
+@training_run
 def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | None = None,
                      corpus: Corpus | None = None, resume: bool = False, callbacks: list | None = None) -> dict:
     """Train and write a sentence-transformers folder (+ retr_manifest.json) to ``out``."""
@@ -177,6 +179,7 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
 
     evaluator = dev_evaluator(score_all, dev_qrels)
     base_dev = evaluator(model)["dev_ndcg@10"]
+    logger.info("before training: dev nDCG@10 %.4f", base_dev)
     if cfg.teacher is not None:
         from retr.train.losses import TeacherMNRL
 

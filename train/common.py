@@ -55,7 +55,10 @@ def common_training_args(out: Path, cfg: TrainConfig, n_examples: int, log_every
         output_dir=str(checkpoint_dir(out)), num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_ratio,
         seed=cfg.seed, eval_strategy="epoch", save_strategy="epoch", save_total_limit=2, load_best_model_at_end=True,
-        logging_steps=max(1, min(log_every, n_examples // cfg.batch_size // 2)), report_to="none", use_cpu=True,
+        logging_strategy="steps", logging_steps=max(1, min(log_every, n_examples // cfg.batch_size // 2)),
+        report_to="none", use_cpu=True,
+        # no tqdm bar and no raw dicts of transformers' own: retr.train.progress reports (run_trainer attaches it)
+        disable_tqdm=True, log_level="passive",
     )
 
 
@@ -248,25 +251,34 @@ def dev_evaluator(score_all: Callable[[object], Mapping[str, Mapping[str, float]
             scores = score_all(model)
             value = dev_ndcg(scores, qrels)
             self.history.append((value, scores))
-            logger.info("dev nDCG@10 %.4f (epoch %s)", value, epoch)
+            logger.debug("dev nDCG@10 %.4f (epoch %s)", value, epoch)  # the progress line reports it
             return self.prefix_name_to_metrics({"ndcg@10": value}, "dev")
 
     return DevEvaluator()
 
 
 def run_trainer(trainer, out: Path, resume: bool, eval_key: str = "eval_dev_ndcg@10", name: str = "dev_ndcg@10",
-                best: Callable = max) -> dict:
-    """Train (from the last checkpoint with ``resume``); return what the manifest records of it:
+                best: Callable = max, label: str = "dev nDCG@10", evaluate_first: bool = False) -> dict:
+    """Train (from the last checkpoint with ``resume``), reporting progress (``retr.train.progress``: a step bar on a
+    terminal, a line per epoch elsewhere, ``eval_key`` shown as ``label``); return what the manifest records of it:
     ``{name}_per_epoch`` (the trainer's ``eval_key`` at each evaluation), ``{name}`` (the ``best`` of them),
-    the training loss history, the checkpoint resumed from and the step count."""
+    the training loss history, the checkpoint resumed from and the step count; with ``evaluate_first``, also
+    ``{name}_before``: the trainer's own evaluation before the first step."""
+    from retr.train.progress import ProgressConfig, attach
+
     resume_from = last_checkpoint(out) if resume else None
     if resume and resume_from is None:
         logger.warning("--resume: no checkpoint under %s, starting from scratch", checkpoint_dir(out))
-    output = trainer.train(resume_from_checkpoint=resume_from)
+    progress = attach(trainer, ProgressConfig(metric_key=eval_key, label=label))
+    try:
+        before = {f"{name}_before": trainer.evaluate()[eval_key]} if evaluate_first else {}
+        output = trainer.train(resume_from_checkpoint=resume_from)
+    finally:
+        progress.close()
     history = trainer.state.log_history
     dev = [h[eval_key] for h in history if eval_key in h]
     evals = [h[k] for h in history for k in h if k.endswith("_runtime") and k.startswith("eval")]
-    return {f"{name}_per_epoch": dev, name: best(dev) if dev else None,
+    return {**before, f"{name}_per_epoch": dev, name: best(dev) if dev else None,
             "loss_history": [h["loss"] for h in history if "loss" in h], "resumed_from": resume_from,
             "steps": trainer.state.global_step,
             # the trainer's own clock: steps and its evaluations; the steps alone without them

@@ -35,6 +35,7 @@ from retr.train.common import (
     write_output,
 )
 from retr.train.data import Pair, labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
+from retr.train.runtime import training_run
 from retr.train.teacher import teacher_record
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ def choose_interpolation(ce_scores, first, dev_q, depth: int, qrels: Qrels) -> t
     return float(best), curve
 
 
+@training_run
 def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Dataset, resume: bool = False,
                         callbacks: list | None = None) -> dict:
     import torch
@@ -247,6 +249,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
 
     evaluator = dev_evaluator(score_all, dev_qrels)
     first_stage_dev = dev_ndcg({q: {h.doc_id: h.score for h in first[q][: cfg.dev_depth]} for q in dev_q}, dev_qrels)
+    logger.info("before training: dev nDCG@10 %.4f of the first stage alone", first_stage_dev)
     loss = ListNetLoss(model) if cfg.distill else MultipleNegativesRankingLoss(model,
                                                                               num_negatives=cfg.in_batch_negatives)
     args = CrossEncoderTrainingArguments(**trainer_kwargs(out, cfg, len(train_ds)), bf16=precision == "bf16")

@@ -20,6 +20,7 @@ from retr.indexes.corpus import Corpus
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
 from retr.train.common import TrainConfig, common_training_args, dropout_overrides, run_trainer, write_output
+from retr.train.runtime import training_run
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,7 @@ class MLMCollator:
         return dict(enc)
 
 
+@training_run
 def train_mlm(out: Path, cfg: MLMTrainConfig, corpus: Corpus, resume: bool = False) -> dict:
     import torch
     from datasets import Dataset as HFDataset
@@ -151,12 +153,12 @@ def train_mlm(out: Path, cfg: MLMTrainConfig, corpus: Corpus, resume: bool = Fal
                              greater_is_better=False, remove_unused_columns=False)
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev,
                       data_collator=collator)
-    before = trainer.evaluate()["eval_loss"]
-    result = run_trainer(trainer, out, resume, eval_key="eval_loss", name="dev_mlm_loss", best=min)
+    result = run_trainer(trainer, out, resume, eval_key="eval_loss", name="dev_mlm_loss", best=min,
+                         label="dev MLM loss", evaluate_first=True)
     if result["dev_mlm_loss"] is None:
-        result["dev_mlm_loss"] = before
+        result["dev_mlm_loss"] = result["dev_mlm_loss_before"]
     extra = {"base": cfg.base_name, "recipe": recipe.to_dict(architecture), "corpus_sha256": corpus.sha256, "train_docs": len(train),
-             "dev_docs": len(dev), "dev_mlm_loss_before": before, **result,
+             "dev_docs": len(dev), **result,
              "train_seconds": time.perf_counter() - t0}
 
     def save(p: Path) -> None:
