@@ -25,8 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 
 def write_dataset(folder: Path, docs: int, queries: int, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
@@ -72,7 +70,7 @@ def fill_cache(folder: Path, base: np.ndarray, work: Path) -> tuple[Path, int]:
 
 
 def measured_eval(folder: Path, out: Path) -> dict:
-    from proc import run_measured
+    from common import run_measured
 
     args = ["eval", "--dataset", str(folder), "--pipelines", "dense", "--no-download", "--out", str(out)]
     measured = run_measured("retr", args, out.with_suffix(".stderr"))
@@ -94,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/eval-memory")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "eval-memory.json"))
     args = ap.parse_args(argv)
-    from proc import command_line
+    from common import command_line
 
     print("command:", command_line(), flush=True)
     work = Path(args.work)
@@ -131,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for path in made:
             shutil.rmtree(path, ignore_errors=True)
-    from proc import write_result
+    from common import write_result
 
     write_result(args.out, results)
     return 0

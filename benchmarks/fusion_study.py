@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         f = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
         print(f"{cname:24}{f(sm['scifact_dev']):>12}{f(sm['worst_gap_zero_shot']):>25}{f(sm['worst_gap_stress']):>20}"
               f"{f(sm['mean_zero_shot']):>10}")
-    from proc import write_result
+    from common import write_result
 
     write_result(args.out, {"ndcg@10": table, "summary": summary, "depth": DEPTH})
     return 0

@@ -21,7 +21,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def configs() -> dict[str, tuple[str, str]]:
     """name: (document backend, query backend). The default backend's pair is named the defaults "where int8
@@ -42,24 +41,10 @@ def configs() -> dict[str, tuple[str, str]]:
     return out
 
 
-def graph_noise(model: str) -> dict:
-    """rank_noise of the model's int8 graphs and of its bf16 graph, on retr's fixed sample."""
-    from retr.retrieval.backends.export import TorchEmbedding, rank_noise
-    from retr.retrieval.encoder import BiEncoder, EncoderConfig
-
-    enc = BiEncoder(EncoderConfig(model=model, backend="openvino", query_backend="onnx-int8"))
-    torch_ref = TorchEmbedding(enc.model)  # every graph against the torch model
-    out = {"openvino (bf16)": rank_noise(enc.graph.runner, torch_ref, enc.max_length),
-           "onnx-int8 (queries)": rank_noise(enc.query_graph.runner, torch_ref, enc.max_length)}
-    for int8 in ("openvino-int8", "openvino-int8-ffn"):
-        graph = BiEncoder(EncoderConfig(model=model, backend=int8)).calibrated_graph
-        if graph is not None:
-            out[f"{int8} (documents)"] = rank_noise(graph.runner, torch_ref, enc.max_length)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    from proc import command_line, run_measured
+    from common import command_line, run_measured
+
+    from retr.eval.graph_noise import graph_noise
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -111,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:50s} {d['ndcg@10']:8.4f} {d['diff']:+8.4f} {d['p_rand']:6.3f} "
                   f"{h['ndcg@10']:8.4f} {h['diff']:+8.4f} {h['p_rand']:6.3f}")
     print("ranking noise on retr's sample:", {k: round(v, 4) for k, v in noise.items()})
-    from proc import write_result
+    from common import write_result
 
     write_result(out, {"model": args.model, "dataset": args.dataset, "configs": chosen, "results": rows,
                        "rank_noise": noise})

@@ -20,14 +20,12 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 DATASET = Path(__file__).resolve().parents[2] / "shared/datasets/scifact"
 
 
@@ -123,10 +121,9 @@ def child_search(folder: str, queries_path: str, sweep: str) -> dict:
 
 
 def _child(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"child {args[0]} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from common import run_child
+
+    return run_child(__file__, args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="search the lean index a previous run left under --work (no rebuild; its build figures kept)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    from proc import command_line
+    from common import command_line
 
     n = args.n
     work = Path(args.work)
@@ -215,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             results["best_at_recall_0.95"] = {**best, "qps_vs_flat": best["qps"] / results["flat"]["qps"]}
             print(f"fastest setting at recall@10 >= 0.95: nprobe {best['nprobe']} k_factor {best['k_factor']}: "
                   f"{best['qps']:.0f} QPS = {best['qps'] / results['flat']['qps']:.0f}x flat", flush=True)
-    from proc import write_result
+    from common import write_result
 
     write_result(out, results)
     return 0

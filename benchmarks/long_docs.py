@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     results["test"] = test
     short = test["short"]["ndcg@10"]
     results["recovery"] = {name: {p: r["ndcg@10"][p] / short[p] for p in PIPELINES} for name, r in test.items()}
-    from proc import write_result
+    from common import write_result
 
     write_result(args.out, results, say=False)
     print(f"chosen on dev (hybrid nDCG@10): {chosen}  " + "  ".join(f"{c}: {dev[c]['ndcg@10']['hybrid']:.4f}" for c in candidates))

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"2 actors vs 1: {results['speedup_2_vs_1']:.2f}x")
     for row in plan:
         print(f"100M documents on {row['nodes']} x {row['cores_per_node']} cores: {row['hours']:.1f} h")
-    from proc import write_result
+    from common import write_result
 
     write_result(args.out, results)
     return 0

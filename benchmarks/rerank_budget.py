@@ -27,11 +27,11 @@ from pathlib import Path
 
 
 def _pct(seconds: list[float]) -> dict:
-    """p50 and p95 in ms of ``seconds``, by eval's latency percentiles."""
-    from retr.eval.report import Percentiles
+    """p50 and p95 in ms of ``seconds``, by eval's latency percentiles (None for each without a sample)."""
+    from common import percentiles
 
-    pc = Percentiles.of([1000.0 * s for s in seconds])
-    return {"p50_ms": pc.p50, "p95_ms": pc.p95}
+    pc = percentiles(seconds, scale=1000.0)
+    return {"p50_ms": pc["p50"], "p95_ms": pc["p95"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curve", action="store_true", help="nDCG@10 at every interpolation weight 0, 0.1 .. 1")
     p.add_argument("--out", default="benchmarks/results/rerank-budget.json")
     args = p.parse_args(argv)
-    from proc import command_line, write_result
+    from common import command_line, write_result
 
     from retr.eval.data import load_dataset
     from retr.eval.metrics import evaluate
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"backend": backend, "precision": rr.describe()["precision"], "max_length": length,
                        "inputs": rr.inputs,
                        "depth": depth, "interpolation": alpha, "ndcg@10": ndcg(run),
-                       **(_pct(seconds) if seconds else {"p50_ms": None, "p95_ms": None})}
+                       **_pct(seconds)}
                 row["gain"] = row["ndcg@10"] - result["first_stage_ndcg@10"]
                 if args.curve:
                     row["ndcg@10_by_interpolation"] = {f"{w / 10:.1f}": ndcg(reranked(w / 10)) for w in range(11)}

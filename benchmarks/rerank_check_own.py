@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", required=True)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    from proc import command_line, write_result
+    from common import command_line, write_result
 
     from retr.eval.data import load_dataset
     from retr.eval.pseudo import check_reranker

@@ -17,12 +17,8 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def step_times(impl: str, precision: str, dropout: float, batch: int, length: int, steps: int) -> list[float]:
@@ -71,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(step_times(impl, precision, float(dropout), args.batch, args.length, args.steps)))
         return 0
 
-    from proc import command_line, write_result
+    from common import command_line, run_child, write_result
 
     from retr.retrieval.backends.runners import cpu_has_bf16, cpu_kind
 
@@ -84,13 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     medians: dict[str, list[float]] = {s: [] for s in settings}
     for _ in range(args.repeat):
         for setting in settings:
-            proc = subprocess.run([sys.executable, __file__, "--child", setting, "--batch", str(args.batch),
-                                   "--length", str(args.length), "--steps", str(args.steps)],
-                                  capture_output=True, text=True, check=False)
-            if proc.returncode:
-                print(proc.stderr[-2000:], file=sys.stderr)
-                return 1
-            times = json.loads(proc.stdout.strip().splitlines()[-1])
+            times = run_child(__file__, [setting, "--batch", str(args.batch), "--length", str(args.length),
+                                         "--steps", str(args.steps)])
             medians[setting].append(statistics.median(times[args.warmup:]))
             print(f"{setting}: {medians[setting][-1]:.3f} s a step", file=sys.stderr)
     rows = []

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     result["best_epoch_seconds"] = best
     print(f"padding: {result['padding_share']:.1%} of all computed tokens; tokenising the epoch once: "
           f"{tokenise_s:.2f} s. At most: {args.epoch_seconds:.0f} s -> {best:.0f} s per epoch (goal 240 s)")
-    from proc import write_result
+    from common import write_result
 
     write_result(args.out, result)
     return 0

@@ -159,13 +159,10 @@ def test_a_build_that_fails_falls_back_to_torchs_export(tiny_bi_encoder, tmp_pat
 
 
 def test_the_int8_benchmark_measures_every_graph_against_the_torch_model(tiny_bi_encoder):
-    """benchmarks/int8_quality.py's ranking noise: each graph (the built bf16 one, the exported int8 ones) against
-    the same torch reference; the built graph adds next to none, int8 more."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    try:
-        import int8_quality
-    finally:
-        sys.path.pop(0)
-    noise = int8_quality.graph_noise(str(tiny_bi_encoder))
+    """The ranking noise benchmarks/int8_quality.py reports (retr.eval.graph_noise): each graph (the built bf16 one,
+    the exported int8 ones) against the same torch reference; the built graph adds next to none, int8 more."""
+    from retr.eval.graph_noise import graph_noise
+
+    noise = graph_noise(str(tiny_bi_encoder))
     assert {"openvino (bf16)", "onnx-int8 (queries)", "openvino-int8 (documents)"} <= set(noise)
     assert 0.0 <= noise["openvino (bf16)"] < noise["openvino-int8 (documents)"]
