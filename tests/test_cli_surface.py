@@ -179,6 +179,18 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"retr {metadata.version('retr')}"
 
 
+def test_version_of_a_source_tree_that_is_not_installed(monkeypatch):
+    import tomllib
+
+    from retr.cli.main import version
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    assert version() == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
 def test_cli_reference_is_current():
     page = REPO / "docs" / "reference" / "cli.md"
     assert page.is_file() and page.read_text(encoding="utf-8") == render(), (
