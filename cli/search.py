@@ -17,7 +17,7 @@ def _condition(text: str) -> tuple[str, str]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("search", help="query an index folder")
+    p = sub.add_parser("search", help="query an index folder: one query, or every topic of a file into a run file")
     p.add_argument("index", help="index folder written by `retr index`")
     p.add_argument("query", nargs="?", default=None, help="the query text (or --topics FILE: a batch)")
     p.add_argument("-k", type=options.positive_int, default=DEFAULT_K, help="hits to return")
