@@ -66,8 +66,8 @@ def check_query(text: object, field: str = "query") -> str:
     if not isinstance(text, str):
         raise RetrError(f"{field} must be a str, got {_kind(text)}")
     if not has_searchable_text(text):
-        raise RetrError(f"{field} is empty or holds no searchable characters (only whitespace, control or "
-                        f"zero-width characters): give some words to search for")
+        raise RetrError(f"{field}: the query is empty or holds no searchable characters (only whitespace, control "
+                        f"or zero-width characters): give some words to search for")
     if len(text) > MAX_QUERY_CHARS:
         raise RetrError(f"{field} is longer than {MAX_QUERY_CHARS} characters ({len(text)})")
     return text
