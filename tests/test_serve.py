@@ -227,3 +227,15 @@ def test_served_searches_take_the_loop_for_one_client_and_the_pool_under_load(se
     test_concurrent_requests_share_one_index_without_errors(served)  # 8 clients at once: same answers, no errors
     assert dispatch.inline + dispatch.pooled == 3 + 32
     assert dispatch.pooled > 0, "concurrent clients' searches must go to the pool"
+
+
+def test_the_service_and_the_cli_agree_on_a_request_with_no_options(served, capsys):
+    """One request value, one set of defaults (retr.retrieval.request): the same hits from both doors."""
+    from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE
+
+    server, idx = served
+    status, http = server.request("/search", {"query": "wolves in the tundra"})
+    assert main(["search", str(idx), "wolves in the tundra", "--json", "--backend", "onnx"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert status == 200 and http["pipeline"] == cli["pipeline"] == DEFAULT_MODE and http["k"] == DEFAULT_K
+    assert [r["id"] for r in http["results"]] == [r["id"] for r in cli["results"]]
