@@ -10,8 +10,8 @@ from retr.cli import options
 
 
 class ServeDefaults:
-    """The defaults of ``retr.cli.serve_app.ServeConfig`` that the options show (that module imports FastAPI, so
-    it is imported only when the server runs; tests/test_serve.py checks that the two agree)."""
+    """The defaults of ``retr.cli.serve_app.ServeConfig`` that the options show (that module imports the search
+    stack, so it is imported only when the server runs; tests/test_serve_safety.py checks that the two agree)."""
     timeout_s = 30.0
     max_connections = 128
     max_batch = 64
