@@ -210,6 +210,28 @@ def test_any_evaluate_argument_is_refused_or_reaches_the_dataset(tmp_path, value
 
 
 @PROPERTY
+@given(value=ANY, name=st.sampled_from(["folder", "model", "backend", "query_backend", "fusion", "query_prompt"]))
+def test_any_load_argument_opens_or_is_a_retr_error(built, value, name):
+    try:
+        opened = retr.Index.load(**{"folder": built, "backend": "onnx", name: value})
+    except RetrError as e:
+        assert "\n" not in str(e)
+    else:
+        opened.close()
+
+
+@PROPERTY
+@given(value=ANY, name=st.sampled_from(["corpus", "id_field", "text_field", "title_field"]))
+def test_any_add_argument_is_refused_or_reaches_the_corpus(index, tmp_path, value, name):
+    before = index.ids
+    try:
+        index.add(**{"corpus": tmp_path / "missing.jsonl", name: value})
+    except RetrError as e:
+        assert "\n" not in str(e)
+    assert index.ids == before
+
+
+@PROPERTY
 @given(ids=ANY, missing_ok=ANY)
 def test_any_delete_argument_is_refused_or_deletes_what_it_names(built, tmp_path_factory, ids, missing_ok):
     import shutil
