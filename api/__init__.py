@@ -80,7 +80,7 @@ def _choice(value: object, field: str, allowed: Iterable[str], optional: bool = 
 
 def _names(value: object, field: str) -> list[str]:
     """A list of names (ids, pipelines): a list or tuple of ``str``, never one ``str`` taken letter by letter."""
-    if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
+    if isinstance(value, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(value, Iterable):
         hint = f": for one, pass [{value!r}]" if isinstance(value, str) and len(value) <= 40 else ""
         raise RetrError(f"{field} must be a list of str, got {_shown(value)}{hint}")
     names = list(value)

@@ -74,9 +74,9 @@ def check_query(text: object, field: str = "query") -> str:
 
 
 def check_queries(values: object, field: str = "queries") -> tuple[str, ...]:
-    """``values`` as a batch of queries: a list or tuple (or another iterable that is not a ``str``, ``bytes`` or
-    mapping) of at least one query."""
-    if isinstance(values, (str, bytes, bytearray, Mapping)) or not isinstance(values, Iterable):
+    """``values`` as a batch of queries: a list or tuple (or another ordered iterable: not a ``str``, ``bytes``,
+    mapping or set) of at least one query."""
+    if isinstance(values, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(values, Iterable):
         raise RetrError(f"{field} must be a list of str, got {_kind(values)}"
                         + (": a str is one query, not a list of them" if isinstance(values, str) else ""))
     queries = tuple(values)
