@@ -260,16 +260,28 @@ def cross_encoder_reading(path: Path) -> tuple[int, str]:
     return trained_reading(_training_record(path), check_cross_encoder_dir(path).get("max_position_embeddings"))
 
 
+def cross_encoder_ref(name: str) -> ModelRef:
+    """A cross-encoder named by a folder or, as ``--model`` names a bi-encoder, by a hub id (``org/name``) found in
+    the local Hugging Face cache (downloaded where the hub is reachable): the same identity (content hash) and the
+    same one-line error when offline and absent."""
+    path = Path(name).expanduser()
+    hub_id = not path.exists() and not name.startswith((".", "/", "~")) and name.count("/") == 1
+    if not hub_id:
+        check_cross_encoder_dir(path)
+    ref = ModelRef.resolve(name if hub_id else str(path))
+    check_cross_encoder_dir(ref.path)
+    return ref
+
+
 class CrossEncoderReranker:
     """Scores (query, document) pairs with a sentence-transformers ``CrossEncoder``: through an exported,
     verified graph (OpenVINO / ONNX Runtime, cached like the bi-encoder's) or with torch."""
 
     def __init__(self, config: RerankConfig):
-        path = Path(config.model).expanduser()
-        positions = check_cross_encoder_dir(path).get("max_position_embeddings")
         self.config = config
-        self.ref = ModelRef.resolve(str(path))
+        self.ref = cross_encoder_ref(config.model)
         self.path = self.ref.path
+        positions = check_cross_encoder_dir(self.path).get("max_position_embeddings")
         record = _training_record(self.path)
         self.max_length, self.inputs = trained_reading(record, positions, config.max_length, config.inputs)
         self._fast_pairs = fast_pair_tokenizer(self.path, self.max_length)

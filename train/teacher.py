@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -21,9 +20,9 @@ def teacher_logits(teacher: str, queries: Sequence[str], docs: Sequence[Sequence
 
     from retr.retrieval.backends.export import ce_logits
     from retr.retrieval.focus import reader
-    from retr.retrieval.rerank import cross_encoder_reading
+    from retr.retrieval.rerank import cross_encoder_reading, cross_encoder_ref
 
-    path = Path(teacher)
+    path = cross_encoder_ref(teacher).path  # a folder, or a hub id in the local Hugging Face cache
     max_length, inputs = cross_encoder_reading(path)
     model = CrossEncoder(str(path), num_labels=1, max_length=max_length, device="cpu")
     read = reader(inputs, path, max_length)
