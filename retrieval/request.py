@@ -110,7 +110,37 @@ def _filter(value: object) -> Mapping[str, Scalar] | None:
         if not isinstance(v, (str, int, float, bool)):  # bool is an int; NumPy scalars are refused alike
             raise RetrError(f"filter[{key!r}] must be a str, int, float or bool, got {_kind(v)}")
         out[key] = v
-    return MappingProxyType(out) if out else None
+    return Filter(out) if out else None
+
+
+class Filter(Mapping[str, Scalar]):
+    """A request's ``{field: value}`` conditions: read-only and hashable, so the request is a value."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, conditions: Mapping[str, Scalar]):
+        self._data = MappingProxyType(dict(conditions))
+
+    def __getitem__(self, field: str) -> Scalar:
+        return self._data[field]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def _key(self) -> tuple:  # typed: 1 and True filter differently (``filter_value``), so they differ here
+        return tuple(sorted((k, type(v).__name__, v) for k, v in self._data.items()))
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Filter) and self._key() == other._key()
+
+    def __repr__(self) -> str:
+        return f"Filter({dict(self._data)!r})"
 
 
 def _rerank(value: object) -> str | None:

@@ -333,3 +333,14 @@ def test_faiss_clustering_warning_goes_through_the_logger(tiny_dataset, tiny_bi_
         assert main([*_index_args(tiny_dataset, tiny_bi_encoder), "--out", str(tmp_path / "b"), "--nlist", "2"]) == 0
     assert "WARNING clustering" not in capfd.readouterr().err  # FAISS's own print, past logging
     assert any("16 training vectors for 2 centroids" in r.getMessage() for r in caplog.records)
+
+
+def test_a_request_is_a_hashable_value_whose_filter_keeps_its_types():
+    one = SearchRequest.one("solar", filter={"n": 1, "lang": "en"})
+    assert one == SearchRequest.one("solar", filter={"lang": "en", "n": 1}) and len({one, SearchRequest.one(
+        "solar", filter={"lang": "en", "n": 1})}) == 1
+    assert one != SearchRequest.one("solar", filter={"n": True, "lang": "en"})  # 1 and true filter differently
+    with pytest.raises(TypeError):
+        one.filter["n"] = 2  # read-only
+    with pytest.raises(AttributeError):
+        one.k = 3  # frozen
