@@ -24,7 +24,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             f"mid-write; previous index intact and identical, no leftovers after the next build), {TALLY['corruptions']} corruptions of index and cache files "
             f"({TALLY['clean_errors']} clean errors, {TALLY['rebuilt']} transparent rebuilds, "
             f"{TALLY['unchanged']} harmless), {TALLY['bad_inputs']} bad inputs tried, "
-            f"{TALLY['concurrent']} concurrent builds refused; tracebacks {TALLY['tracebacks']}, "
+            f"{TALLY['concurrent']} concurrent builds refused, {TALLY['reader_opens']} reader opens during "
+            f"{TALLY['writes']} writes ({TALLY['reader_failures']} failures, {TALLY['mislabeled']} mislabeled hits), "
+            f"{TALLY['publish_kills']} kill -9 at a publishing step (old or new index opened every time), "
+            f"{TALLY['tampered']} tampered manifests refused; tracebacks {TALLY['tracebacks']}, "
             f"wrong results {TALLY['wrong_results']}, data lost {TALLY['data_lost']}")
     terminalreporter.write_line(line)
     out = os.environ.get("RETR_RELIABILITY_JSON")

@@ -123,13 +123,13 @@ def test_kill_9_during_builds_never_damages_the_previous_index(env, tally):
         else:  # while it writes: once its temporary folder exists, within the next few milliseconds
             deadline = time.perf_counter() + 2 * full
             while proc.poll() is None and time.perf_counter() < deadline \
-                    and not any(p.name.endswith(".building") for p in idx.parent.iterdir()):
+                    and not any(p.name.endswith(".building") for p in idx.iterdir()):  # its new generation
                 time.sleep(0.001)
             time.sleep(rng.uniform(0, 0.03))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        if any(p.name != "idx" and not p.name.endswith(".lock") for p in idx.parent.iterdir()):
-            tally["kills_mid_write"] += 1  # it died with its temporary folder on disk
+        if any(p.name.startswith(".gen-") for p in idx.iterdir()):
+            tally["kills_mid_write"] += 1  # it died with its generation's temporary folder on disk
         got = env.search_all(idx, SEARCH_QUERIES[:1])
         assert got in (first(env.baseline), first(baseline2)), f"kill {i}: the index is neither the old nor the new one"
         if got == first(baseline2):  # the kill came after the rename: the new index is whole; put the old one back
@@ -137,6 +137,8 @@ def test_kill_9_during_builds_never_damages_the_previous_index(env, tally):
         if i % 5 == 4:  # the next build removes what killed builds left
             assert env.build(env.corpus, idx)[0] == 0
             assert sorted(p.name for p in idx.parent.iterdir()) == ["idx"], list(idx.parent.iterdir())
+            left = sorted(p.name for p in idx.iterdir())
+            assert left[-1] == "manifest.json" and all(n.startswith("gen-") for n in left[:-1]), left
             assert env.search_all(idx) == env.baseline
         tally["kills"] += 1
     assert env.build(env.corpus, idx)[0] == 0
