@@ -145,3 +145,14 @@ def test_the_license_is_the_apache_license_pyproject_names():
     assert _project()["license"] == {"text": "Apache-2.0"}
     assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text and len(text) > 10_000
+
+
+def test_the_docs_extra_installs_the_theme_and_plugins_mkdocs_yml_names():
+    text = (REPO / "mkdocs.yml").read_text()
+    theme = re.search(r"^theme:\s*\n\s+name:\s*([\w-]+)", text, re.M).group(1)
+    block = re.split(r"^\S", text.split("\nplugins:\n", 1)[1], maxsplit=1, flags=re.M)[0]
+    plugins = [p for p in re.findall(r"^  - ([\w-]+)", block, re.M) if p != "search"]  # search is mkdocs' own
+    declared = _declared("docs")
+    assert plugins and "mkdocs" in declared
+    missing = [name for name in [f"mkdocs-{theme}", *plugins] if not {name, f"mkdocs-{name}"} & declared]
+    assert not missing, f"mkdocs.yml needs {missing}: add them to the docs extra"
