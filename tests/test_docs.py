@@ -37,12 +37,16 @@ def _gen(name: str):
     return module
 
 
-def retr_commands(text: str) -> list[list[str]]:
+def retr_commands(text: str, prompted_only: bool = False) -> list[list[str]]:
     """Every `retr ...` command line in shell text: continuation lines joined, comments dropped, split at `&&`,
-    `;` and `|`, a leading `$ ` prompt and `VAR=value` assignments skipped."""
+    `;` and `|`, a leading `$ ` prompt and `VAR=value` assignments skipped. ``prompted_only``: only the lines after
+    a `$ ` prompt (a transcript, where the other lines are output)."""
     commands = []
     for line in text.replace("\\\n", " ").splitlines():
-        line = line.strip().removeprefix("$ ")
+        line = line.strip()
+        if prompted_only and not line.startswith("$ "):
+            continue
+        line = line.removeprefix("$ ")
         if "retr" not in line:
             continue
         words = shlex.split(line, comments=True)
@@ -63,6 +67,7 @@ def test_retr_commands_are_found_in_shell_text():
     text = ("python3 -m venv .venv && . .venv/bin/activate && RETR_DATA=x retr eval --dataset scifact  # note\n"
             "$ retr eval --dataset a \\\n     --out r.json\nretrieve --me\n")
     assert retr_commands(text) == [["eval", "--dataset", "scifact"], ["eval", "--dataset", "a", "--out", "r.json"]]
+    assert retr_commands("retr serve: listening on http://127.0.0.1:8000/\n$ retr compact x", True) == [["compact", "x"]]
 
 
 def test_the_readme_is_short_with_its_workflows_first():
@@ -89,7 +94,8 @@ def test_every_retr_command_shown_parses(page, capsys):
     from retr.cli.main import build_parser
     from retr.cli.surface import DEPRECATED
 
-    commands = [c for body in _blocks(page, "bash", "sh", "console", "text") for c in retr_commands(body)]
+    commands = [c for body in _blocks(page, "bash", "sh") for c in retr_commands(body)]
+    commands += [c for body in _blocks(page, "console", "text") for c in retr_commands(body, prompted_only=True)]
     if page in (README, DOCS / "getting-started.md"):
         assert len(commands) >= 6, f"{page.name}: expected its workflows' commands, found {commands}"
     refused = []
