@@ -73,7 +73,9 @@ class Process:
         threading.Thread(target=read, daemon=True).start()
         started.wait(180)
         line = next((x for x in self.lines if x.startswith("retr serve: listening on")), None)
-        assert line is not None, "no startup line:\n" + "\n".join(self.lines[-20:])
+        if line is None:
+            self.stop()
+            raise AssertionError("no startup line:\n" + "\n".join(self.lines[-20:]))
         self.startup = line
         self.url = re.search(r"(http://\S+?)/? ", line).group(1)
         parts = urlsplit(self.url)
