@@ -36,6 +36,7 @@ from retr.retrieval.rerank import (
     PSEUDO_QUERIES,
     CorpusCheck,
     CrossEncoderReranker,
+    checked_weight,
     rerank_head,
     smoothed_best,
 )
@@ -86,9 +87,9 @@ def check_index_reranker(index, encoder: BiEncoder, reranker: CrossEncoderRerank
     before it scores. The vectors of the unchanged documents are the ones the index holds (one per document: flat,
     HNSW, the lean index's kept ones), else the embedding cache's (encoded once and cached where absent).
     ``corpus``: the index's corpus where the caller holds it already (`retr eval`), in the index's order."""
-    if corpus is None or corpus.sha256 != index.manifest["corpus"]["sha256"] or corpus.ids != list(index.ids):
+    if corpus is None or corpus.sha256 != index.manifest.corpus.sha256 or corpus.ids != list(index.ids):
         docs = [index.docstore.get(i) for i in range(len(index.ids))]
-        corpus = Corpus(docs=docs, source=Path(index.folder) / "docstore", sha256=index.manifest["corpus"]["sha256"])
+        corpus = Corpus(docs=docs, source=Path(index.folder) / "docstore", sha256=index.manifest.corpus.sha256)
     vectors = None
     info = index.dense_info
     if getattr(index, "shards", None) is None and not info.get("passages"):  # one vector per document, in id order
@@ -109,16 +110,30 @@ class PseudoRun:
 
     def curve(self, reranker: CrossEncoderReranker, depth: int) -> dict[str, float]:
         """nDCG@10 with ``reranker`` rescoring each query's top ``depth`` at every weight 0, 0.1 .. 1."""
+        return self.measure(reranker, depth)[0]
+
+    def measure(self, reranker: CrossEncoderReranker, depth: int) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """``curve``, and at every weight each pseudo-query's nDCG@10 (in query order) it is the mean of."""
         from tqdm.auto import tqdm
 
         ce = {q: reranker.score(self.queries[q], [self.texts[h.doc_id] for h in self.first[q][:depth]])
               for q in tqdm(self.queries, desc="reranker check", unit="q", leave=False, disable=None)}
+        curve, per_query = {}, {}
+        for w in range(11):
+            run = {q: rerank_head(self.first[q][:depth], self.first[q][depth:], ce[q], w / 10) for q in self.queries}
+            result = evaluate(Run(run), self.qrels, [10])
+            curve[f"{w / 10:.1f}"] = result.mean["NDCG@10"]
+            per_query[f"{w / 10:.1f}"] = np.array([result.per_query[q]["NDCG@10"] for q in self.queries])
+        return curve, per_query
 
-        def ndcg(weight: float) -> float:
-            run = {q: rerank_head(self.first[q][:depth], self.first[q][depth:], ce[q], weight) for q in self.queries}
-            return evaluate(Run(run), self.qrels, [10]).mean["NDCG@10"]
 
-        return {f"{w / 10:.1f}": ndcg(w / 10) for w in range(11)}
+def gain_bounds(per_query: dict[str, np.ndarray], seed: int = CHECK_SEED) -> dict[str, float]:
+    """Per weight above 0: the lower end of the 95% paired bootstrap interval (``RESAMPLES`` seeded resamples of the
+    pseudo-queries) of the mean nDCG@10 gain over the first stage alone (weight 0)."""
+    from retr.eval.stats import RESAMPLES, bootstrap_ci
+
+    base = per_query["0.0"]
+    return {w: bootstrap_ci(base, v, np.mean, RESAMPLES, seed)[1] for w, v in per_query.items() if w != "0.0"}
 
 
 def _cached_vectors(encoder: BiEncoder, corpus: Corpus) -> tuple[np.ndarray, dict | None]:
@@ -174,15 +189,24 @@ def check_reranker(corpus: Corpus, encoder: BiEncoder, reranker: CrossEncoderRer
     depth = reranker.config.depth
     logger.info("checking reranker %s on this corpus: %d pseudo-queries, %s top %d", reranker.path, len(cut),
                 first_stage, depth)
-    curve = pseudo_run(corpus, encoder, cut, max(10, depth), pipeline, first_stage, vectors).curve(reranker, depth)
-    chosen = smoothed_best(curve)
+    curve, per_query = pseudo_run(corpus, encoder, cut, max(10, depth), pipeline, first_stage,
+                                  vectors).measure(reranker, depth)
+    bounds = gain_bounds(per_query)
+    best = smoothed_best(curve)
+    weight = checked_weight(curve, bounds)
     check = CorpusCheck(corpus_sha256=corpus.sha256, reranker_hash=reranker.model_hash, first_stage=first_stage,
                         first_stage_model=encoder.model_hash, depth=depth, max_length=reranker.max_length,
                         inputs=reranker.inputs,
-                        queries=len(cut), seed=CHECK_SEED, weight=float(chosen), curve=curve,
-                        first_stage_ndcg=curve["0.0"], seconds=time.perf_counter() - t0)
+                        queries=len(cut), seed=CHECK_SEED, weight=weight, curve=curve,
+                        first_stage_ndcg=curve["0.0"], seconds=time.perf_counter() - t0, gain_low=bounds)
     check.save(reranker.check_key(corpus.sha256, encoder.model_hash))
     reranker.adopt(check)
-    logger.info("reranker check: nDCG@10 on %d pseudo-queries %.4f (first stage) -> %.4f at weight %s, chosen "
-                "(%.0f s)", len(cut), curve["0.0"], curve[chosen], chosen, check.seconds)
+    if best != "0.0":
+        logger.info("reranker check: nDCG@10 on %d pseudo-queries %.4f (first stage) -> %.4f at weight %s (gain "
+                    "%+.4f, 95%% bootstrap lower bound %+.4f): weight %.1f %s (%.0f s)", len(cut), curve["0.0"],
+                    curve[best], best, curve[best] - curve["0.0"], bounds[best], weight,
+                    "taken" if weight > 0 else "not taken: the gain is not reliable", check.seconds)
+    else:
+        logger.info("reranker check: nDCG@10 on %d pseudo-queries %.4f (first stage); no weight gains: weight 0 "
+                    "(%.0f s)", len(cut), curve["0.0"], check.seconds)
     return check

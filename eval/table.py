@@ -64,9 +64,24 @@ def reranker_line(reranker: dict | None) -> str:
         line += (f": trained on another corpus; on {check['queries']} pseudo-queries cut from this one, nDCG@10 "
                  f"{check['curve']['0.0']:.4f} without it, {check['curve'][chosen]:.4f} at {chosen} (chosen)"
                  + ("; not run here" if reranker["weight"] <= 0 else ""))
+        line += gain_bound_text(check)
     if "inputs" in reranker:
         line += f"; reads {reranker['inputs']} documents, {reranker['max_length']} tokens"
     return line
+
+
+def gain_bound_text(check: dict) -> str:
+    """The gain the curve's best weight showed and the bound that decided whether it was taken ('' for a check
+    stored before the bound, or a curve whose best is the first stage alone)."""
+    from retr.retrieval.rerank import rule_weight
+
+    low = check.get("gain_low")
+    best = f"{rule_weight(check['curve']):.1f}"
+    if not low or best == "0.0":
+        return ""
+    gain = check["curve"][best] - check["curve"]["0.0"]
+    return (f"; best weight {best}: gain {gain:+.4f}, 95% bootstrap lower bound {low[best]:+.4f}"
+            + ("" if check["weight"] > 0 else " (not reliable: not taken)"))
 
 
 def truncation_line(dense: dict) -> str:

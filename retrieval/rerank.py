@@ -114,6 +114,19 @@ def rule_weight(curve: Mapping) -> float:
     return float(smoothed_best({str(k): float(v) for k, v in curve.items()}))
 
 
+def checked_weight(curve: Mapping, gain_low: Mapping | None) -> float:
+    """The weight a corpus check takes: ``rule_weight`` of its curve, kept only where the gain over the first stage
+    there is reliable, i.e. the lower end of the paired bootstrap interval of the pseudo-queries' mean nDCG@10 gain
+    at that weight (``gain_low``, measured by retr.eval.pseudo) is above 0; else 0, the first stage alone. A curve's
+    best point can be noise: SciFact-trained rerankers chose 0.4 on a pseudo-query gain of +0.007 and lost 0.036
+    and 0.015 on two collections' judged queries. A check stored before the bound was measured (None) keeps its
+    curve's weight."""
+    weight = rule_weight(curve)
+    if gain_low is None or weight <= 0.0:
+        return weight
+    return weight if float(gain_low.get(f"{weight:.1f}", -1.0)) > 0.0 else 0.0
+
+
 PSEUDO_QUERIES = 200  # pseudo-queries per corpus check (eval/pseudo.py); fewer than MIN_PSEUDO_QUERIES: no check
 MIN_PSEUDO_QUERIES = 30
 CHECK_SEED = 7
@@ -139,6 +152,8 @@ class CorpusCheck:
     seconds: float
 
     inputs: str = DEFAULT_INPUTS  # what the cross-encoder read of each document (retr.retrieval.focus)
+    # per weight: the lower end of the 95% paired bootstrap interval of the mean nDCG@10 gain over the first stage
+    gain_low: dict[str, float] | None = None
 
     @staticmethod
     def key(corpus_sha256: str, reranker_hash: str, first_stage_model: str, depth: int, max_length: int,
@@ -161,7 +176,7 @@ class CorpusCheck:
             return None
         try:
             check = cls(**json.loads(path.read_text(encoding="utf-8")))
-            weight = rule_weight(check.curve)
+            weight = checked_weight(check.curve, check.gain_low)
         except (OSError, ValueError, TypeError, AttributeError) as e:
             logger.warning("reranker check %s unreadable (%s): measured again", path, e)
             return None

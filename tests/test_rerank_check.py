@@ -20,7 +20,7 @@ from retr.retrieval.rerank import (
     CrossEncoderReranker,
     RerankConfig,
     RerankRetriever,
-    smoothed_best,
+    checked_weight,
 )
 from retr.retrieval.types import Document, Hit, Run
 
@@ -159,7 +159,8 @@ def test_eval_checks_a_reranker_from_another_corpus_and_caps_its_weight(tiny_cro
     assert rep["trained_on_this_corpus"] is False and rep["weight_source"] == "checked"
     assert check["queries"] == len(cut_queries(ds.corpus.docs, PSEUDO_QUERIES, CHECK_SEED)) >= 30
     assert check["corpus_sha256"] == ds.corpus.sha256
-    assert len(check["curve"]) == 11 and check["weight"] == float(smoothed_best(check["curve"]))
+    assert len(check["curve"]) == 11 and check["weight"] == checked_weight(check["curve"], check["gain_low"])
+    assert set(check["gain_low"]) == set(check["curve"]) - {"0.0"}  # the bound of every weight, stored
     assert rep["weight"] == min(0.6, check["weight"])
     assert all(0.0 <= v <= 1.0 for v in check["curve"].values())
 
