@@ -1,4 +1,4 @@
-"""Batch search: `retr search IDX --topics FILE --output RUN` and ``Index.search_topics`` give each query the hits
+"""Batch search: `retr search IDX --topics FILE --out RUN` and ``Index.search_topics`` give each query the hits
 and scores a single search gives it; topics -> TREC run -> `retr eval --run` scores as `retr eval --dataset` to the
 last digit; ``Index.from_documents`` indexes strings and dicts held in memory."""
 
@@ -43,7 +43,7 @@ def _single(folder, mode, k, **options):
 @pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
 def test_batch_search_equals_single_searches(index, tmp_path, capsys, mode):
     out = tmp_path / "run.trec"
-    assert main(["search", str(index), "--topics", str(_topics(tmp_path)), "--output", str(out), "--mode", mode,
+    assert main(["search", str(index), "--topics", str(_topics(tmp_path)), "--out", str(out), "--mode", mode,
                  "-k", "5", "--run-tag", "mine", "--query-batch", "3"]) == 0  # chunks of 3: 7 topics in 3 chunks
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith(f"searched 7 topics ({mode}, k=5) in ") and "queries/s" in line and str(out) in line
@@ -58,7 +58,7 @@ def test_batch_search_with_filter_and_every_format(index, tmp_path, capsys):
     topics = _topics(tmp_path)
     for fmt in ("msmarco", "jsonl"):
         out = tmp_path / f"run.{fmt}"
-        assert main(["search", str(index), "--topics", str(topics), "--output", str(out), "--format", fmt,
+        assert main(["search", str(index), "--topics", str(topics), "--out", str(out), "--format", fmt,
                      "--mode", "bm25", "-k", "3"]) == 0
         assert [[h.doc_id for h in hits] for hits in read_run(out).values()] == \
             [[d for d, _ in hits] for hits in _single(index, "bm25", 3).values() if hits or fmt == "jsonl"]
@@ -74,7 +74,7 @@ def test_batch_search_with_filter_and_every_format(index, tmp_path, capsys):
 
 def test_batch_search_with_rerank(index, tmp_path, tiny_cross_encoder):
     out = tmp_path / "run.trec"
-    assert main(["search", str(index), "--topics", str(_topics(tmp_path)), "--output", str(out), "--mode", "bm25",
+    assert main(["search", str(index), "--topics", str(_topics(tmp_path)), "--out", str(out), "--mode", "bm25",
                  "--rerank", str(tiny_cross_encoder), "--no-rerank-check", "-k", "4"]) == 0
     from retr.retrieval.rerank import RerankConfig
 
@@ -108,10 +108,10 @@ def test_batch_search_input_errors(index, tmp_path, capsys):
     cases = [
         (["search", str(index), "--topics", str(topics)], "--topics needs --out RUN"),
         (["search", str(index)], "give a query, or --topics FILE"),
-        (["search", str(index), "water", "--topics", str(topics), "--output", "x"], "not both"),
-        (["search", str(index), "--topics", str(topics), "--output", str(tmp_path / "r"), "--run-tag", "a b"],
+        (["search", str(index), "water", "--topics", str(topics), "--out", "x"], "not both"),
+        (["search", str(index), "--topics", str(topics), "--out", str(tmp_path / "r"), "--run-tag", "a b"],
          "run tag 'a b'"),
-        (["search", str(index), "--topics", str(tmp_path / "none.tsv"), "--output", str(tmp_path / "r")],
+        (["search", str(index), "--topics", str(tmp_path / "none.tsv"), "--out", str(tmp_path / "r")],
          "none.tsv: no such topic file"),
     ]
     for argv, message in cases:
@@ -130,7 +130,7 @@ def test_topics_to_run_to_eval_run_equals_eval_dataset(index, tiny_dataset, tiny
         assert main(["eval", "--dataset", str(tiny_dataset), "--mode", mode, "--model", str(tiny_bi_encoder),
                      "--warmup", "0", "--out", str(report)]) == 0
         run = tmp_path / f"{mode}.trec"
-        assert main(["search", str(index), "--topics", str(queries), "--output", str(run), "--mode", mode,
+        assert main(["search", str(index), "--topics", str(queries), "--out", str(run), "--mode", mode,
                      "-k", "1000"]) == 0
         scored = tmp_path / f"{mode}-run.json"
         assert main(["eval", "--run", str(run), "--qrels", str(tiny_dataset / "qrels" / "test.tsv"),
