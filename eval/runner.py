@@ -22,6 +22,7 @@ from retr.indexes.build import IndexConfig, cached_index
 from retr.indexes.dense import DenseIndexConfig
 from retr.indexes.executors import ExecutorConfig
 from retr.indexes.folder import IndexFolder
+from retr.indexes.manifest import IndexManifest
 from retr.retrieval.artifacts import versions
 from retr.retrieval.bm25 import BM25Config
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
@@ -86,18 +87,18 @@ def run_pipeline(retriever, queries: dict[str, str], k: int, warmup: int) -> tup
 
 def _cost(index: IndexFolder, spec: PipelineSpec) -> dict[str, float]:
     m = index.manifest
-    parts = [m["dense"]] * spec.uses_dense + [m["bm25"]] * spec.uses_bm25
-    seconds = sum(p["build_seconds"] for p in parts)
-    return {"build_seconds": seconds, "index_bytes": sum(p["bytes"] for p in parts),
-            "docs_per_second": m["num_docs"] / seconds if seconds > 0 else float("inf")}
+    parts = [m.dense] * spec.uses_dense + [m.bm25] * spec.uses_bm25
+    seconds = sum(p.build_seconds for p in parts)
+    return {"build_seconds": seconds, "index_bytes": sum(p.bytes for p in parts),
+            "docs_per_second": m.num_docs / seconds if seconds > 0 else float("inf")}
 
 
-def environment(encoder: BiEncoder | None = None, index_manifest: dict | None = None) -> dict:
+def environment(encoder: BiEncoder | None = None, index_manifest: IndexManifest | None = None) -> dict:
     """Versions, threads and how texts were encoded (the corpus graph as recorded in the index)."""
-    dense = (index_manifest or {}).get("dense") or {}
+    encode = index_manifest.dense.encode if index_manifest is not None else {}
     env = {"versions": versions(), "platform": platform.platform(), "cpu_count": os.cpu_count(), "argv": sys.argv,
            "encoder_backend": encoder.backend if encoder else None,
-           "corpus_encoder": (dense.get("encode") or {}).get("graph") if encoder else None,
+           "corpus_encoder": encode.get("graph") if encoder else None,
            "query_encoder": encoder.describe_queries() if encoder else None,
            "prompts": encoder.prompts.to_dict() if encoder else None}
     if "torch" in sys.modules:  # report torch's threads only where torch was used
@@ -213,7 +214,7 @@ def run_eval_index(folder: str | Path, topics: Mapping[str, str], qrels: Qrels, 
             dataset=DatasetInfo(name=name, path=str(index.folder), split=split, num_docs=len(index.ids),
                                 num_queries=len(queries), qrels_check=asdict(check)),
             k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
-            index={"folder": str(index.folder), "manifest": index.manifest},
+            index={"folder": str(index.folder), "manifest": index.manifest.to_dict()},
             reranker=_reranker_record(reranker, factory) if reranker else None, config=_as_json(asdict(cfg)),
             environment=environment(encoder, index.manifest), total_seconds=time.perf_counter() - t_start)
     finally:
@@ -238,7 +239,7 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
                             num_docs=len(dataset.corpus), num_queries=len(dataset.queries),
                             empty_docs=dataset.corpus.empty_docs, qrels_check=asdict(dataset.check)),
         k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
-        index={"folder": str(index.folder), "manifest": index.manifest},
+        index={"folder": str(index.folder), "manifest": index.manifest.to_dict()},
         reranker=_reranker_record(reranker, factory) if reranker else None, config=_as_json(asdict(cfg)),
         environment=environment(encoder if needs_dense else None, index.manifest),
         total_seconds=time.perf_counter() - t_start)

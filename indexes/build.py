@@ -344,7 +344,7 @@ def cached_index(name: str, corpus: Corpus, encoder: BiEncoder, cfg: IndexConfig
     if cfg.use_cache and folder.is_dir():
         try:
             index = open_index(folder)
-            if index.manifest["corpus"]["sha256"] == corpus.sha256 and index.has_bm25:
+            if index.manifest.corpus.sha256 == corpus.sha256 and index.has_bm25:
                 logger.info("index cache used: %s", folder)
                 return index
         except RetrError as e:

@@ -18,7 +18,7 @@ import numpy as np
 from retr.indexes.dense import configure_search, load_faiss
 from retr.indexes.docstore import DocStore, read_ids, read_tombstones
 from retr.indexes.generations import Opened, generation_dir, open_generation
-from retr.indexes.manifest import check_index_parts, read_manifest
+from retr.indexes.manifest import IndexManifest, check_index_parts, read_manifest
 from retr.retrieval.artifacts import check_checksums, confined
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageMap
@@ -29,13 +29,13 @@ HASH_ON_OPEN_BYTES = 64 << 20  # parts up to this size are hashed on every open;
 
 class ManifestView:
     """What an index says about itself through its manifest (a folder, or a folder of shards)."""
-    manifest: dict
+    manifest: IndexManifest
     _opened: Opened | None = None
 
     @property
     def generation(self) -> int:
         """The number of the generation this index opened (its manifest's ``generation``; 0: as first built)."""
-        return self._opened.number if self._opened is not None else int(self.manifest.get("generation", 0))
+        return self._opened.number if self._opened is not None else self.manifest.generation
 
     def _release(self) -> None:
         if self._opened is not None:
@@ -43,15 +43,17 @@ class ManifestView:
 
     @property
     def dense_info(self) -> dict:
-        return self.manifest["dense"]
+        """The manifest's whole dense entry, as JSON holds it (the typed fields: ``manifest.dense``)."""
+        return self.manifest.dense.raw
 
     @property
     def has_bm25(self) -> bool:
-        return bool(self.manifest.get("bm25"))
+        return self.manifest.bm25 is not None
 
 
 def open_manifest(opened: Opened, kind: str, schema=None) -> dict:
-    """The opened generation's manifest, checked: its schema, and that it names the generation it lies in."""
+    """The opened generation's manifest (its JSON), checked: its schema, and that it names the generation it lies
+    in."""
     kwargs = {} if schema is None else {"schema": schema}
     manifest = read_manifest(opened.root, kind, data=opened.data, path=opened.manifest_path, **kwargs)
     if opened.parts != opened.root:
@@ -72,51 +74,50 @@ class IndexFolder(ManifestView):
         self.folder = Path(folder)
         if flat:
             self.parts = self.folder
-            self.manifest = read_manifest(self.folder, INDEX_KIND)
+            self._check(read_manifest(self.folder, INDEX_KIND))
         else:
             self._opened = opened or open_generation(self.folder)
             try:
                 self.parts = self._opened.parts
-                self.manifest = open_manifest(self._opened, INDEX_KIND)
-                self._check()
+                self._check(open_manifest(self._opened, INDEX_KIND))
             except BaseException:
                 self._release()
                 raise
-            return
-        self._check()
 
-    def _check(self) -> None:
-        check_index_parts(self.manifest, self.parts, self.folder / "manifest.json")
-        bad = check_checksums(self.parts, self.manifest["files"], hash_up_to=HASH_ON_OPEN_BYTES)
+    def _check(self, raw: dict) -> None:
+        path = self.folder / "manifest.json"
+        check_index_parts(raw, self.parts, path)
+        self.manifest = m = IndexManifest.parse(raw, path)
+        bad = check_checksums(self.parts, raw["files"], hash_up_to=HASH_ON_OPEN_BYTES)
         if bad:
             raise RetrError(f"{bad}: the index is damaged; rebuild it with `retr index`")
         self.stored_ids = read_ids(self.parts)  # the id at every stored position, tombstoned ones included
-        stored = self.manifest.get("stored_docs", self.manifest["num_docs"])
+        stored = m.stored_docs
         if len(self.stored_ids) != stored:
             raise RetrError(f"{self.folder}: id list has {len(self.stored_ids)} entries, manifest says {stored} stored")
         self.tombstones = read_tombstones(self.parts, stored)  # deleted positions, sorted
         dead = self.tombstones
-        if len(dead) != self.manifest.get("tombstones", 0):
-            raise RetrError(f"{self.folder}: {len(dead)} tombstones, manifest says {self.manifest.get('tombstones', 0)}")
+        if len(dead) != m.tombstones:
+            raise RetrError(f"{self.folder}: {len(dead)} tombstones, manifest says {m.tombstones}")
         # rows: the live positions in order; every part but the doc store and the id list holds rows only
         self.rows: np.ndarray | None = np.setdiff1d(np.arange(stored), dead) if len(dead) else None
         self.ids = self.stored_ids if self.rows is None else [self.stored_ids[p] for p in self.rows.tolist()]
-        n = self.manifest["num_docs"]
+        n = m.num_docs
         if len(self.ids) != n:
             raise RetrError(f"{self.folder}: id list has {len(self.ids)} live entries, manifest says {n} documents")
 
     @cached_property
     def faiss_index(self):
-        info = self.dense_info
-        index = load_faiss(self.parts, info)
+        info = self.manifest.dense
+        index = load_faiss(self.parts, info.raw)
         rows = len(self.passages) if self.passages is not None else len(self.ids)
         if index.ntotal != rows:
-            raise RetrError(f"{self.parts / info['file']}: holds {index.ntotal} vectors, manifest says {rows} "
+            raise RetrError(f"{self.parts / info.file}: holds {index.ntotal} vectors, manifest says {rows} "
                             f"{'passages' if self.passages is not None else 'documents'}")
-        if index.d != info["dim"]:
-            raise RetrError(f"{self.parts / info['file']}: dimension {index.d}, manifest says {info['dim']}")
+        if index.d != info.dim:
+            raise RetrError(f"{self.parts / info.file}: dimension {index.d}, manifest says {info.dim}")
         try:
-            configure_search(index, info["kind"], info["params"])
+            configure_search(index, info.kind, info.params)
         except (KeyError, TypeError, ValueError) as e:
             raise RetrError(f"{self.folder}: manifest's dense params are incomplete ({e}): rebuild the index") from None
         return index
@@ -151,7 +152,7 @@ class IndexFolder(ManifestView):
     def bm25_folder(self) -> Path:
         if not self.has_bm25:
             raise RetrError(f"{self.folder}: this index has no BM25 part: rebuild it with `retr index`, without --no-bm25")
-        return confined(self.parts, self.manifest["bm25"]["dir"])
+        return confined(self.parts, self.manifest.bm25.dir)
 
     def close(self) -> None:
         """Close the doc store and give the generation's lease back (a writer may then remove it)."""

@@ -1,9 +1,13 @@
-"""An index folder's manifest: written last, read first, checked against its schema before anything uses it."""
+"""An index folder's manifest: written last, read first, checked against its schema before anything uses it,
+and then a typed value (``IndexManifest``: frozen dataclasses, read by attribute; ``to_dict()`` for JSON)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +182,11 @@ def check_shard_entries(manifest: dict, folder: Path, path: Path) -> list[str]:
     return dirs
 
 
+def load_manifest(folder: Path, kind: str = "retr-index") -> IndexManifest:
+    """The typed manifest at ``folder``'s root (its published generation's), checked against its schema."""
+    return IndexManifest.parse(read_manifest(folder, kind), Path(folder) / MANIFEST)
+
+
 def is_index_folder(folder: Path, kind: str) -> bool:
     """Whether ``folder`` holds a manifest of ``kind`` (its other parts are not checked)."""
     try:
@@ -185,3 +194,154 @@ def is_index_folder(folder: Path, kind: str) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(manifest, dict) and manifest.get("format") == kind
+
+
+# -- the typed manifest -------------------------------------------------------------------------------------------
+def _int(raw: Mapping, key: str, path: Path, default: int | None = None) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RetrError(f"{path}: manifest's {key!r} is {json.dumps(value)[:40]}, expected a count >= 0: rebuild "
+                        f"the index with `retr index`")
+    return value
+
+
+def _dict(value: object) -> Mapping:
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class CorpusFields:
+    """Which record fields held the id, text and title (None: none, or not recorded)."""
+    id: str | None = None
+    text: str | None = None
+    title: str | None = None
+    recorded: bool = False
+
+
+@dataclass(frozen=True)
+class CorpusInfo:
+    sha256: str
+    source: str | None
+    num_docs: int | None
+    fields: CorpusFields
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    id: str | None
+    hash: str
+    backend: str | None
+    query_prompt: str
+
+
+@dataclass(frozen=True)
+class DenseInfo:
+    kind: str | None
+    file: str | None
+    dim: int
+    model: ModelInfo
+    params: Mapping
+    encode: Mapping  # how the vectors were encoded (the graph, seconds; empty where not recorded)
+    has_passages: bool
+    build_seconds: float
+    bytes: int
+    raw: Mapping = field(repr=False, compare=False)  # the whole entry (truncation, passages, ...)
+
+
+@dataclass(frozen=True)
+class BM25Info:
+    dir: str | None
+    params: Mapping
+    build_seconds: float
+    bytes: int
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    sha256: str | None
+    bytes: int | None
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    dir: str
+    num_docs: int | None
+
+
+@dataclass(frozen=True)
+class IndexManifest(Mapping):
+    """An index's manifest (a folder's, or a sharded folder's), checked and typed. ``format_version`` is its schema
+    version. Read it by attribute; ``to_dict()`` gives the JSON as written. (Read-only mapping access to that JSON
+    remains for older callers.)"""
+    format: str
+    format_version: int
+    generation: int
+    dir: str | None
+    num_docs: int
+    stored_docs: int
+    tombstones: int
+    corpus: CorpusInfo
+    dense: DenseInfo
+    bm25: BM25Info | None
+    files: Mapping[str, FileEntry]
+    shard_index: int | None  # this folder's place among its sharded index's shards (None: not a shard)
+    shards: tuple[ShardEntry, ...]  # a sharded folder's shards (empty: one index folder)
+    changes: tuple[Mapping, ...]
+    config: Mapping
+    raw: Mapping = field(repr=False, compare=False)
+
+    @property
+    def schema_version(self) -> int:
+        return self.format_version
+
+    @classmethod
+    def parse(cls, raw: dict, path: Path) -> IndexManifest:
+        """The typed value of a manifest ``check_schema`` accepted."""
+        corpus, dense, model = raw["corpus"], raw["dense"], raw["dense"]["model"]
+        fields = corpus.get("fields")
+        recorded = isinstance(fields, dict) and bool(fields)
+        fields = {k: (v if isinstance(v, str) else None) for k, v in _dict(fields).items()}
+        prompts = _dict(model.get("prompts"))
+        bm25 = raw.get("bm25")
+        shard = raw.get("shard")
+        num_docs = _int(raw, "num_docs", path)
+        shards = tuple(ShardEntry(e["dir"], e.get("num_docs")) for e in raw.get("shards") or ()
+                       if isinstance(e, dict) and isinstance(e.get("dir"), str))
+        return cls(
+            format=raw["format"], format_version=raw["format_version"],
+            generation=_int(raw, "generation", path, 0), dir=raw.get("dir"), num_docs=num_docs,
+            stored_docs=_int(raw, "stored_docs", path, num_docs), tombstones=_int(raw, "tombstones", path, 0),
+            corpus=CorpusInfo(corpus["sha256"], corpus.get("source"), corpus.get("num_docs"),
+                              CorpusFields(fields.get("id"), fields.get("text"), fields.get("title"), recorded)),
+            dense=DenseInfo(dense.get("kind"), dense.get("file"), dense["dim"],
+                            ModelInfo(model.get("id"), model["hash"], model.get("backend"),
+                                      str(prompts.get("query") or "")),
+                            _dict(dense.get("params")), _dict(dense.get("encode")), bool(dense.get("passages")),
+                            _number(dense.get("build_seconds")), int(_number(dense.get("bytes"))), dense),
+            bm25=None if not bm25 else BM25Info(bm25.get("dir"), _dict(bm25.get("params")),
+                                                _number(bm25.get("build_seconds")), int(_number(bm25.get("bytes")))),
+            files={k: FileEntry(v.get("sha256"), v.get("bytes")) if isinstance(v, dict) else FileEntry(None, None)
+                   for k, v in raw["files"].items()},
+            shard_index=shard.get("index") if isinstance(shard, dict) and isinstance(shard.get("index"), int) else None,
+            shards=shards, changes=tuple(c for c in raw.get("changes") or () if isinstance(c, dict)),
+            config=_dict(raw.get("config")), raw=raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as JSON holds it (a copy: changing it changes nothing here)."""
+        return copy.deepcopy(dict(self.raw))
+
+    # read-only mapping over the JSON, for callers not yet reading by attribute
+    def __getitem__(self, key: str):
+        return self.raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    __hash__ = object.__hash__

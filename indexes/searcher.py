@@ -103,7 +103,7 @@ class Searcher:
         cross-encoders carry over when the new generation was built by the same model."""
         new = Searcher(self.index.folder, *self._options)  # no checker: a new generation never stops to check
         old = self._factory._encoder
-        if old is not None and new.index.dense_info["model"]["hash"] == old.model_hash:
+        if old is not None and new.index.manifest.dense.model.hash == old.model_hash:
             new._factory._encoder = old
         new._rerankers = dict(self._rerankers)
         before, after = self._factory, new._factory

@@ -17,7 +17,7 @@ import numpy as np
 
 from retr.indexes.folder import INDEX_KIND, IndexFolder, ManifestView, open_manifest
 from retr.indexes.generations import Opened, open_generation
-from retr.indexes.manifest import SHARDED_SCHEMA, check_shard_entries
+from retr.indexes.manifest import SHARDED_SCHEMA, IndexManifest, check_shard_entries
 from retr.retrieval.artifacts import MANIFEST, open_regular
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageMap
@@ -82,16 +82,18 @@ class ShardedIndex(ManifestView):
         self._opened = opened or open_generation(self.folder)
         self.shards: list[IndexFolder] = []
         try:
-            self.manifest = open_manifest(self._opened, SHARDED_KIND, SHARDED_SCHEMA)
-            self._open_shards(self._opened.parts)
+            raw = open_manifest(self._opened, SHARDED_KIND, SHARDED_SCHEMA)
+            names = check_shard_entries(raw, self._opened.parts, self.folder / MANIFEST)
+            self.manifest = IndexManifest.parse(raw, self.folder / MANIFEST)
+            self._open_shards(self._opened.parts, names)
         except BaseException:
             self.close()
             raise
 
-    def _open_shards(self, parts: Path) -> None:
-        for name in check_shard_entries(self.manifest, parts, self.folder / MANIFEST):
+    def _open_shards(self, parts: Path, names: list[str]) -> None:
+        for name in names:
             path = parts / name
-            want = self.manifest["files"][f"{name}/{MANIFEST}"]["sha256"]
+            want = self.manifest.files[f"{name}/{MANIFEST}"].sha256
             try:
                 if path.is_symlink() or not path.is_dir():
                     raise FileNotFoundError(path)
@@ -103,17 +105,15 @@ class ShardedIndex(ManifestView):
                 raise RetrError(f"{path / MANIFEST}: not the shard this index was built with: rebuild it")
             shard = IndexFolder(path, flat=True)
             self.shards.append(shard)
-            info = shard.manifest.get("shard")
-            if not isinstance(info, dict) or info.get("index") != len(self.shards) - 1 or \
-                    shard.manifest["format"] != INDEX_KIND or \
-                    shard.manifest["dense"]["model"]["hash"] != self.dense_info["model"]["hash"]:
+            if shard.manifest.shard_index != len(self.shards) - 1 or shard.manifest.format != INDEX_KIND or \
+                    shard.manifest.dense.model.hash != self.manifest.dense.model.hash:
                 raise RetrError(f"{path}: shard {len(self.shards) - 1} of another index: rebuild it")
         counts = [len(s.ids) for s in self.shards]
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.ids = [d for s in self.shards for d in s.ids]
-        if len(self.ids) != self.manifest["num_docs"]:
+        if len(self.ids) != self.manifest.num_docs:
             raise RetrError(f"{self.folder}: shards hold {len(self.ids)} documents, manifest says "
-                            f"{self.manifest['num_docs']}")
+                            f"{self.manifest.num_docs}")
 
     @cached_property
     def docstore(self) -> ShardedDocStore:

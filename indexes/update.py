@@ -23,7 +23,6 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from copy import deepcopy
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from retr.indexes.dense import DenseIndexConfig, build_faiss, dense_files, live_
 from retr.indexes.docstore import DOCS, IDS, OFFSETS, TOMBSTONES, write_docstore
 from retr.indexes.folder import IndexFolder
 from retr.indexes.generations import collect, new_generation
-from retr.indexes.manifest import INDEX_FORMAT_VERSION, is_index_folder, read_manifest, write_manifest
+from retr.indexes.manifest import INDEX_FORMAT_VERSION, is_index_folder, load_manifest, write_manifest
 from retr.indexes.shards import SHARDED_KIND
 from retr.retrieval.artifacts import checksums, read_text, versions, writer_lock
 from retr.retrieval.bm25 import BM25_DIR, BM25Config
@@ -62,7 +61,7 @@ class Change:
     seconds: float
 
 
-def _config(cls, recorded: dict | None):
+def _config(cls, recorded: Mapping | None):
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in (recorded or {}).items() if k in names})
 
@@ -106,22 +105,21 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
     live = int(keep.sum()) + len(docs)
     if live == 0:
         raise RetrError(f"{folder}: the change would leave the index empty: build a new one instead")
-    new = deepcopy(m)
+    new = m.to_dict()
     with new_generation(folder) as (tmp, generation, name):
         if docs:
             write_docstore(tmp, docs, after=parts)
             files = checksums(tmp, _STORE_FILES)
         else:
-            files = _link(parts, tmp, _STORE_FILES, m["files"])
+            files = _link(parts, tmp, _STORE_FILES, new["files"])
         if len(dead):
             np.save(tmp / TOMBSTONES, dead)
             files.update(checksums(tmp, [TOMBSTONES]))
 
-        info = m["dense"]
-        emb = np.asarray(live_vectors(parts, info, index.faiss_index))[keep]
+        emb = np.asarray(live_vectors(parts, m.dense.raw, index.faiss_index))[keep]
         if vectors is not None and len(vectors):
             emb = np.concatenate([emb, vectors.astype(np.float32)])
-        dense_cfg = _config(DenseIndexConfig, m.get("config", {}).get("dense"))
+        dense_cfg = _config(DenseIndexConfig, m.config.get("dense"))
         t_faiss = time.perf_counter()
         faiss_index, params = build_faiss(emb, dense_cfg)
         faiss_seconds = time.perf_counter() - t_faiss
@@ -131,7 +129,7 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
         files.update(checksums(tmp, dense_files(saved)))
 
         if index.has_bm25:
-            cfg = _config(BM25Config, m["bm25"].get("params"))
+            cfg = _config(BM25Config, m.bm25.params)
             tokens = _live_tokens(index, cfg).select(keep)
             if docs:
                 tokens = tokens.extend(RowTokens.of([d.full_text() for d in docs], cfg))
@@ -144,10 +142,10 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
         op = {**op, "generation": generation, "seconds": seconds, "encode_seconds": encode_seconds,
               "faiss_build_seconds": faiss_seconds, "live": live, "tombstones": len(dead)}
         new.update(num_docs=live, stored_docs=stored + len(docs), tombstones=len(dead), generation=generation,
-                   changes=[*m.get("changes", []), op], files=files, versions=versions(),
+                   changes=[*m.changes, op], files=files, versions=versions(),
                    format_version=INDEX_FORMAT_VERSION, dir=name)
-        new["corpus"] = {**m["corpus"], "num_docs": live,
-                         "sha256": _digest(m["corpus"]["sha256"], op["op"], op.get("sha256", ""))}
+        new["corpus"] = {**new["corpus"], "num_docs": live,
+                         "sha256": _digest(m.corpus.sha256, op["op"], op.get("sha256", ""))}
         write_manifest(tmp, new)
     logger.info("%s: generation %d written (%d live, %d tombstones)", folder, generation, live, len(dead))
     return Change(generation, op.get("added", 0), op.get("updated", 0), op.get("deleted", 0), live, len(dead),
@@ -162,10 +160,10 @@ def _open_changeable(folder: Path) -> IndexFolder:
 
 
 def _check_changeable(index: IndexFolder) -> None:
-    if index.manifest.get("shard"):
+    if index.manifest.shard_index is not None:
         raise RetrError(f"{index.folder}: a shard of a sharded index cannot change on its own (its BM25 holds the "
                         f"whole collection's statistics): rebuild the index with `retr index --shards`")
-    if index.dense_info.get("passages"):
+    if index.manifest.dense.has_passages:
         raise RetrError(f"{index.folder}: an index of passages cannot change yet (add, delete and compact keep one "
                         f"vector per document): rebuild it with `retr index --passages`")
 
@@ -175,23 +173,17 @@ def recorded_format(folder: str | Path, fmt: CorpusFormat | None = None) -> Corp
     built with (its manifest's ``corpus.fields``; a title recorded as none stays none): documents added to an
     index are read as its own were. Fields the manifest does not record stay as given."""
     fmt = fmt or CorpusFormat()
+    if is_index_folder(Path(folder), SHARDED_KIND):
+        return fmt  # the change itself refuses a sharded index
     try:
-        manifest = read_manifest(Path(folder), "retr-index") if not is_index_folder(Path(folder), SHARDED_KIND) \
-            else None
+        fields = load_manifest(Path(folder)).corpus.fields
     except RetrError:
         return fmt  # the change itself says what is wrong with the folder
-    fields = (manifest or {}).get("corpus", {}).get("fields")
-    if not isinstance(fields, dict) or not fields:
+    if not fields.recorded:
         return fmt
-
-    def pick(given, key, none_means):
-        value = fields.get(key, ...)
-        if given is not None or value is ... or (value is not None and not isinstance(value, str)):
-            return given
-        return none_means if value is None else value
-
-    return CorpusFormat(pick(fmt.id_field, "id", None), pick(fmt.text_field, "text", None),
-                        pick(fmt.title_field, "title", ""))
+    return CorpusFormat(fmt.id_field if fmt.id_field is not None else fields.id,
+                        fmt.text_field if fmt.text_field is not None else fields.text,
+                        fmt.title_field if fmt.title_field is not None else (fields.title or ""))
 
 
 def add_documents(folder: str | Path, corpus: Corpus, encoder: EncoderConfig | None = None) -> Change:
@@ -204,10 +196,10 @@ def add_documents(folder: str | Path, corpus: Corpus, encoder: EncoderConfig | N
         index = _open_changeable(folder)
         try:
             _check_changeable(index)
-            built = index.dense_info["model"]
-            enc = encoder_for_index(index, encoder or EncoderConfig(backend=built.get("backend") or "torch"))
+            built = index.manifest.dense.model
+            enc = encoder_for_index(index, encoder or EncoderConfig(backend=built.backend or "torch"))
             t0 = time.perf_counter()
-            recorded = (index.dense_info.get("encode") or {}).get("graph") or {}
+            recorded = index.manifest.dense.encode.get("graph") or {}
             vectors = enc.encode_like([d.full_text() for d in corpus.docs], recorded, show_progress=len(corpus) > 100)
             encode_seconds = time.perf_counter() - t0
             updated = {d.doc_id for d in corpus.docs} & set(index.ids)
@@ -271,21 +263,21 @@ def compact_index(folder: str | Path) -> Change:
         try:
             _check_changeable(index)
             m = index.manifest
-            generation = int(m.get("generation", 0))
+            generation = m.generation
             if index.rows is None:
                 logger.info("%s: no tombstones: nothing to compact", folder)
                 return Change(generation, 0, 0, 0, len(index.ids), 0, 0.0, 0.0)
             store = index.docstore
-            new = deepcopy(m)
+            new = m.to_dict()
             with new_generation(folder) as (tmp, generation, name):
                 write_docstore(tmp, (store.get(r) for r in range(len(store))))
                 files = checksums(tmp, _STORE_FILES)
-                kept = [f for f in m["files"] if f not in (*_STORE_FILES, TOMBSTONES)]
-                files.update(_link(index.parts, tmp, kept, m["files"]))
-                op = {"op": "compact", "generation": generation, "removed": int(m["tombstones"]),
+                kept = [f for f in new["files"] if f not in (*_STORE_FILES, TOMBSTONES)]
+                files.update(_link(index.parts, tmp, kept, new["files"]))
+                op = {"op": "compact", "generation": generation, "removed": m.tombstones,
                       "seconds": time.perf_counter() - t0, "live": len(index.ids), "tombstones": 0}
                 new.update(stored_docs=len(index.ids), tombstones=0, generation=generation,
-                           changes=[*m.get("changes", []), op], files=files, versions=versions(),
+                           changes=[*m.changes, op], files=files, versions=versions(),
                            format_version=INDEX_FORMAT_VERSION, dir=name)
                 write_manifest(tmp, new)
         finally:
