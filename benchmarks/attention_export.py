@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     import openvino as ov
 
     from retr.retrieval.artifacts import versions
-    from retr.retrieval.backends import runners
+    from retr.retrieval.backends.platform import this_platform
 
     shapes = args.shapes or ("10x128,1x128" if args.cross_encoder else "32x256,16x128,1x16")
     rng = np.random.default_rng(0)
@@ -133,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
               "model": args.cross_encoder or "bundled all-MiniLM-L6-v2", "precision": args.precision,
               "graphs": ways, "make_seconds": {n: sec for n, (_, sec) in made.items()},
               "threads": args.threads, "machine": platform.machine(),
-              "cpu_bf16": runners.cpu_has_bf16(), "cpu_int8_dot": runners.cpu_has_int8_dot(),
-              "cpu_amx": runners.cpu_has_amx(),
+              "cpu": this_platform().to_dict(),
               "versions": versions(), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -1,8 +1,9 @@
 """Documents per second of each document graph on this CPU: the same texts, the backends alternating.
 
 Whether static int8 pays depends on the CPU: with int8 dot products (AVX-512 VNNI, AVX-VNNI) it is the fastest
-graph; with AVX2 alone it can be slower than the base graph, and with AMX no faster than bf16, and retr then
-encodes corpora with the base graph (``Backend.pays``, ``runners.int8_pays``). This script measures that choice
+graph; with AVX2 alone it can be slower than the base graph, and with AMX no faster than bf16. retr prunes it
+without int8 dot products (``chooser.prune``) and otherwise calibrates only where a corpus's measured saving
+beats the calibration's cost (``chooser.calibration_pays``). This script measures the speeds behind that choice
 on the machine it runs on: each backend's graph is forced (``RETR_INT8_DOT=1``) so that int8 is timed even where
 retr would not use it. One process, graphs exported and warmed before timing, ``--rounds`` passes over ``--docs``
 SciFact documents, backends alternating within each pass so that drift on a shared machine falls on all of them;
@@ -35,11 +36,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from retr.eval.data import load_dataset
     from retr.retrieval.artifacts import versions
-    from retr.retrieval.backends import runners
+    from retr.retrieval.backends.platform import this_platform
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
-    cpu = {"cpu_bf16": runners.cpu_has_bf16(), "cpu_int8_dot": runners.cpu_has_int8_dot(),
-           "int8_used": runners.int8_pays()}  # as this CPU reads, before int8 is forced below
+    cpu = this_platform().to_dict()  # as this CPU reads, before int8 is forced below
     os.environ["RETR_INT8_DOT"] = "1"  # then time every graph named, int8 included
 
     ds = load_dataset(args.dataset, "test", download=False)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = {b: {"seconds": s, "docs_per_s": len(texts) / float(np.median(s)), "graph": graphs[b]}
             for b, s in seconds.items()}
     base = rows[names[0]]["docs_per_s"]
-    from proc import command_line, write_result
+    from common import command_line, write_result
 
     result = {"command": command_line(), "versions": versions(),
               "platform": platform.platform(), "cpu_count": os.cpu_count(), **cpu, "docs": len(texts),

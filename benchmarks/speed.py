@@ -331,7 +331,8 @@ def new_corpus(dataset: str, n: int, out: Path, seed: int = 7) -> Path:
     return out
 
 
-def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool, backend: str | None = None) -> dict:
+def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool, backend: str | None = None,
+                      first_command: bool = True) -> dict:
     """`retr index` on a new corpus against sentence-transformers fp32 encoding the same documents into a FAISS
     flat index, each a whole process (start-up, imports, model load, encoding, writing), timed from outside, with
     the model's graphs already exported (as after a first run: once per model) and no embeddings cached.
@@ -381,6 +382,7 @@ def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool, back
         res["fresh_index_speedup"] = med["st"]["seconds"] / res["fresh_index"]["seconds"]
         rows.append(["retr index, empty cache (graphs made and checked)", res["fresh_index"]["seconds"],
                      res["fresh_index"]["peak_rss_mb"]])
+    if fresh and first_command:
         fresh_cache = tmp / "fresh-cache"
         res["fresh_first_command"] = run_measured(
             "retr", ["eval", "--dataset", dataset, "--no-download", "--out", str(tmp / "fresh.json")],
@@ -567,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-docs", type=int, default=1000, help="section 7: documents in the new corpus")
     p.add_argument("--first-repeats", type=int, default=3, help="section 7: runs of each side (median)")
     p.add_argument("--fresh", action="store_true", help="section 7: also the first command on an empty cache")
+    p.add_argument("--no-first-command", action="store_true",
+                   help="section 7 with --fresh: skip the first command (`retr eval --dataset`) on an empty cache")
     p.add_argument("--first-backend", default=None, help="section 7: `retr index --backend` (default: retr's)")
     p.add_argument("--out", default="benchmarks/results/speed.json")
     args = p.parse_args(argv)
@@ -576,11 +580,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from retr.eval.data import load_dataset
     from retr.retrieval.artifacts import versions
-    from retr.retrieval.backends.runners import cpu_has_bf16, cpu_has_int8_dot
+    from retr.retrieval.backends.platform import this_platform
 
     sections = {int(s) for s in args.sections.split(",") if s}
     header = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "platform": platform.platform(),
-              "cpu_count": os.cpu_count(), "cpu_bf16": cpu_has_bf16(), "cpu_int8_dot": cpu_has_int8_dot(),
+              "cpu_count": os.cpu_count(), "cpu": this_platform().to_dict(),
+              "load_average": os.getloadavg(),
               "torch_threads": torch.get_num_threads(),
               "faiss_threads": faiss.omp_get_max_threads(),
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -603,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         results["end_to_end"] = section_end_to_end(args.dataset)
     if 7 in sections:
         results["first_run"] = section_first_run(args.dataset, args.first_docs, args.first_repeats, args.fresh,
-                                                 args.first_backend)
+                                                 args.first_backend, not args.no_first_command)
     if 6 in sections:
         results["ann"] = section_ann(ds, args.ann_n, out_path.with_suffix(".ann.png"),
                                      tuple(int(m) for m in args.hnsw_m.split(",")), args.ef_construction,

@@ -19,8 +19,16 @@ from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
 from retr.retrieval.backends.batching import TOKENIZE_CHUNK, fast_tokenizer, plain_tokenizer, run_sorted
 from retr.retrieval.backends.export import EMBEDDING, Calibration
-from retr.retrieval.backends.graphs import EXPORT_GENERATION, Graph, find_cached, graph_info, open_graph
+from retr.retrieval.backends.graphs import (
+    EXPORT_GENERATION,
+    Graph,
+    GraphId,
+    find_cached,
+    graph_info,
+    open_graph,
+)
 from retr.retrieval.backends.platform import Platform, this_platform
+from retr.retrieval.backends.quiet import quiet_third_party, tty
 from retr.retrieval.backends.registry import (
     BACKENDS,
     DEFAULT_BACKEND,
@@ -177,12 +185,11 @@ class BiEncoder:
         int8 does not pay; for an exported one how it was exported (``graphs.EXPORT_GENERATION``) and the precision
         it computes in on this CPU (bf16 or fp32: a cache shared by machines of both kinds holds both vectors)."""
         if self.graph is None:
-            return self.backend
+            return GraphId(self.model_hash, self.backend, None).key
         # another export procedure or another precision: other graphs, other vectors
-        export = f"/export{EXPORT_GENERATION}/{self.graph.precision}"
-        if self.corpus_backend == self.backend and get_backend(self.config.backend).calibrated:
-            return f"{self.backend}@{self.calibration.digest[:16]}{export}"
-        return f"{self.corpus_backend}{export}"
+        calibrated = self.corpus_backend == self.backend and get_backend(self.config.backend).calibrated
+        return GraphId(self.model_hash, self.backend if calibrated else self.corpus_backend, EXPORT_GENERATION,
+                       self.graph.precision, self.calibration.digest if calibrated else None).key
 
     def describe(self) -> dict:
         info = graph_info(self.graph)
@@ -198,7 +205,8 @@ class BiEncoder:
         from sentence_transformers import SentenceTransformer
 
         try:
-            st = SentenceTransformer(str(self.ref.path), device=self.config.device)
+            with quiet_third_party("transformers", "sentence_transformers"):  # weight-loading bars off the terminal
+                st = SentenceTransformer(str(self.ref.path), device=self.config.device)
         except OSError as e:
             raise RetrError(f"cannot load model {self.model_id!r}: {str(e).splitlines()[0]}") from None
         if self.config.max_length:
@@ -262,7 +270,7 @@ class BiEncoder:
         if self.graph is not None:
             return self._run(self.graph, self._token_ids(texts), show_progress)
         emb = self.model.encode(texts, batch_size=batch_size or self.config.batch_size, convert_to_numpy=True,
-                                normalize_embeddings=True, show_progress_bar=show_progress)
+                                normalize_embeddings=True, show_progress_bar=show_progress and tty())
         return np.ascontiguousarray(emb, dtype=np.float32)
 
     def encode_corpus(self, texts: list[str], show_progress: bool = False) -> CorpusEncoding:
@@ -305,10 +313,10 @@ class BiEncoder:
 
     def _doc_seconds(self, graph: Graph) -> float:
         """Seconds per document of ``graph`` on retr's sample passages, in a short bounded run."""
-        rows = self._token_ids(_prefixed(self.prompts.document, sample_texts.passages()[:32]))
+        rows = self._token_ids(_prefixed(self.prompts.document, sample_texts.passages()[:16]))
         out = np.empty((len(rows), self.dim), dtype=np.float32)
         return chooser.time_per_unit(lambda: run_sorted(graph.runner, rows, self.config.token_budget, out),
-                                     len(rows), min_rounds=2)
+                                     len(rows), min_rounds=1)
 
     def calibration_break(self, docs: int) -> chooser.Break:
         """Whether ``docs`` documents pay for calibrating the static int8 graph: the base graph timed here; the
@@ -441,7 +449,7 @@ class BiEncoder:
         return self.time_query_candidates()
 
     def _query_choice_key(self) -> str:
-        ids = [f"{b}/export{EXPORT_GENERATION}/{g.precision}" for b, g in self._query_candidates.items()]
+        ids = [g.identity(self.model_hash).key for g in self._query_candidates.values()]
         return chooser.choice_key(self.model_hash, chooser.QUERIES, ids, self.platform)
 
     def time_query_candidates(self) -> chooser.Choice:

@@ -19,6 +19,7 @@ from retr.retrieval.backends.batching import fast_pair_tokenizer, run_sorted
 from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
 from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
 from retr.retrieval.backends.platform import this_platform
+from retr.retrieval.backends.quiet import quiet_third_party
 from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND, get_backend, on_this_cpu
 from retr.retrieval.errors import RetrError
 from retr.retrieval.focus import DEFAULT_INPUTS, check_inputs, reader
@@ -378,7 +379,8 @@ class CrossEncoderReranker:
         """The torch CrossEncoder, loaded on first use."""
         from sentence_transformers import CrossEncoder
 
-        return CrossEncoder(str(self.path), max_length=self.max_length, device=self.config.device)
+        with quiet_third_party("transformers", "sentence_transformers"):  # weight-loading bars off the terminal
+            return CrossEncoder(str(self.path), max_length=self.max_length, device=self.config.device)
 
     def _pair_ids(self, query: str, texts: list[str]) -> tuple[list, list]:
         if self._fast_pairs is not None:

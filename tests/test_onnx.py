@@ -533,3 +533,57 @@ def test_one_tokenisation_gives_a_corpus_its_ids_and_its_untruncated_lengths(tin
     assert plan.truncation["truncated"] == 3 and plan.truncation["longest"] > 40
     want = enc._token_ids(["passage: " + t for t in texts])
     assert [t.tolist() for t in plan.tokens] == [t.tolist() for t in want] and max(map(len, want)) == 12
+
+
+def test_a_first_run_on_an_empty_home_starts_no_vendor_telemetry_and_prints_each_line_once(tiny_bi_encoder,
+                                                                                            tiny_dataset, tmp_path):
+    """Issue 41 case 27: importing OpenVINO starts its telemetry, which on a fresh HOME writes ~/intel and logs
+    through the root logger (every retr line then printed twice, bm25s DEBUG lines leaking). A first `retr index`
+    in a subprocess with an empty HOME and cache: no telemetry folder, each retr line once, no DEBUG line."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "RETR_CACHE": str(tmp_path / "cache")}
+    env.pop("RETR_INT8_DOT", None)
+    proc = subprocess.run([sys.executable, "-m", "retr.cli.main", "index", "--corpus", str(tiny_dataset),
+                           "--out", str(tmp_path / "idx"), "--model", str(tiny_bi_encoder)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    retr_lines = [ln for ln in lines if ln.startswith("[retr]")]
+    assert any("to openvino" in ln for ln in retr_lines), proc.stderr[-2000:]  # the graph was made in this run
+    assert len(retr_lines) == len(set(retr_lines)), proc.stderr[-2000:]
+    assert not any(ln.partition(" ")[2] in ln2 for ln in retr_lines for ln2 in lines if not ln2.startswith("[retr]")), \
+        proc.stderr[-2000:]  # nothing printed again by a root handler
+    assert "DEBUG" not in proc.stderr and "%|" not in proc.stderr, proc.stderr[-2000:]  # no bars, no debug lines
+    assert not (home / "intel").exists(), sorted(p.name for p in home.iterdir())
+
+
+def test_third_party_lines_reach_retrs_debug_log_once_under_debug_logging():
+    """Under `retr -v` retr's own debug lines reach the root logger too: the handler that routes third-party
+    records to retr's debug log must not take its own lines again (it recursed until the export failed)."""
+    import logging
+
+    from retr.retrieval.backends.quiet import quiet_third_party
+
+    got = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            got.append(record.getMessage())
+
+    keep, retr_logger = Keep(), logging.getLogger("retr")
+    level = retr_logger.level
+    retr_logger.addHandler(keep)
+    retr_logger.setLevel(logging.DEBUG)
+    try:
+        with quiet_third_party("nncf"):
+            logging.getLogger("nncf").info("statistics collected")
+            logging.getLogger().warning("root advice")
+    finally:
+        retr_logger.removeHandler(keep)
+        retr_logger.setLevel(level)
+    assert got == ["nncf: statistics collected", "root: root advice"]

@@ -166,3 +166,14 @@ def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the
     fresh.__dict__["platform"] = AVX2
     assert fresh.encode_corpus(corpus).graph.get("chosen") is None and calls == []
     assert isinstance(enc.graph, Graph)
+
+
+def test_a_graph_identity_is_one_value_naming_backend_calibration_export_and_precision():
+    from retr.retrieval.backends.graphs import EXPORT_GENERATION, GraphId
+
+    g = GraphId("h" * 64, "openvino", EXPORT_GENERATION, "bf16")
+    assert g.key == f"openvino/export{EXPORT_GENERATION}/bf16"  # as embedding cache keys always spelled it
+    c = GraphId("h" * 64, "openvino-int8", EXPORT_GENERATION, "bf16", "abcdef0123456789ffff")
+    assert c.key == f"openvino-int8@abcdef0123456789/export{EXPORT_GENERATION}/bf16"
+    assert GraphId("h" * 64, "torch", None).key == "torch"
+    assert len({g.key, c.key, replace(g, precision="fp32").key, replace(g, generation=EXPORT_GENERATION - 1).key}) == 4

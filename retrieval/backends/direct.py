@@ -140,6 +140,9 @@ def _names(spec: BertSpec) -> list[str]:
 def build_graph(spec: BertSpec, w: dict[str, np.ndarray]):
     """The ``openvino.Model``: ``input_ids`` and ``attention_mask`` (B, L) int64 -> ``sentence_embedding`` (B, D)
     float32, L2-normalised: what ``export.export_embedding`` traces from torch, written with OpenVINO operations."""
+    from retr.retrieval.backends.quiet import vendor_telemetry_off
+
+    vendor_telemetry_off()
     import openvino as ov
     import openvino.opset13 as op
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from retr.retrieval.backends.direct import build_embedding
-from retr.retrieval.backends.quiet import quiet_third_party
+from retr.retrieval.backends.quiet import quiet_third_party, vendor_telemetry_off
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -225,12 +225,14 @@ def quantize_dynamic_int8(src: Path, dst: Path, calibration: Calibration | None)
 
 def _read(src):
     """An OpenVINO model from a graph file, or ``src`` itself where it is one already (built from the weights)."""
+    vendor_telemetry_off()
     import openvino as ov
 
     return ov.Core().read_model(str(src)) if isinstance(src, (str, Path)) else src
 
 
 def to_openvino(src, dst: Path, calibration: Calibration | None) -> None:
+    vendor_telemetry_off()
     import openvino as ov
 
     ov.save_model(_read(src), str(dst), compress_to_fp16=False)
@@ -262,6 +264,7 @@ def quantize_static_int8(src, dst: Path, calibration: Calibration | None,
     """Static int8 MatMuls (NNCF, transformer preset with SmoothQuant) of an ONNX graph, saved as OpenVINO IR."""
     if calibration is None:
         raise RetrError("static int8 needs a calibration sample")
+    vendor_telemetry_off()
     try:
         import nncf
     except ImportError:

@@ -27,6 +27,7 @@ from retr.retrieval.artifacts import (
     write_json,
 )
 from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind
+from retr.retrieval.backends.quiet import vendor_telemetry_off
 from retr.retrieval.backends.registry import BACKENDS, Backend, get_backend
 from retr.retrieval.backends.runners import RUNTIMES, default_threads
 from retr.retrieval.errors import RetrError
@@ -39,6 +40,26 @@ GRAPH_KIND = "retr-onnx"
 # exporter first, dynamo where it fails (1: dynamo alone); 3: with eager attention (export.eager_attention); 4: a
 # BERT bi-encoder's OpenVINO graphs built from its weights (``direct``), not exported from torch
 EXPORT_GENERATION = 4
+
+
+@dataclass(frozen=True)
+class GraphId:
+    """What makes a graph's numbers what they are, as one value: the model, the backend, how it was exported, the
+    precision it computes in on this CPU and, for a calibrated graph, what it was calibrated on. ``key`` names it
+    in the embedding and index cache keys and in the chooser's stored choices."""
+    model_hash: str
+    backend: str
+    generation: int | None = EXPORT_GENERATION  # None: torch, nothing exported
+    precision: str = "fp32"
+    calibration: str | None = None  # the calibration sample's digest
+
+    @property
+    def key(self) -> str:
+        """``backend[@calibration]/export<generation>/<precision>`` (``torch`` alone): the model is keyed apart."""
+        if self.generation is None:
+            return self.backend
+        tag = f"@{self.calibration[:16]}" if self.calibration else ""
+        return f"{self.backend}{tag}/export{self.generation}/{self.precision}"
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,9 @@ class Graph:
     @property
     def variant(self) -> str:
         return self.backend.name
+
+    def identity(self, model_hash: str) -> GraphId:
+        return GraphId(model_hash, self.backend.name, EXPORT_GENERATION, self.precision, self.calibration)
 
     def info(self) -> dict:
         info = {"backend": self.backend.name, "precision": self.precision, "check_cosine": self.check}
@@ -303,6 +327,7 @@ def open_graph(get_model: Callable[[], object], model_hash: str, backend_name: s
     if not backend.exported:
         return None
     if backend.runtime == "openvino":
+        vendor_telemetry_off()
         try:
             import openvino  # noqa: F401
         except ImportError:

@@ -8,13 +8,33 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import sys
 from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
 
+def vendor_telemetry_off() -> None:
+    """Keep OpenVINO's and NNCF's telemetry from ever starting in this process; call before importing either.
+    ``import openvino`` imports ``openvino.tools.ovc``, which starts ``openvino_telemetry``: on a fresh HOME it
+    writes ``~/intel/``, would send usage events, and logs through the *root* logger (a root handler appears and
+    every retr line is printed twice). With ``openvino_telemetry`` unimportable, OpenVINO and NNCF take their own
+    no-op stubs. A process that imported it itself before retr keeps it."""
+    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+
+
+def tty() -> bool:
+    """Whether stderr is a terminal (progress bars only there)."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 class _ToDebug(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
+        if record.name == logger.name:  # its own line, propagated up to the root: handled once already
+            return
         logger.debug("%s: %s", record.name, record.getMessage())
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from retr.retrieval.backends.platform import this_platform
+from retr.retrieval.backends.quiet import vendor_telemetry_off
 
 
 def cpu_has_bf16() -> bool:
@@ -70,6 +71,7 @@ class OpenVinoRunner:
     for a lone query (MiniLM bf16, measured). Documents and queries go through the same compiled graph."""
 
     def __init__(self, path: Path, threads: int, precision: str = "fp32"):
+        vendor_telemetry_off()
         import openvino as ov
 
         self.precision = precision
