@@ -172,9 +172,10 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
         docs = sorted({d for q in qids for d in candidates[q]})
         pos = {d: i for i, d in enumerate(docs)}
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):  # as the steps run
-            q_emb = model.encode([dev_queries[q] for q in qids], convert_to_numpy=True, normalize_embeddings=True)
+            q_emb = model.encode([dev_queries[q] for q in qids], convert_to_numpy=True, normalize_embeddings=True,
+                                 show_progress_bar=False)
             d_emb = model.encode([doc_text_pos[d] for d in docs], convert_to_numpy=True,
-                                 normalize_embeddings=True, batch_size=32)
+                                 normalize_embeddings=True, batch_size=32, show_progress_bar=False)
         return {q: {d: float(d_emb[pos[d]] @ q_emb[i]) for d in candidates[q]} for i, q in enumerate(qids)}
 
     evaluator = dev_evaluator(score_all, dev_qrels)

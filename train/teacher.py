@@ -50,9 +50,10 @@ def student_units(model, teacher: np.ndarray, pairs: Sequence[Pair], negatives: 
     absolute margin (``scale`` x cosine) between each list's positive and its negatives, over the teacher's. A
     teacher whose logits sit far closer together than the student's scores would otherwise pull the positive and
     the negatives together (a SciFact cross-encoder: mean margin 0.45 logits; MiniLM's 4.98)."""
-    queries = model.encode([p.query for p in pairs], convert_to_numpy=True, normalize_embeddings=True)
+    queries = model.encode([p.query for p in pairs], convert_to_numpy=True, normalize_embeddings=True,
+                           show_progress_bar=False)
     docs = [doc_text[d] for p, negs in zip(pairs, negatives, strict=True) for d in (p.positive_id, *negs)]
-    emb = model.encode(docs, convert_to_numpy=True, normalize_embeddings=True, batch_size=32)
+    emb = model.encode(docs, convert_to_numpy=True, normalize_embeddings=True, batch_size=32, show_progress_bar=False)
     student = scale * np.einsum("bd,bkd->bk", queries, emb.reshape(len(pairs), teacher.shape[1], -1))
     margin_student = float(np.abs(student[:, :1] - student[:, 1:]).mean())
     margin_teacher = float(np.abs(teacher[:, :1] - teacher[:, 1:]).mean())
