@@ -116,9 +116,20 @@ def parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.Arg
                 stack[:0] = [(f"{name} {sub}".strip(), sp) for sub, sp in action.choices.items()]
 
 
+def _counts() -> tuple:
+    from retr.cli.options import nonnegative_int, positive_int
+
+    return int, positive_int, nonnegative_int
+
+
 def finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Every (sub)command shows its defaults, describes itself and accepts the deprecated option names."""
+    """Every (sub)command shows its defaults, describes itself and accepts the deprecated option names; an integer
+    option without a metavar of its own shows ``N`` (``--rerank-depth N``, not ``--rerank-depth RERANK_DEPTH``)."""
+    counts = _counts()
     for _, p in parsers(parser):
         p.formatter_class = HelpFormatter
+        for action in p._actions:
+            if action.option_strings and action.metavar is None and action.nargs is None and action.type in counts:
+                action.metavar = "N"
         _add_aliases(p)
     return parser

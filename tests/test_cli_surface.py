@@ -99,7 +99,7 @@ def test_help_shows_the_rerank_depth_and_hides_the_old_names(capsys):
             main([cmd, "--help"])
         assert e.value.code == 0
         out = " ".join(capsys.readouterr().out.split())  # whatever the terminal's width
-        assert (f"--rerank-depth RERANK_DEPTH first-stage hits the cross-encoder rescores (default: "
+        assert (f"--rerank-depth N first-stage hits the cross-encoder rescores (default: "
                 f"{DEFAULT_RERANK_DEPTH}, chosen on dev by quality per ms)") in out
         assert "--rerank MODEL_DIR" in out
         assert not any(old in out.split() or f"[{old}" in out for old in surface.DEPRECATED), out
