@@ -66,8 +66,9 @@ def generation_number(name: str) -> int:
 class Lease:
     """A shared flock on a generation's folder: while it is held, no writer removes that generation."""
 
-    def __init__(self, folder: Path):
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    def __init__(self, folder: Path, follow: bool = False):
+        """``follow``: ``folder`` may be a symlink (the index folder itself; never a generation inside it)."""
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | (0 if follow else os.O_NOFOLLOW))
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
@@ -80,10 +81,10 @@ class Lease:
         self._release()
 
 
-def _exclusive(folder: Path) -> int | None:
+def _exclusive(folder: Path, follow: bool = False) -> int | None:
     """An fd holding ``folder``'s flock exclusively (no reader holds it), or None."""
     try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | (0 if follow else os.O_NOFOLLOW))
     except OSError:
         return None
     try:
@@ -213,7 +214,7 @@ def open_generation(root: Path) -> Opened:
             name = newest[-1][1]  # written whole by a writer that died (or is) before publishing it: the newer one
         if name is None:  # format 1 / a fresh build: the generation lives at the root
             try:
-                lease = Lease(root)
+                lease = Lease(root, follow=True)
             except OSError:
                 continue  # a writer is removing the root's parts, superseded: read the pointer again
             if (root / MANIFEST).read_bytes() != data:
@@ -357,7 +358,7 @@ def collect(root: Path) -> int:
         removed += 1
     stale = [e for e in os.scandir(root) if ROOT_PART_RE.match(e.name)]
     if stale:
-        fd = _exclusive(root)
+        fd = _exclusive(root, follow=True)
         if fd is None:
             logger.info("%s: the generation at its root is held by a reader: kept", root)
         else:

@@ -235,3 +235,18 @@ def test_a_folder_lost_between_the_two_renames_of_an_older_swap_is_recovered(tin
     finally:
         opened.close()
     assert (tmp_path / ".idx.old-999999" / "manifest.json").is_file(), "a complete copy was deleted on open"
+
+
+def test_an_index_folder_reached_through_a_symlink_opens_and_changes(tiny_bi_encoder, tmp_path):
+    real = tmp_path / "real"
+    _build(_write(tmp_path / "c.jsonl", BASE), real, tiny_bi_encoder)
+    link = tmp_path / "link"
+    os.symlink(real, link)
+    reader = open_index(link)
+    try:
+        delete_documents(link, ["d1"])
+        assert "d1" in reader.ids and reader.docstore.get(0).doc_id == "d1"
+    finally:
+        reader.close()
+    delete_documents(link, ["d2"])  # no reader holds generation 0 now: the root's parts are removed
+    assert not (real / "ids.json").exists() and sorted(open_index(link).ids) == sorted(d for d, _, _ in BASE[2:])
