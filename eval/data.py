@@ -244,10 +244,13 @@ def checked_split(qrels: Qrels, all_queries: Mapping[str, str], corpus: Corpus, 
 
 
 def load_dataset(spec: str, split: str = "test", download: bool = True) -> Dataset:
-    from retr.eval.irds import is_irds, load_irds
+    from retr.eval.irds import irds_parts, is_irds
 
     if is_irds(spec):  # an ir_datasets id names its split itself
-        return load_irds(spec)
+        name, corpus, all_queries, judged = irds_parts(spec)
+        qrels, check = checked_split(judged, all_queries, corpus, spec)
+        return Dataset(name=check_name(name, "dataset name"), path=Path(spec), split="irds", corpus=corpus,
+                       queries={q: all_queries[q] for q in qrels}, qrels=qrels, check=check)
     check_name(split, "split")
     path = resolve_dataset(spec, download=download)
     qrels_path = path / "qrels" / f"{split}.tsv"

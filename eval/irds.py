@@ -90,10 +90,9 @@ def _json_scalar(value) -> bool:
     return isinstance(value, (str, int, float, bool))
 
 
-def load_irds(spec: str):
-    """The ``Dataset`` of ``irds:<id>``: its documents (id, title, text; other plain fields as metadata), queries
-    and qrels, checked as a BEIR folder's are."""
-    from retr.eval.data import Dataset, check_name, checked_split
+def irds_parts(spec: str):
+    """``irds:<id>``'s documents as a ``Corpus`` (id, title, text; other plain fields as metadata), all its
+    queries (id -> text) and its qrels; ``retr.eval.data.load_dataset`` checks them as a BEIR folder's."""
     from retr.indexes.corpus import corpus_of
     from retr.retrieval.types import Qrels
 
@@ -101,8 +100,7 @@ def load_irds(spec: str):
     if not dataset_id:
         raise RetrError(f"--dataset {spec!r}: name an ir_datasets id after irds: (e.g. irds:beir/scifact/test)")
     ds = _load(dataset_id)
-    source = Path(spec)
-    corpus = corpus_of(_iterate(dataset_id, "documents", (_document(d) for d in ds.docs_iter())), source)
+    corpus = corpus_of(_iterate(dataset_id, "documents", (_document(d) for d in ds.docs_iter())), Path(spec))
     queries: dict[str, str] = {}
     for q in _iterate(dataset_id, "queries", ds.queries_iter()):
         text = _field(q, _QUERY_FIELDS)
@@ -112,8 +110,5 @@ def load_irds(spec: str):
     judgements: dict[str, dict[str, int]] = {}
     for r in _iterate(dataset_id, "qrels", ds.qrels_iter()):
         judgements.setdefault(str(r.query_id), {})[str(r.doc_id)] = int(r.relevance)
-    name = check_name(dataset_id.replace("/", "_"), "dataset name")
-    qrels, check = checked_split(Qrels(judgements), queries, corpus, spec)
-    logger.info("%s: %d documents, %d judged queries", spec, len(corpus), len(qrels))
-    return Dataset(name=name, path=source, split="irds", corpus=corpus, queries={q: queries[q] for q in qrels},
-                   qrels=qrels, check=check)
+    logger.info("%s: %d documents, %d queries, %d judged", spec, len(corpus), len(queries), len(judgements))
+    return dataset_id.replace("/", "_"), corpus, queries, Qrels(judgements)
