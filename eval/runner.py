@@ -203,7 +203,8 @@ def run_eval_index(folder: str | Path, topics: Mapping[str, str], qrels: Qrels, 
         queries = {q: topics[q] for q in qrels}
         reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
         factory = PipelineFactory(index, None, reranker, cfg.pipeline, encoder_config=cfg.encoder)
-        if reranker is not None and reranker.needs_check(factory.corpus_sha256) \
+        if reranker is not None and factory.dense_model_hash is not None \
+                and reranker.needs_check(factory.corpus_sha256) \
                 and reranker.find_check(factory.corpus_sha256, factory.dense_model_hash) is None:
             check_index_reranker(index, factory.encoder, reranker, cfg.pipeline)  # as search and serve do
         name = Path(index.folder).name
