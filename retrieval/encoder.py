@@ -146,7 +146,7 @@ class BiEncoder:
         if self.graph is None:
             model_ = self.model
             get_dim = getattr(model_, "get_embedding_dimension", None) or model_.get_sentence_embedding_dimension
-            self.dim = int(get_dim() or model_.encode(["x"], convert_to_numpy=True).shape[1])
+            self.dim = int(get_dim() or model_.encode(["x"], convert_to_numpy=True, show_progress_bar=False).shape[1])
             self.max_length = int(model_.max_seq_length)
         else:
             self.dim = self.graph.dim

@@ -309,7 +309,8 @@ class TorchEmbedding:
         import torch
 
         with torch.inference_mode():
-            return self.st_model.encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+            return self.st_model.encode(texts, convert_to_numpy=True, normalize_embeddings=True,
+                                        show_progress_bar=False)
 
 
 def verify_embedding(runner, reference, max_length: int) -> float:
