@@ -235,9 +235,16 @@ def open_generation(root: Path) -> Opened:
             continue
         except OSError:
             continue  # being removed (superseded): read the pointer again
+        same = False
         try:
             same = os.stat(parts, follow_symlinks=False).st_ino == lease.inode
             own = (parts / MANIFEST).read_bytes() if same else b""
+        except FileNotFoundError:
+            if same and (root / MANIFEST).read_bytes() == data:  # published, held, and yet without its manifest
+                lease.release()
+                raise RetrError(f"{parts / MANIFEST}: missing: the index is damaged; rebuild it with `retr index`") \
+                    from None
+            same = False
         except OSError:
             same = False
         if not same:

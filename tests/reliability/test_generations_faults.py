@@ -53,11 +53,11 @@ from retr.retrieval.errors import RetrError
 idx, writes, progress, per_write, tag = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 done = 0
 for i in range(writes):
-    while per_write and int(progress.read_text() or 0) < per_write * i:  # readers open this many times per write
+    while per_write and int(progress.read_text() or 0) < per_write * (i + 1):  # readers open this often per write
         time.sleep(0.005)
     while True:
         try:
-            if i % 5 == 4:
+            if i % 10 == 9:
                 compact_index(idx)
             elif i % 2 == 0:
                 src = idx.parent / f"w-{tag}-{i}.jsonl"
@@ -258,6 +258,15 @@ def _tamper(env: Env, root: Path) -> dict[str, Path]:
     case("bm25 -> another index's", None, lambda idx: (
         __import__("shutil").rmtree(idx / "bm25"), os.symlink(other / "bm25", idx / "bm25")))
     case("a generation dir outside", lambda m: m.update(dir="../pristine", format_version=2, generation=1))
+
+    def generation_without_manifest(idx):
+        gen = idx / "gen-000001"
+        gen.mkdir()
+        for p in idx.iterdir():
+            if p.name not in ("manifest.json", "gen-000001"):
+                os.rename(p, gen / p.name)
+    case("the published generation without its manifest", lambda m: m.update(dir="gen-000001", format_version=2,
+                                                                            generation=1), generation_without_manifest)
     return cases
 
 
