@@ -65,17 +65,17 @@ def _report(args: argparse.Namespace) -> dict:
         if backend.calibrated and backend in kept:
             enc.calibrated_graph  # noqa: B018 - calibrated (and cached) now, timed below
         enc = BiEncoder(config)  # sees every graph now in the cache
-    query_choice = enc.time_query_candidates() if len(enc._query_candidates) > 1 else None
-    query_rows = [{"backend": name, "ms_per_query": enc._query_seconds(g) * 1000 if query_choice is None
+    query_choice = enc.time_query_candidates() if len(enc.query_candidates) > 1 else None
+    query_rows = [{"backend": name, "ms_per_query": enc.query_seconds(g) * 1000 if query_choice is None
                    else next(t.ms for t in query_choice.timings if t.backend == name),
                    "made_seconds": costs.get(name) or _made_seconds(g)}
-                  for name, g in enc._query_candidates.items()]
-    base_s = enc._doc_seconds(enc.graph)
+                  for name, g in enc.query_candidates.items()]
+    base_s = enc.doc_seconds(enc.graph)
     documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000}}
     if backend.calibrated and backend in kept:
         calibrated = find_cached(enc.model_hash, backend, EMBEDDING, cache_home(), calibration=enc.calibration)
         if calibrated is not None:
-            brk = chooser.calibration_pays(args.docs, base_s, platform, enc._doc_seconds(calibrated),
+            brk = chooser.calibration_pays(args.docs, base_s, platform, enc.doc_seconds(calibrated),
                                            _made_seconds(calibrated))
         else:
             brk = chooser.calibration_pays(args.docs, base_s, platform)
@@ -89,7 +89,7 @@ def _report(args: argparse.Namespace) -> dict:
         why_pruned = dict(pruned).get(backend.name)
         doc_why = "the configured graph, the only document candidate here" + (
             f" ({backend.name} pruned: {why_pruned})" if why_pruned else "")
-    not_cached = [b.name for b in kept if b.name not in enc._query_candidates and not b.calibrated]
+    not_cached = [b.name for b in kept if b.name not in enc.query_candidates and not b.calibrated]
     first_run = {"graph_build_seconds": costs.get(enc.graph.variant), "open_seconds_now": opened_s,
                  "encode_seconds_estimate": args.docs * base_s, "docs": args.docs}
     if "int8" in documents and documents["int8"]["pays"]:

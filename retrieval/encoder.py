@@ -311,7 +311,7 @@ class BiEncoder:
     def platform(self) -> Platform:
         return this_platform()
 
-    def _doc_seconds(self, graph: Graph) -> float:
+    def doc_seconds(self, graph: Graph) -> float:
         """Seconds per document of ``graph`` on retr's sample passages, in a short bounded run."""
         rows = self._token_ids(_prefixed(self.prompts.document, sample_texts.passages()[:16]))
         out = np.empty((len(rows), self.dim), dtype=np.float32)
@@ -322,12 +322,12 @@ class BiEncoder:
         """Whether ``docs`` documents pay for calibrating the static int8 graph: the base graph timed here; the
         int8 graph timed here too where it is already calibrated (then it costs nothing more), else assumed from
         the platform (``chooser.calibration_pays``). Said in an info line."""
-        base_s = self._doc_seconds(self.graph)
+        base_s = self.doc_seconds(self.graph)
         cached = find_cached(self.model_hash, get_backend(self.config.backend), EMBEDDING, cache_home(),
                              calibration=self.calibration)
         if cached is not None:
             self.__dict__["calibrated_graph"] = cached
-            brk = chooser.calibration_pays(docs, base_s, self.platform, self._doc_seconds(cached), 0.0)
+            brk = chooser.calibration_pays(docs, base_s, self.platform, self.doc_seconds(cached), 0.0)
         else:
             brk = chooser.calibration_pays(docs, base_s, self.platform)
         logger.info("%s for %d documents: base graph %.1f ms/doc, int8 %.1f ms/doc (%s), calibration %.0f s: %s",
@@ -399,7 +399,7 @@ class BiEncoder:
         corpus to calibrate on), or the document graph when that one is refused or the same."""
         if self.config.query_backend is None and self.graph is not None:
             choice = self.query_choice
-            graph = self._query_candidates.get(choice.backend) if choice is not None else None
+            graph = self.query_candidates.get(choice.backend) if choice is not None else None
             if graph is not None:
                 return graph
         wanted = base_of(self.config.resolved_query_backend).name
@@ -414,7 +414,7 @@ class BiEncoder:
             return self.graph
 
     @functools.cached_property
-    def _query_candidates(self) -> dict[str, Graph]:
+    def query_candidates(self) -> dict[str, Graph]:
         """The graphs a query could take without exporting anything: the documents' graph, and every other
         uncalibrated backend's graph this machine can run that is already in the cache (one thread each)."""
         found = {self.graph.variant: self.graph}
@@ -429,7 +429,7 @@ class BiEncoder:
                 found[b.name] = graph
         return found
 
-    def _query_seconds(self, graph: Graph) -> float:
+    def query_seconds(self, graph: Graph) -> float:
         """Seconds per lone query through ``graph`` (retr's sample questions, one at a time; bounded)."""
         rows = self._token_ids(_prefixed(self.prompts.query, sample_texts.questions()[:8]))
         feeds = [{"input_ids": np.asarray([r], dtype=np.int64), "attention_mask": np.ones((1, len(r)), np.int64)}
@@ -438,23 +438,23 @@ class BiEncoder:
 
     @functools.cached_property
     def query_choice(self) -> chooser.Choice | None:
-        """Which graph a lone query is fastest through on this machine, among ``_query_candidates`` (each passed
+        """Which graph a lone query is fastest through on this machine, among ``query_candidates`` (each passed
         its agreement check when it was made): timed once, then stored per model, candidates, CPU and library
         versions. None: one candidate only (nothing to choose), or ``query_backend`` was given."""
-        if self.config.query_backend is not None or self.graph is None or len(self._query_candidates) < 2:
+        if self.config.query_backend is not None or self.graph is None or len(self.query_candidates) < 2:
             return None
         stored = chooser.ChoiceStore(cache_home()).get(self._query_choice_key())
-        if stored is not None and stored.backend in self._query_candidates:
+        if stored is not None and stored.backend in self.query_candidates:
             return stored
         return self.time_query_candidates()
 
     def _query_choice_key(self) -> str:
-        ids = [g.identity(self.model_hash).key for g in self._query_candidates.values()]
+        ids = [g.identity(self.model_hash).key for g in self.query_candidates.values()]
         return chooser.choice_key(self.model_hash, chooser.QUERIES, ids, self.platform)
 
     def time_query_candidates(self) -> chooser.Choice:
         """Time every query candidate now, choose, and store the choice (what ``query_choice`` reads)."""
-        timings = [chooser.Timing(name, self._query_seconds(g)) for name, g in self._query_candidates.items()]
+        timings = [chooser.Timing(name, self.query_seconds(g)) for name, g in self.query_candidates.items()]
         choice = chooser.choose(chooser.QUERIES, timings, self.graph.variant)
         logger.info("queries: %s (%s)", choice.backend, choice.why)
         chooser.ChoiceStore(cache_home()).put(self._query_choice_key(), choice, model_hash=self.model_hash,

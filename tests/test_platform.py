@@ -128,7 +128,7 @@ def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored
                    cache_home())
     speeds = {"openvino": 0.004, "onnx": 0.002}
     timed = []
-    monkeypatch.setattr(BiEncoder, "_query_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
+    monkeypatch.setattr(BiEncoder, "query_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
     fresh = BiEncoder(cfg)
     assert fresh.query_graph.variant == "onnx" and sorted(timed) == ["onnx", "openvino"]
     chosen = fresh.describe_queries()["chosen"]
@@ -154,7 +154,7 @@ def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the
     entries["openvino-int8"] = replace(entries["openvino-int8"], convert=lambda *a: calls.append(1) or convert(*a))
     monkeypatch.setattr(registry, "BACKENDS", MappingProxyType(entries))
     speeds = {"openvino": 0.02, "openvino-int8": 0.01}
-    monkeypatch.setattr(BiEncoder, "_doc_seconds", lambda self, g: speeds[g.variant])
+    monkeypatch.setattr(BiEncoder, "doc_seconds", lambda self, g: speeds[g.variant])
     corpus = [f"document {i} about wolves and forests number {i}" for i in range(40)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     enc.__dict__["platform"] = VNNI  # an AVX-512 VNNI CPU: static int8 is a candidate, its cost assumed
