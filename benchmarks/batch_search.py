@@ -82,7 +82,8 @@ def main() -> None:
     n, k = len(texts), args.k
     searcher = Searcher(folder)
     results: dict = {"cpu": cpu(), "command": command_line(), "dataset": dataset.name, "queries": n, "k": k,
-                     "threads": {"cpu_count": os.cpu_count(), "faiss_omp": faiss.omp_get_max_threads()}, "rows": {}}
+                     "threads": {"cpu_count": os.cpu_count(), "faiss_omp": faiss.omp_get_max_threads()},
+                     "load_average_before": os.getloadavg(), "rows": {}}
     rows = []
     try:
         for mode in ("bm25", "dense"):
@@ -141,7 +142,10 @@ def main() -> None:
                          f"{same_all}/{n}", f"{peer_ids}/{n}"])
     finally:
         searcher.close()
-    print(table(f"batch search, {dataset.name}: {n} queries, k={k}; best of {args.rounds} rounds; {results['cpu']}",
+    results["load_average_after"] = os.getloadavg()  # other work on the machine while it ran (1, 5, 15 min)
+    print(table(f"batch search, {dataset.name}: {n} queries, k={k}; best of {args.rounds} rounds; {results['cpu']}; "
+                f"load average {results['load_average_before'][0]:.1f} before, "
+                f"{results['load_average_after'][0]:.1f} after",
                 ["mode", "retr batch q/s", "retr loop q/s", "peer q/s", "peer", "batch/loop", "batch/peer",
                  "batch==loop", "peer ids==loop"], rows))
     write_result(args.out, results)
