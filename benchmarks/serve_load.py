@@ -8,6 +8,10 @@ over the same queries, in-process (the Searcher the server uses) then over HTTP,
 its requests: on a shared machine a pass-to-pass drift of ±0.5 ms falls on both sides instead of on one.
 
     python benchmarks/serve_load.py --dataset ../shared/datasets/scifact --mode hybrid --levels 1,8,32 --seconds 20
+
+``--index FOLDER`` serves an index built beforehand (`retr index --bm25`) instead of retr's cached one: the same
+folder can then be served by two checkouts of retr (``PYTHONPATH`` pointing at another one's package), to compare
+them on one machine in alternating runs. The CPU is recorded with the figures.
 """
 
 from __future__ import annotations
@@ -25,15 +29,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-
-
-def _pct(ms: list[float]) -> dict:
-    """eval's latency percentiles of ``ms`` (p50/p95/p99/mean/n); None where nothing was answered."""
-    from dataclasses import asdict
-
-    from retr.eval.report import Percentiles
-
-    return asdict(Percentiles.of(ms)) if len(ms) else {"p50": None, "p95": None, "p99": None, "mean": None, "n": 0}
+from common import cpu, percentiles, write_result
 
 
 def _free_port() -> int:
@@ -124,7 +120,7 @@ def level(url: str, queries: list[str], concurrency: int, seconds: float, body: 
         t.join()
     wall = time.perf_counter() - t0
     return {"concurrency": concurrency, "requests": len(lat) + errors, "errors": errors,
-            "qps": len(lat) / wall, **_pct(lat)}
+            "qps": len(lat) / wall, **percentiles(lat)}
 
 
 def paired_overhead(url: str, folder, queries: list[str], body: dict, rounds: int) -> dict:
@@ -151,7 +147,7 @@ def paired_overhead(url: str, folder, queries: list[str], body: dict, rounds: in
     conn.close()
     searcher.close()
     return {"rounds": rounds, "queries": len(queries), "errors": errors,
-            "in_process": _pct(inproc.ravel().tolist()), "http": _pct(http.ravel().tolist()),
+            "in_process": percentiles(inproc.ravel().tolist()), "http": percentiles(http.ravel().tolist()),
             "median_paired_ms": float(np.median(http - inproc))}
 
 
@@ -162,6 +158,70 @@ def searches_on(metrics: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r'^retr_searches_total\{on="(\w+)"\} (\d+)$', metrics, re.M)}
 
 
+def middleware_cost(peer: str | None, calls: int = 20000, rounds: int = 7) -> dict:
+    """The per-request cost of the service's own ASGI layer (``Bounded``: Host and content-type checks, body
+    bound, status counting) in this process, on a stub app that reads the body and answers 200 (no sockets, no
+    search): µs per request for the app alone, behind this checkout's layer, and behind the layer of the
+    ``serve_app.py`` at ``peer`` (another checkout's, loaded beside this one), in alternating rounds; plus the
+    read deadline the connection guard arms and cancels per request (``loop.call_later``)."""
+    import asyncio
+    import importlib.util
+
+    from retr.cli.serve_app import LOOPBACK_HOSTS, Bounded, Metrics
+
+    async def stub(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    body = b'{"query": "solar panels"}'
+    scope = {"type": "http", "method": "POST", "path": "/search",
+             "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode()), (b"user-agent", b"bench")]}
+    message = {"type": "http.request", "body": body, "more_body": False}
+
+    async def receive():
+        return message
+
+    async def send(_message):
+        pass
+
+    layers = {"app alone": stub, "this checkout": Bounded(stub, 1 << 20, Metrics(), LOOPBACK_HOSTS)}
+    if peer:
+        spec = importlib.util.spec_from_file_location("peer_serve_app", peer)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        layers["peer"] = module.Bounded(stub, 1 << 20, module.Metrics())
+
+    async def timed(app) -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            await app(scope, receive, send)
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    async def deadline() -> float:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            loop.call_later(30.0, print).cancel()
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    us: dict[str, list[float]] = {name: [] for name in layers}
+    us["read deadline"] = []
+    loop = asyncio.new_event_loop()
+    for _ in range(rounds):
+        for name, app in layers.items():
+            us[name].append(loop.run_until_complete(timed(app)))
+        us["read deadline"].append(loop.run_until_complete(deadline()))
+    loop.close()
+    median = {name: float(np.median(v)) for name, v in us.items()}
+    out = {"calls": calls, "rounds": rounds, "median_us": median, "peer": peer,
+           "layer_us": median["this checkout"] - median["app alone"]}
+    if peer:
+        out["peer_layer_us"] = median["peer"] - median["app alone"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1].parent / "shared/datasets/scifact"))
@@ -170,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--levels", default="1,8,32")
     p.add_argument("--seconds", type=float, default=20.0, help="per concurrency level")
     p.add_argument("--rounds", type=int, default=6, help="alternating in-process/HTTP passes for the overhead")
+    p.add_argument("--index", default=None, help="serve this index folder (built with --bm25) instead of the cached one")
+    p.add_argument("--label", default=None, help="a name for this run in the results (e.g. the commit served)")
+    p.add_argument("--middleware-only", action="store_true",
+                   help="measure only the per-request cost of the ASGI layer (in-process, no server, no search)")
+    p.add_argument("--peer-serve-app", default=None,
+                   help="another checkout's cli/serve_app.py: its layer measured beside this one's")
     p.add_argument("--out", default="benchmarks/results/serve-load.json")
     args = p.parse_args(argv)
 
@@ -178,12 +244,28 @@ def main(argv: list[str] | None = None) -> int:
     from retr.retrieval.bm25 import BM25Config
     from retr.retrieval.encoder import BiEncoder
 
+    if args.middleware_only:
+        cost = middleware_cost(args.peer_serve_app)
+        print(f"ASGI layer per request, median of {cost['rounds']} rounds of {cost['calls']} calls (µs): "
+              + ", ".join(f"{name} {us:.2f}" for name, us in cost["median_us"].items())
+              + f"; the layer itself: this checkout {cost['layer_us']:.2f} µs"
+              + (f", peer {cost['peer_layer_us']:.2f} µs" if "peer_layer_us" in cost else "") + f"; CPU: {cpu()}")
+        write_result(args.out, {"label": args.label, "cpu": cpu(), "load_average": os.getloadavg(),
+                                "middleware": cost})
+        return 0
     ds = load_dataset(args.dataset, "test", download=False)
-    cfg = IndexConfig(bm25=BM25Config())
-    folder = cached_index(ds.name, ds.corpus, BiEncoder(cfg.encoder), cfg).folder
+    if args.index:
+        folder = Path(args.index)
+    else:
+        cfg = IndexConfig(bm25=BM25Config())
+        folder = cached_index(ds.name, ds.corpus, BiEncoder(cfg.encoder), cfg).folder
     queries = list(ds.queries.values())
 
-    results: dict = {"dataset": ds.name, "mode": args.mode, "k": args.k, "index": str(folder), "levels": []}
+    import retr
+
+    results: dict = {"dataset": ds.name, "mode": args.mode, "k": args.k, "index": str(folder), "label": args.label,
+                     "retr": str(Path(retr.__file__).resolve().parent.parent), "cpu": cpu(),
+                     "load_average": os.getloadavg(), "levels": []}
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "retr.cli.main", "-q", "serve", str(folder), "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -231,8 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"HTTP overhead at 1 client, p50: {overhead:.2f} ms (goal <= 1 ms); throughput vs 1 client: "
           + ", ".join(f"{c}: {x:.2f}x" for c, x in results["throughput_ratio"].items())
           + f"; errors: {sum(r['errors'] for r in results['levels'])}")
-    from proc import write_result
-
     write_result(args.out, results)
     return 0
 
