@@ -17,6 +17,7 @@ import numpy as np
 
 from retr.indexes.dense import row_blocks
 from retr.retrieval.artifacts import atomic_dir, cache_home, file_sha256, write_json
+from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class EmbeddingCache:
             emb = np.load(npy, mmap_mode="r")
             if emb.shape != (num_docs, dim) or emb.dtype != np.float32:
                 raise ValueError(f"array of shape {emb.shape} ({emb.dtype})")
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RetrError) as e:  # RetrError: a part that is not a regular file
             self._discard(folder, str(e))
             return None
         bad = check_vectors(emb)

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from retr.retrieval.artifacts import MANIFEST, atomic_write_bytes, fsync_tree
+from retr.retrieval.artifacts import MANIFEST, atomic_write_bytes, fsync_tree, read_small
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -95,9 +95,17 @@ def _exclusive(folder: Path, follow: bool = False) -> int | None:
     return fd
 
 
+def _manifest_bytes(folder: Path) -> bytes:
+    """``folder``'s manifest: a regular file of bounded size (``read_small``), never a FIFO or /dev/zero."""
+    try:
+        return read_small(folder / MANIFEST)
+    except RetrError as e:
+        raise RetrError(f"{e}: the index is damaged; rebuild it with `retr index`") from None
+
+
 def _read_pointer(root: Path) -> tuple[bytes, dict | None]:
     """The pointer's bytes and its JSON object (None where it is not one: the manifest check then says why)."""
-    data = (root / MANIFEST).read_bytes()
+    data = _manifest_bytes(root)
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError):
@@ -151,8 +159,8 @@ def _finished(folder: Path, name: str) -> bool:
     from retr.retrieval.artifacts import check_checksums
 
     try:
-        manifest = json.loads((folder / MANIFEST).read_bytes())
-    except (OSError, ValueError, UnicodeDecodeError):
+        manifest = json.loads(_manifest_bytes(folder))
+    except (OSError, ValueError, UnicodeDecodeError, RetrError):
         return False
     if not isinstance(manifest, dict) or manifest.get("dir") != name or not isinstance(manifest.get("files"), dict):
         return False
@@ -217,7 +225,7 @@ def open_generation(root: Path) -> Opened:
                 lease = Lease(root, follow=True)
             except OSError:
                 continue  # a writer is removing the root's parts, superseded: read the pointer again
-            if (root / MANIFEST).read_bytes() != data:
+            if _manifest_bytes(root) != data:
                 lease.release()
                 continue
             return Opened(root, root, root / MANIFEST, number if isinstance(number, int) else 0, lease, data)
@@ -229,7 +237,7 @@ def open_generation(root: Path) -> Opened:
         try:
             lease = Lease(parts)
         except FileNotFoundError:
-            if (root / MANIFEST).read_bytes() == data and not [g for g in newest if g[1] == name]:
+            if _manifest_bytes(root) == data and not [g for g in newest if g[1] == name]:
                 raise RetrError(f"{parts}: missing: the generation {root / MANIFEST} names is gone; rebuild the "
                                 f"index with `retr index`") from None
             continue
@@ -238,9 +246,9 @@ def open_generation(root: Path) -> Opened:
         same = False
         try:
             same = os.stat(parts, follow_symlinks=False).st_ino == lease.inode
-            own = (parts / MANIFEST).read_bytes() if same else b""
+            own = _manifest_bytes(parts) if same else b""
         except FileNotFoundError:
-            if same and (root / MANIFEST).read_bytes() == data:  # published, held, and yet without its manifest
+            if same and _manifest_bytes(root) == data:  # published, held, and yet without its manifest
                 lease.release()
                 raise RetrError(f"{parts / MANIFEST}: missing: the index is damaged; rebuild it with `retr index`") \
                     from None
@@ -307,7 +315,7 @@ def next_number(root: Path) -> int:
 
 def publish(root: Path, name: str) -> None:
     """The commit: ``root/manifest.json`` replaced, in one atomic rename, by the manifest of generation ``name``."""
-    data = (root / name / MANIFEST).read_bytes()
+    data = _manifest_bytes(root / name)
     atomic_write_bytes(root / MANIFEST, data, durable=True)
 
 

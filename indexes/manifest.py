@@ -13,7 +13,7 @@ from typing import Any
 
 from retr.indexes.dense import dense_files
 from retr.indexes.docstore import DOCS, IDS, OFFSETS, TOMBSTONES
-from retr.retrieval.artifacts import MANIFEST, confined, write_json
+from retr.retrieval.artifacts import MANIFEST, confined, read_small, write_json
 from retr.retrieval.errors import RetrError
 
 # 1: one generation at the folder's root; 2: generations (``gen-NNNNNN/``) published through the root's manifest
@@ -100,10 +100,7 @@ def read_manifest(folder: Path, kind: str, schema: dict[str, tuple[type, ...]] =
             raise RetrError(f"{folder}: no such index folder (build one with `retr index`)")
         if not path.is_file():
             raise RetrError(f"{path}: missing: {folder} is not a retr {what} folder")
-        size = path.stat().st_size
-        if size > MAX_MANIFEST_BYTES:
-            raise RetrError(f"{path}: {size} bytes: not a retr manifest (at most {MAX_MANIFEST_BYTES})")
-        data = path.read_bytes()
+        data = read_small(path, MAX_MANIFEST_BYTES)
     try:
         manifest = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
@@ -190,8 +187,8 @@ def load_manifest(folder: Path, kind: str = "retr-index") -> IndexManifest:
 def is_index_folder(folder: Path, kind: str) -> bool:
     """Whether ``folder`` holds a manifest of ``kind`` (its other parts are not checked)."""
     try:
-        manifest = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        manifest = json.loads(read_small(Path(folder) / MANIFEST, MAX_MANIFEST_BYTES))
+    except (OSError, ValueError, RetrError):
         return False
     return isinstance(manifest, dict) and manifest.get("format") == kind
 

@@ -247,6 +247,19 @@ def open_regular(path: Path) -> int:
     return fd
 
 
+MAX_SMALL_FILE = 64 << 20  # a manifest or other small part larger than this is not read
+
+
+def read_small(path: Path, limit: int = MAX_SMALL_FILE) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes (``open_regular``: never a symlink, FIFO or
+    device); a ``RetrError`` naming it otherwise, ``FileNotFoundError`` where it does not exist."""
+    with os.fdopen(open_regular(path), "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise RetrError(f"{path}: {size} bytes, more than the {limit} a retr manifest may hold")
+        return fh.read(limit + 1)[:limit]
+
+
 def file_sha256(path: Path, limit: int | None = None) -> str:
     """sha256 of a regular file (never a special one: ``open_regular``); ``limit``: read at most this many bytes
     (its recorded size: a file that grows is not read on forever)."""

@@ -257,6 +257,8 @@ def _tamper(env: Env, root: Path) -> dict[str, Path]:
          swap("dense.faiss", lambda p: os.symlink(other / "dense.faiss", p)))
     case("bm25 -> another index's", None, lambda idx: (
         __import__("shutil").rmtree(idx / "bm25"), os.symlink(other / "bm25", idx / "bm25")))
+    case("manifest.json a FIFO", None, swap("manifest.json", os.mkfifo))
+    case("manifest.json -> /dev/zero", None, swap("manifest.json", lambda p: os.symlink("/dev/zero", p)))
     case("a generation dir outside", lambda m: m.update(dir="../pristine", format_version=2, generation=1))
 
     def generation_without_manifest(idx):
