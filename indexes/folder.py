@@ -125,20 +125,20 @@ class IndexFolder(ManifestView):
     @cached_property
     def passages(self) -> PassageMap | None:
         """Which document each vector belongs to, for an index of passages (None: one vector per document)."""
-        info = self.dense_info.get("passages")
-        if not info:
+        info = self.manifest.dense.passages
+        if info is None:
             return None
         try:
-            docs = np.load(confined(self.parts, info["docs_file"]), mmap_mode="r", allow_pickle=False)
-            spans = np.load(confined(self.parts, info["spans_file"]), mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError, KeyError) as e:
+            docs = np.load(confined(self.parts, info.docs_file), mmap_mode="r", allow_pickle=False)
+            spans = np.load(confined(self.parts, info.spans_file), mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as e:
             raise RetrError(f"{self.folder}: passage map unreadable ({e}): rebuild the index") from None
-        if docs.shape != (info["count"],) or spans.shape != (info["count"], 2) or \
+        if docs.shape != (info.count,) or spans.shape != (info.count, 2) or \
                 (len(docs) and (int(docs[0]) != 0 or int(docs[-1]) != len(self.ids) - 1
                                 or bool((np.diff(docs) < 0).any()))):
-            raise RetrError(f"{self.parts / info['docs_file']}: does not map {info['count']} passages onto "
+            raise RetrError(f"{self.parts / info.docs_file}: does not map {info.count} passages onto "
                             f"{len(self.ids)} documents in order: rebuild the index")
-        return PassageMap(docs, spans, info.get("aggregate", "maxp"), len(self.ids))
+        return PassageMap(docs, spans, info.aggregate, len(self.ids))
 
     @cached_property
     def docstore(self) -> DocStore:

@@ -206,6 +206,17 @@ def _dict(value: object) -> Mapping:
     return value if isinstance(value, dict) else {}
 
 
+def _passages(dense: Mapping, path: Path) -> PassageInfo | None:
+    info = dense.get("passages")
+    if not info:
+        return None
+    try:
+        return PassageInfo(_int(info, "count", path), str(info["docs_file"]), str(info["spans_file"]),
+                           str(info.get("aggregate", "maxp")))
+    except (KeyError, AttributeError, TypeError):
+        raise RetrError(f"{path}: manifest's 'dense.passages' is incomplete: rebuild the index") from None
+
+
 @dataclass(frozen=True)
 class CorpusFields:
     """Which record fields held the id, text and title (None: none, or not recorded)."""
@@ -232,6 +243,15 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class PassageInfo:
+    """An index of passages: how many vectors, the files mapping each to its document and span, the aggregate."""
+    count: int
+    docs_file: str
+    spans_file: str
+    aggregate: str
+
+
+@dataclass(frozen=True)
 class DenseInfo:
     kind: str | None
     file: str | None
@@ -239,7 +259,7 @@ class DenseInfo:
     model: ModelInfo
     params: Mapping
     encode: Mapping  # how the vectors were encoded (the graph, seconds; empty where not recorded)
-    has_passages: bool
+    passages: PassageInfo | None
     build_seconds: float
     bytes: int
     raw: Mapping = field(repr=False, compare=False)  # the whole entry (truncation, passages, ...)
@@ -317,7 +337,7 @@ class IndexManifest(Mapping):
             dense=DenseInfo(dense.get("kind"), dense.get("file"), dense["dim"],
                             ModelInfo(model.get("id"), model["hash"], model.get("backend"),
                                       str(prompts.get("query") or "")),
-                            _dict(dense.get("params")), _dict(dense.get("encode")), bool(dense.get("passages")),
+                            _dict(dense.get("params")), _dict(dense.get("encode")), _passages(dense, path),
                             _number(dense.get("build_seconds")), int(_number(dense.get("bytes"))), dense),
             bm25=None if not bm25 else BM25Info(bm25.get("dir"), _dict(bm25.get("params")),
                                                 _number(bm25.get("build_seconds")), int(_number(bm25.get("bytes")))),

@@ -163,7 +163,7 @@ def _check_changeable(index: IndexFolder) -> None:
     if index.manifest.shard_index is not None:
         raise RetrError(f"{index.folder}: a shard of a sharded index cannot change on its own (its BM25 holds the "
                         f"whole collection's statistics): rebuild the index with `retr index --shards`")
-    if index.manifest.dense.has_passages:
+    if index.manifest.dense.passages is not None:
         raise RetrError(f"{index.folder}: an index of passages cannot change yet (add, delete and compact keep one "
                         f"vector per document): rebuild it with `retr index --passages`")
 
