@@ -255,3 +255,28 @@ def test_an_index_folder_reached_through_a_symlink_opens_and_changes(tiny_bi_enc
         assert sorted(opened.ids) == sorted(d for d, _, _ in BASE[2:])
     finally:
         opened.close()
+
+
+def test_a_rebuild_may_change_between_one_folder_and_shards(tiny_bi_encoder, tmp_path):
+    idx = tmp_path / "idx"
+    corpus = _write(tmp_path / "c.jsonl", BASE)
+    _build(corpus, idx, tiny_bi_encoder, "--shards", "2")
+    sharded = open_index(idx)
+    _build(corpus, idx, tiny_bi_encoder)  # one folder now, while the sharded generation is still open
+    try:
+        assert len(sharded.shards) == 2 and sharded.docstore.get(3).doc_id == sharded.ids[3]
+    finally:
+        sharded.close()
+    single = open_index(idx)
+    try:
+        assert not hasattr(single, "shards") and sorted(single.ids) == sorted(d for d, _, _ in BASE)
+        assert single.generation == 1
+    finally:
+        single.close()
+    _build(corpus, idx, tiny_bi_encoder, "--shards", "3")
+    again = open_index(idx)
+    try:
+        assert len(again.shards) == 3 and again.generation == 2
+    finally:
+        again.close()
+    assert sorted(p.name for p in idx.iterdir() if not p.name.startswith(".")) == ["gen-000002", "manifest.json"]
