@@ -83,6 +83,7 @@ def test_the_search_page_keeps_its_query_in_the_url(tiny_dataset, tiny_bi_encode
     entry, and the back and forward buttons bring each search back, its form and its results."""
     from urllib.parse import parse_qs, urlsplit
 
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -98,12 +99,13 @@ def test_the_search_page_keeps_its_query_in_the_url(tiny_dataset, tiny_bi_encode
     server = Server(idx, ServeConfig(encoder=EncoderConfig(backend="onnx")))
 
     def shown(query: str, count: int):
-        """Wait until the page shows ``count`` hits for ``query``; their ids."""
+        """Wait until the page shows ``count`` hits for ``query`` (the results may be replaced while they are read:
+        a stale element is read again)."""
         def ready(d):
             hits = d.find_elements(By.CSS_SELECTOR, "#results .hit")
             marks = {m.text.lower() for m in d.find_elements(By.CSS_SELECTOR, "#results mark")}
-            return len(hits) == count and query.split()[0] in marks and [h.text.split()[0] for h in hits]
-        return WebDriverWait(browser, 20).until(ready)
+            return len(hits) == count and query.split()[0] in marks
+        return WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,)).until(ready)
 
     def url_query() -> dict:
         return {k: v[0] for k, v in parse_qs(urlsplit(browser.current_url).query).items()}
