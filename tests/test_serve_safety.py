@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
+import hypothesis  # the test extra's (pyproject.toml): missing is a broken install, not a reason to skip
+import hypothesis.strategies
 import pytest
 
 from retr.cli.main import main
@@ -438,7 +440,6 @@ def generations_after_changes(served, index, tmp_path):
 
 # -- property-based: any JSON body -> 2xx or 4xx ---------------------------------------------------------------
 
-hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
 
 SCALARS = st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats() | st.text(max_size=30)
