@@ -20,6 +20,7 @@ from retr.eval.runner import EvalConfig
 from retr.indexes.build import IndexConfig
 from retr.indexes.dense import DenseIndexConfig
 from retr.indexes.executors import EXECUTORS, ExecutorConfig
+from retr.indexes.manifest import IndexManifest
 from retr.indexes.searcher import SearchHit, SearchResult
 from retr.retrieval.backends.registry import choices
 from retr.retrieval.encoder import EncoderConfig
@@ -202,7 +203,8 @@ class Index:
         return list(self._open.index.ids)
 
     @property
-    def manifest(self) -> dict:
+    def manifest(self) -> IndexManifest:
+        """The index's typed manifest (``.to_dict()`` for its JSON)."""
         return self._open.index.manifest
 
     def search(self, query: str, k: int = DEFAULT_K, mode: str = DEFAULT_MODE, rerank: str | None = None,

@@ -35,6 +35,7 @@ from typing import Literal
 
 from retr.eval.pseudo import check_index_reranker
 from retr.indexes.searcher import Searcher
+from retr.retrieval.artifacts import read_small
 from retr.retrieval.backends.runners import default_threads
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
@@ -131,9 +132,9 @@ class Refusal:
 
 def _generation_on_disk(folder: Path) -> int | None:
     try:
-        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads(read_small(folder / "manifest.json"))  # never a FIFO or device: it would hang
         return int(manifest.get("generation", 0))
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError, RetrError):
         return None
 
 
@@ -662,7 +663,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
         """The status and JSON body for a validated search request (one code path for the lean route below and
         the FastAPI route that documents it)."""
         if body.rerank and cfg.rerank is None:
-            return 400, error_body("this server has no cross-encoder: start it with --reranker DIR")
+            return 400, error_body("this server has no cross-encoder: start it with --rerank DIR")
         try:
             request = request_of(body)
             searcher = generations.current()

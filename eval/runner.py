@@ -58,7 +58,7 @@ class EvalConfig:
         if not self.pipelines:
             raise RetrError("no pipeline to evaluate")
         if any(p.rerank for p in self.pipelines) and self.reranker is None:
-            raise RetrError("rerank pipelines need a cross-encoder: pass --reranker DIR")
+            raise RetrError("rerank pipelines need a cross-encoder: pass --rerank DIR")
         if not self.k_values or min(self.k_values) < 1:
             raise RetrError(f"k values must be positive integers, got {self.k_values}")
         if self.warmup < 0:

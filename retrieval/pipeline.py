@@ -183,7 +183,7 @@ class PipelineFactory:
         if not spec.rerank:
             return first
         if reranker is None:
-            raise RetrError(f"pipeline {spec.name!r} needs a cross-encoder: pass --reranker DIR")
+            raise RetrError(f"pipeline {spec.name!r} needs a cross-encoder: pass --rerank DIR")
         if self._positions is None:
             self._positions = {d: i for i, d in enumerate(self.index.ids)}
         return RerankRetriever(first, reranker, self.index.docstore, self._positions, self.passages,
