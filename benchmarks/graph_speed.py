@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
               "rounds": args.rounds,
               "backends": rows, "ratio_to_first": {b: r["docs_per_s"] / base for b, r in rows.items()}}
     print(f"{len(texts)} {ds.name} documents, median of {args.rounds} alternating passes; this CPU: "
-          f"bf16 {'native' if result['cpu_bf16'] else 'absent'}, int8 dot products "
-          f"{'present' if result['cpu_int8_dot'] else 'absent'}, static int8 used by retr: "
-          f"{'yes' if result['int8_used'] else 'no'}")
+          f"bf16 {'native' if result['bf16'] else 'absent'}, int8 dot products "
+          f"{'present' if result['int8_dot'] else 'absent'}, static int8 a candidate for retr: "
+          f"{'yes' if result['int8_dot'] else 'no (pruned)'}")
     for b, r in rows.items():
         print(f"{b:>18}: {r['docs_per_s']:6.1f} docs/s ({result['ratio_to_first'][b]:.2f}x {names[0]})")
     write_result(args.out, result)
