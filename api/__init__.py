@@ -182,13 +182,13 @@ class Index:
              query_prompt: str | None = None) -> Index:
         """Open an index folder (checked against its manifest). ``model``: the query encoder (default: the one
         that built the index; ``query_prompt``: the index's unless given, and refused when another)."""
-        from retr.eval.pseudo import check_index_reranker
         from retr.indexes.searcher import Searcher
 
         folder = _path(folder, "folder")
         encoder = _encoder(model, backend, query_backend, query_prompt=query_prompt)
         pipeline = PipelineConfig(fusion=_choice(fusion, "fusion", FUSIONS))
-        return cls(Searcher(folder, encoder, pipeline, checker=check_index_reranker))
+        # a search only reads a stored reranker check (`retr check-reranker`, `retr eval`): it never builds one
+        return cls(Searcher(folder, encoder, pipeline))
 
     @property
     def _open(self):

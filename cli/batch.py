@@ -41,7 +41,6 @@ def run_batch(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from retr.cli import options
-    from retr.eval.pseudo import check_index_reranker
     from retr.eval.topics import read_topics
     from retr.eval.trec import check_tag, write_run
     from retr.indexes.searcher import Searcher
@@ -61,7 +60,7 @@ def run_batch(args: argparse.Namespace) -> int:
     request = SearchRequest.batch(list(topics.values()), k=args.k, mode=args.mode, rerank=args.rerank,
                                   filter=dict(args.filter) or None)
     searcher = Searcher(args.index, options.query_encoder_config(args), options.pipeline_config(args),
-                        options.rerank_config(args, args.rerank), checker=check_index_reranker)
+                        options.rerank_config(args, args.rerank))
     try:
         searcher.search_run(SearchRequest.one(request.queries[0], k=1, mode=args.mode, rerank=args.rerank,
                                               filter=request.filter))  # everything loaded before the clock

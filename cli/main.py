@@ -33,7 +33,19 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from retr.cli import compare, doctor, index, regress, report, search, serve, surface, train, update
+    from retr.cli import (
+        check_reranker,
+        compare,
+        doctor,
+        index,
+        regress,
+        report,
+        search,
+        serve,
+        surface,
+        train,
+        update,
+    )
     from retr.cli import eval as eval_cmd
 
     parser = argparse.ArgumentParser(prog="retr", description="Build, search and measure retrieval pipelines.")
@@ -42,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"retr {version()}",
                         help="print retr's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
-    for command in (index, update, search, eval_cmd, compare, report, regress, train, serve, doctor):
+    for command in (index, update, search, eval_cmd, check_reranker, compare, report, regress, train, serve, doctor):
         command.add_parser(sub)
     return surface.finish(parser)
 

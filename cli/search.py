@@ -44,7 +44,6 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from retr.eval.pseudo import check_index_reranker
     from retr.indexes.searcher import Searcher
     from retr.retrieval.request import SearchRequest
 
@@ -55,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
     request = SearchRequest.one(args.query, k=args.k, mode=args.mode, rerank=args.rerank,
                                 filter=dict(args.filter) or None)  # checked before the index is opened
     searcher = Searcher(args.index, options.query_encoder_config(args),
-                        options.pipeline_config(args), options.rerank_config(args, args.rerank),
-                        checker=check_index_reranker)
+                        options.pipeline_config(args), options.rerank_config(args, args.rerank))
     try:
         result = searcher.run(request)[0]
     finally:

@@ -362,7 +362,8 @@ class CrossEncoderReranker:
             self._warned.add(corpus_sha256)
             logger.warning("cross-encoder %s was trained on another corpus (sha256 %s...) than this index's "
                            "(%s...) and has not been checked on it: rerankers can lose nDCG on collections they "
-                           "never saw; `retr eval` checks it on pseudo-queries from the corpus and caps its weight",
+                           "never saw; `retr check-reranker INDEX MODEL` (or `retr eval`) checks it on pseudo-queries "
+                           "from the corpus once and caps its weight",
                            self.path, self.trained_corpus[:12], corpus_sha256[:12])
         return RerankWeight(self.interpolation, "unchecked")
 

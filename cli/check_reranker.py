@@ -1,0 +1,49 @@
+"""`retr check-reranker IDX MODEL`: the reranker check as its own step.
+
+A cross-encoder trained on another corpus is checked on pseudo-queries cut from the index's own documents
+(``retr.eval.pseudo``) when it is first put together with an index: here, by `retr eval`, or when `retr serve`
+starts. The check is stored (keyed by the corpus, the cross-encoder, the index's dense model, depth, length and
+input form); `retr search` and the Python API only read it: a search never builds an index or loads the corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from retr.cli import options
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("check-reranker",
+                       help="check a cross-encoder on an index's own corpus (pseudo-queries cut from its documents) "
+                            "once, and store the weight searches will give it")
+    p.add_argument("index", help="index folder written by `retr index`")
+    p.add_argument("model", help="cross-encoder: a folder, or a hub id in the local Hugging Face cache")
+    options.add_rerank_args(p)
+    options.add_fusion_arg(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from retr.eval.pseudo import check_index_reranker
+    from retr.eval.table import reranker_line
+    from retr.indexes.searcher import Searcher
+
+    searcher = Searcher(args.index, None, options.pipeline_config(args), options.rerank_config(args, args.model),
+                        checker=check_index_reranker)
+    try:
+        reranker = searcher.reranker(args.model)  # checked here where that applies and none is stored
+        manifest = searcher.index.manifest
+        weight = reranker.weight_for(manifest["corpus"]["sha256"],
+                                     ((manifest.get("dense") or {}).get("model") or {}).get("hash"))
+    finally:
+        searcher.close()
+    line = reranker_line({"weight": weight.weight, "weight_source": weight.source,
+                          "corpus_check": asdict(weight.check) if weight.check else None}).strip()
+    why = {"given": "--rerank-alpha given: nothing to check",
+           "trained": "trained on this corpus (or not by retr): its trained weight, nothing to check",
+           "unchecked": "not checked: --no-rerank-check, or the corpus is too short to cut pseudo-queries from"}
+    print(f"{args.model} on {args.index}: {line}" + (f" ({why[weight.source]})" if weight.source in why else ""))
+    return 0
