@@ -1,5 +1,5 @@
 """`retr eval --index IDX --topics FILE --qrels FILE`: the report of `--dataset` for an index as it is (plain,
-sharded, of passages, changed by add/delete), and never a rebuild: no document is encoded."""
+sharded, of passages, lean, changed by add/delete), and never a rebuild: no document is encoded."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def _eval_index(folder, dataset, out, *extra):
     return EvalReport.read(out)
 
 
-@pytest.mark.parametrize("build_options", [[], ["--shards", "2"], ["--passages", "8:4"]],
-                         ids=["plain", "sharded", "passages"])
+@pytest.mark.parametrize("build_options", [[], ["--shards", "2"], ["--passages", "8:4"], ["--kind", "lean"]],
+                         ids=["plain", "sharded", "passages", "lean"])
 def test_eval_index_gives_the_report_of_eval_dataset(tiny_dataset, tiny_bi_encoder, tmp_path, monkeypatch,
                                                       caplog, build_options):
     expected_path = tmp_path / "dataset.json"
