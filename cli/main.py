@@ -60,11 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is now (so in-process callers can redirect it)."""
+    """Writes to whatever ``sys.stderr`` is now (so in-process callers can redirect it), never into the sink of a
+    block that keeps third-party output off the terminal (``quiet.terminal_stderr``)."""
 
     @property
     def stream(self):  # type: ignore[override]
-        return sys.stderr
+        from retr.retrieval.backends.quiet import terminal_stderr
+
+        return terminal_stderr()
 
     @stream.setter
     def stream(self, _value) -> None:

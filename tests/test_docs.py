@@ -142,12 +142,13 @@ def test_the_python_examples_run(tiny_bi_encoder, tmp_path, monkeypatch, capsys)
 
 @pytest.fixture(scope="module")
 def tiny_index(tiny_dataset, tiny_bi_encoder, tmp_path_factory) -> Path:
-    """An index folder as `retr index` writes it by default (flat + BM25), of the fixture corpus."""
+    """An index folder as `retr index` writes it by default (flat + BM25), of the fixture corpus, encoded afresh
+    (the page shows a first build's encoding record, not one taken from the embedding cache)."""
     from retr.cli.main import main
 
     idx = tmp_path_factory.mktemp("docs") / "idx"
     assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--model", str(tiny_bi_encoder),
-                 "--backend", "onnx"]) == 0
+                 "--backend", "onnx", "--no-cache"]) == 0
     return idx
 
 

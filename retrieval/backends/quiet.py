@@ -13,6 +13,14 @@ from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
+_outer_stderr: list = []  # the stderr each open quiet block replaced, outermost first
+
+
+def terminal_stderr():
+    """The stderr retr's own log lines go to: the one a quiet block replaced while one is open (its sink takes
+    third-party output only), else ``sys.stderr`` as it is now."""
+    return _outer_stderr[0] if _outer_stderr else sys.stderr
+
 
 def vendor_telemetry_off() -> None:
     """Keep OpenVINO's and NNCF's telemetry from ever starting in this process; call before importing either.
@@ -54,10 +62,12 @@ def quiet_third_party(*names: str) -> Iterator[None]:
         lg.handlers, lg.propagate = [to_debug], False
         lg.setLevel(logging.INFO)
     sink = io.StringIO()
+    _outer_stderr.append(sys.stderr)
     try:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             yield
     finally:
+        _outer_stderr.pop()
         for lg, handlers, level, propagate in saved:
             lg.handlers, lg.propagate = handlers, propagate
             lg.setLevel(level)
