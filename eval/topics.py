@@ -11,11 +11,10 @@ Every malformed input raises ``RetrError`` naming the file and line. Topics keep
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from retr.indexes.corpus import lines
+from retr.indexes.corpus import jsonl_records, lines
 from retr.retrieval.errors import RetrError
 
 TOPIC_FORMATS = ("tsv", "jsonl", "trec")
@@ -94,15 +93,7 @@ def _tsv(path: Path) -> dict[str, str]:
 
 def _jsonl(path: Path) -> dict[str, str]:
     topics: dict[str, str] = {}
-    for lineno, line in lines(path):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RetrError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(rec, dict):
-            raise RetrError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+    for lineno, rec in jsonl_records(path):
         id_key = next((k for k in ID_KEYS if k in rec), None)
         text_key = next((k for k in TEXT_KEYS if k in rec), None)
         if id_key is None:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from retr.indexes.corpus import lines
+from retr.indexes.corpus import jsonl_records, lines
 from retr.retrieval.artifacts import atomic_write_text
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Qrels, Run
@@ -176,14 +176,8 @@ def _msmarco_hits(path: Path):
 
 
 def _jsonl_hits(path: Path):
-    for lineno, line in lines(path):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RetrError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("qid"), str) or not isinstance(rec.get("hits"), list):
+    for lineno, rec in jsonl_records(path):
+        if not isinstance(rec.get("qid"), str) or not isinstance(rec.get("hits"), list):
             raise RetrError(f"{path}:{lineno}: expected {{\"qid\": str, \"hits\": [...]}}")
         yield lineno, rec["qid"], None, 0.0
         for h in rec["hits"]:

@@ -79,7 +79,9 @@ def lines(path: Path) -> Iterator[tuple[int, str]]:
             yield lineno, text
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
+def jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for each non-blank line of a JSONL file; one line naming ``path:line`` for a line
+    that is not a JSON object."""
     for lineno, line in lines(path):
         if not line.strip():
             continue
@@ -105,7 +107,7 @@ def _csv_records(path: Path) -> Iterator[tuple[int, dict]]:
 def records(path: Path) -> Iterator[tuple[int, dict]]:
     if path.suffix.lower() in (".csv", ".tsv", ".tab"):
         return _csv_records(path)
-    return _jsonl_records(path)
+    return jsonl_records(path)
 
 
 def _detect(path: Path, keys: list[str], given: str | None, candidates: tuple[str, ...], what: str,

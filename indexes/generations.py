@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from retr.retrieval.artifacts import MANIFEST, atomic_write_bytes, fsync_tree, read_small
+from retr.retrieval.artifacts import MANIFEST, atomic_write_bytes, fsync_tree, pid_alive, read_small
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def _dead(name: str) -> bool:
     if not m:
         return False
     pid = int(m.group(2))
-    return name not in _WRITING if pid == os.getpid() else not _pid_alive(pid)
+    return name not in _WRITING if pid == os.getpid() else not pid_alive(pid)
 
 
 def _finished(folder: Path, name: str) -> bool:
@@ -264,16 +264,6 @@ def open_generation(root: Path) -> Opened:
 
 
 # -- writers: under the folder's writer lock ---------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def current_number(root: Path) -> int | None:
     """The number of the generation published at ``root`` (None: no index there)."""
     try:

@@ -113,7 +113,7 @@ def fsync_tree(folder: Path, files: bool = True) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -142,7 +142,7 @@ def remove_stale(target: Path) -> int:
     if not Path(target).exists():
         return 0
     for path, pid in _leftovers(target):
-        if pid != os.getpid() and not _pid_alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             shutil.rmtree(path, ignore_errors=True)
             n += 1
     if n:
