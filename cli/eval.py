@@ -133,7 +133,6 @@ def _score_runs(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from retr.eval.runner import score_runs
-    from retr.eval.table import detail_table, main_table
     from retr.retrieval.errors import RetrError
 
     if not args.qrels:
@@ -145,13 +144,7 @@ def _score_runs(args: argparse.Namespace) -> int:
             raise RetrError(f"two runs are both named {name!r} ({runs[name]}, {path}): give the files different names")
         runs[name] = path
     report = score_runs(runs, args.qrels, args.k_values, args.ignore_identical_ids)
-    print(main_table(report))
-    print()
-    print(detail_table(report))
-    if args.out:
-        report.write(Path(args.out))
-        print(f"\nreport written to {args.out}")
-    return 0
+    return _show(report, args.out)
 
 
 def _eval_index(args: argparse.Namespace, cfg) -> int:
@@ -160,7 +153,6 @@ def _eval_index(args: argparse.Namespace, cfg) -> int:
 
     from retr.eval.data import load_qrels
     from retr.eval.runner import run_eval_index
-    from retr.eval.table import detail_table, main_table
     from retr.eval.topics import read_topics
     from retr.retrieval.errors import RetrError
 
@@ -171,10 +163,19 @@ def _eval_index(args: argparse.Namespace, cfg) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else (Path(args.out).with_name(f"{Path(args.out).stem}-runs")
                                                        if args.out else None)
     report = run_eval_index(args.index, topics, qrels, cfg, run_dir, args.qrels)
+    return _show(report, args.out)
+
+
+def _show(report, out: str | None) -> int:
+    """One report's tables on stdout, and the report written to ``out`` when given (``--run`` and ``--index``)."""
+    from pathlib import Path
+
+    from retr.eval.table import detail_table, main_table
+
     print(main_table(report))
     print()
     print(detail_table(report))
-    if args.out:
-        report.write(Path(args.out))
-        print(f"\nreport written to {args.out}")
+    if out:
+        report.write(Path(out))
+        print(f"\nreport written to {out}")
     return 0
