@@ -71,7 +71,7 @@ def test_weight_policy_on_the_trained_corpus_another_one_and_a_given_weight(tiny
     mine = rr.weight_for(OTHER, "m")  # the corpus it was trained on: the weight chosen on its dev queries
     assert (mine.weight, mine.source) == (0.5, "trained") and not rr.needs_check(OTHER)
     assert rr.needs_check("1" * 64)
-    with caplog.at_level("WARNING", logger="retr.retrieval.rerank"):
+    with caplog.at_level("WARNING", logger="retr.retrieval.rerank_model"):
         assert rr.weight_for("1" * 64, "m") == rr.weight_for("1" * 64, "m")  # unchecked: kept, one warning
     warned = [r.getMessage() for r in caplog.records if "has not been checked" in r.getMessage()]
     assert len(warned) == 1 and rr.weight_for("1" * 64, "m").source == "unchecked"

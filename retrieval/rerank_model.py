@@ -1,0 +1,280 @@
+"""The cross-encoder model: its folder checked, its training record read, its graph opened and scoring pairs."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from retr.retrieval.artifacts import cache_home
+from retr.retrieval.backends import sample_texts
+from retr.retrieval.backends.batching import fast_pair_tokenizer, run_sorted
+from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
+from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
+from retr.retrieval.backends.platform import this_platform
+from retr.retrieval.backends.quiet import quiet_third_party
+from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND, get_backend, on_this_cpu
+from retr.retrieval.errors import RetrError
+from retr.retrieval.focus import DEFAULT_INPUTS, check_inputs, reader
+from retr.retrieval.models import ModelRef
+from retr.retrieval.rerank_check import (
+    CHECK_SEED,
+    PSEUDO_QUERIES,
+    WEIGHT_RULE,
+    CorpusCheck,
+    RerankWeight,
+    rule_weight,
+)
+
+logger = logging.getLogger(__name__)
+
+# the shallowest depth within 0.005 dev nDCG@10 of the best in every dev study (benchmarks/rerank_budget.py,
+# README "Reranking within a budget"): SciFact dev, 1-epoch cross-encoders over the trained hybrid. fp32, depths
+# 10/20/30/50/100: +0.0181/+0.0153/+0.0155/+0.0152/+0.0158 over the first stage; bf16, depths 10/20/30:
+# 0.7745/0.7806/0.7836. 100 (the default before) reranked no better, at 6x the cost of 20
+DEFAULT_RERANK_DEPTH = 20
+DEFAULT_RERANK_MAX_LENGTH = 256  # for a cross-encoder that records no training length
+
+
+@dataclass(frozen=True)
+class RerankConfig:
+    model: str
+    depth: int = DEFAULT_RERANK_DEPTH
+    max_length: int | None = None  # None: the length the model was trained at (its record), else 256
+    batch_size: int = 32  # torch backend: pairs per batch
+    token_budget: int = 8192  # exported backends: padded tokens per batch (length-sorted)
+    device: str = "cpu"
+    backend: str = DEFAULT_RERANK_BACKEND  # a name in the registry that offers cross-encoder graphs
+    # weight of the cross-encoder in the final score (1.0: cross-encoder alone); None: the value
+    # chosen on dev by `retr train cross-encoder` (in the folder's retr_manifest.json), else 1.0
+    interpolation: float | None = None
+    # on a corpus it was not trained on, measure the cross-encoder on pseudo-queries cut from that corpus and cap
+    # its weight there by what they choose (retr.eval.pseudo; README "Reranking on other collections")
+    corpus_check: bool = True
+    # what the model reads of a document (a key of retr.retrieval.focus.INPUT_FORMS); None: the form it was
+    # trained on (its record), else "head"
+    inputs: str | None = None
+
+    def __post_init__(self) -> None:
+        get_backend(self.backend, SCORING)
+        if self.inputs is not None:
+            check_inputs(self.inputs)
+        if self.depth < 1 or (self.max_length is not None and self.max_length < 1):
+            raise RetrError(f"rerank depth and max length must be >= 1, got {self.depth} and {self.max_length}")
+
+
+
+def check_cross_encoder_dir(path: Path) -> dict:
+    """Refuse a folder that is not a one-logit sequence-classification model; return its config.json."""
+    cfg_path = path / "config.json"
+    if not path.is_dir():
+        raise RetrError(f"{path}: no such cross-encoder folder")
+    if not cfg_path.is_file():
+        raise RetrError(f"{path}: not a cross-encoder folder (no config.json)")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RetrError(f"{cfg_path}: unreadable ({e})") from None
+    if not isinstance(cfg, dict):
+        raise RetrError(f"{cfg_path}: expected a JSON object")
+    archs = cfg.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in archs):
+        raise RetrError(f"{path}: not a cross-encoder: its architectures are {archs or 'unset'}, "
+                        f"expected a *ForSequenceClassification model (train one with `retr train cross-encoder`)")
+    num_labels = len(cfg.get("id2label") or {0: "LABEL_0"})
+    if num_labels != 1:
+        raise RetrError(f"{path}: a classifier with {num_labels} labels, not a one-score cross-encoder")
+    return cfg
+
+
+def _training_record(path: Path) -> dict:
+    """What `retr train cross-encoder` stored with the model (its retr_manifest.json); {} for any other folder."""
+    manifest = path / "retr_manifest.json"
+    try:
+        record = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    except (OSError, ValueError):
+        record = {}
+    return record if isinstance(record, dict) else {}
+
+
+def _trained_weight(record: dict, path: Path) -> float | None:
+    """The weight chosen on dev at training. A model trained under an earlier rule (its manifest names another
+    ``interpolation_rule``, or none: the raw dev peak) that stored its dev curve gets today's rule
+    (``WEIGHT_RULE``) applied to that curve, so that every cross-encoder retr trained gets its weight the same way."""
+    stored = record.get("interpolation")
+    curve = record.get("dev_ndcg@10_by_interpolation")
+    if stored is None or record.get("interpolation_rule") == WEIGHT_RULE or not isinstance(curve, dict) \
+            or len(curve) != 11:
+        return None if stored is None else float(stored)
+    weight = rule_weight(curve)
+    if weight != float(stored):
+        logger.info("cross-encoder %s: weight %.1f by today's rule (%s) from its stored dev curve; it stored %.1f",
+                    path, weight, WEIGHT_RULE, float(stored))
+    return weight
+
+
+def trained_reading(record: dict, positions: int | None = None, max_length: int | None = None,
+                    inputs: str | None = None) -> tuple[int, str]:
+    """The tokens and the input form (retr.retrieval.focus) a cross-encoder reads with: as given, else as it was
+    trained (its ``record``), else its head at ``DEFAULT_RERANK_MAX_LENGTH``; never past its ``positions``."""
+    length = max_length or int((record.get("config") or {}).get("max_length") or DEFAULT_RERANK_MAX_LENGTH)
+    return (min(length, int(positions)) if positions else length,
+            check_inputs(inputs or record.get("inputs") or DEFAULT_INPUTS))
+
+
+def cross_encoder_reading(path: Path) -> tuple[int, str]:
+    """``trained_reading`` of the cross-encoder folder ``path``."""
+    return trained_reading(_training_record(path), check_cross_encoder_dir(path).get("max_position_embeddings"))
+
+
+def cross_encoder_ref(name: str) -> ModelRef:
+    """A cross-encoder named by a folder or, as ``--model`` names a bi-encoder, by a hub id (``org/name``) found in
+    the local Hugging Face cache (downloaded where the hub is reachable): the same identity (content hash) and the
+    same one-line error when offline and absent."""
+    path = Path(name).expanduser()
+    hub_id = not path.exists() and not name.startswith((".", "/", "~")) and name.count("/") == 1
+    if not hub_id:
+        check_cross_encoder_dir(path)
+    ref = ModelRef.resolve(name if hub_id else str(path))
+    check_cross_encoder_dir(ref.path)
+    return ref
+
+
+class CrossEncoderReranker:
+    """Scores (query, document) pairs with a sentence-transformers ``CrossEncoder``: through an exported,
+    verified graph (OpenVINO / ONNX Runtime, cached like the bi-encoder's) or with torch."""
+
+    def __init__(self, config: RerankConfig):
+        self.config = config
+        self.ref = cross_encoder_ref(config.model)
+        self.path = self.ref.path
+        positions = check_cross_encoder_dir(self.path).get("max_position_embeddings")
+        record = _training_record(self.path)
+        self.max_length, self.inputs = trained_reading(record, positions, config.max_length, config.inputs)
+        self._fast_pairs = fast_pair_tokenizer(self.path, self.max_length)
+        self._read = reader(self.inputs, self.path, self.max_length)
+        self.graph: Graph | None = None
+        if config.device == "cpu":
+            backend = on_this_cpu(get_backend(config.backend, SCORING), SCORING, this_platform())
+            calibration = self._calibration() if backend.calibrated else None
+            self.graph = open_graph(lambda: self.model, self.ref.hash, backend.name, self.max_length, cache_home(),
+                                    SCORING, use_cache_alone=self._fast_pairs is not None, calibration=calibration)
+        chosen = _trained_weight(record, self.path)
+        self.interpolation = config.interpolation if config.interpolation is not None \
+            else chosen if chosen is not None else 1.0
+        self.trained_corpus: str | None = record.get("corpus_sha256")  # None: not trained by retr
+        self._warned: set[str] = set()
+        self._checks: dict[tuple[str, str | None], CorpusCheck] = {}
+
+    def trained_on(self, corpus_sha256: str | None) -> bool | None:
+        """Whether this cross-encoder was trained on the corpus an index holds (None: unknown: a folder retr did
+        not train, or no checksum)."""
+        if self.trained_corpus is None or corpus_sha256 is None:
+            return None
+        return corpus_sha256 == self.trained_corpus
+
+    def check_key(self, corpus_sha256: str, first_stage_model: str) -> str:
+        return CorpusCheck.key(corpus_sha256, self.model_hash, first_stage_model, self.config.depth,
+                               self.max_length, PSEUDO_QUERIES, CHECK_SEED, self.inputs)
+
+    def adopt(self, check: CorpusCheck) -> None:
+        """Use ``check`` (measured by ``retr.eval.pseudo.check_reranker``) on its corpus."""
+        self._checks[(check.corpus_sha256, check.first_stage_model)] = check
+
+    def needs_check(self, corpus_sha256: str | None) -> bool:
+        """Whether the corpus check applies on this corpus: enabled, no weight given, and trained on another."""
+        return self.config.corpus_check and self.config.interpolation is None \
+            and self.trained_on(corpus_sha256) is False
+
+    def find_check(self, corpus_sha256: str, first_stage_model: str | None) -> CorpusCheck | None:
+        """The check of this cross-encoder on that corpus and first-stage model: adopted, or stored in the cache."""
+        check = self._checks.get((corpus_sha256, first_stage_model))
+        if check is None and first_stage_model is not None:
+            check = CorpusCheck.load(self.check_key(corpus_sha256, first_stage_model))
+            if check is not None:
+                self.adopt(check)
+        return check
+
+    def weight_for(self, corpus_sha256: str | None, first_stage_model: str | None) -> RerankWeight:
+        """The interpolation weight on the corpus an index holds (``first_stage_model``: the index's dense model
+        hash). A weight the user gave wins; on the corpus the reranker was trained on (or where that is unknown),
+        the weight chosen on that corpus's dev queries; on another corpus, that weight capped by what the corpus
+        check chose there on pseudo-queries (README, "Reranking on other collections"): a reranker that loses on
+        a collection's own text is turned down there. Unchecked, the trained weight stays, with a warning once per
+        corpus."""
+        if self.config.interpolation is not None:
+            return RerankWeight(self.config.interpolation, "given")
+        if self.trained_on(corpus_sha256) is not False:
+            return RerankWeight(self.interpolation, "trained")
+        check = self.find_check(corpus_sha256, first_stage_model) if self.config.corpus_check else None
+        if check is not None:
+            return RerankWeight(min(self.interpolation, check.weight), "checked", check)
+        if corpus_sha256 not in self._warned:
+            self._warned.add(corpus_sha256)
+            logger.warning("cross-encoder %s was trained on another corpus (sha256 %s...) than this index's "
+                           "(%s...) and has not been checked on it: rerankers can lose nDCG on collections they "
+                           "never saw; `retr check-reranker INDEX MODEL` (or `retr eval`) checks it on pseudo-queries "
+                           "from the corpus once and caps its weight",
+                           self.path, self.trained_corpus[:12], corpus_sha256[:12])
+        return RerankWeight(self.interpolation, "unchecked")
+
+    @property
+    def model_hash(self) -> str:
+        return self.ref.hash
+
+    @property
+    def backend(self) -> str:
+        return self.graph.variant if self.graph is not None else "torch"
+
+    @functools.cached_property
+    def model(self):
+        """The torch CrossEncoder, loaded on first use."""
+        from sentence_transformers import CrossEncoder
+
+        with quiet_third_party("transformers", "sentence_transformers"):  # weight-loading bars off the terminal
+            return CrossEncoder(str(self.path), max_length=self.max_length, device=self.config.device)
+
+    def _pair_ids(self, query: str, texts: list[str]) -> tuple[list, list]:
+        if self._fast_pairs is not None:
+            return self._fast_pairs(query, texts)
+        enc = self.model.tokenizer([(query, t) for t in texts], truncation=True, max_length=self.max_length,
+                                   padding=False, return_token_type_ids=True)
+        return enc["input_ids"], enc["token_type_ids"]
+
+    def _calibration(self) -> Calibration:
+        """What a static int8 cross-encoder is calibrated on, once per model: retr's fixed sample of questions, each
+        paired with its own passage, the next question's passage and a long passage (relevant and not)."""
+        questions, passages, long = sample_texts.questions(), sample_texts.passages(), sample_texts.long_passages()
+        ids, types = [], []
+        for i, q in enumerate(questions):
+            a, b = self._pair_ids(q, [passages[i], passages[(i + 1) % len(passages)], long[i % len(long)]])
+            ids += a
+            types += b
+        return Calibration.of(ids, types)
+
+    def read(self, query: str, texts: list[str]) -> list[str]:
+        """What the cross-encoder reads of ``texts`` after ``query`` (its input form)."""
+        return self._read(query, texts)
+
+    def score(self, query: str, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros(0, dtype=np.float32)
+        texts = self.read(query, texts)
+        if self.graph is None:
+            return ce_logits(self.model, [(query, t) for t in texts], self.config.batch_size)
+        ids, types = self._pair_ids(query, texts)
+        runner = self.graph.runner
+        # one query's pairs in batches balanced over the runner's parallel streams (OpenVINO: one per core)
+        return run_sorted(runner, ids, self.config.token_budget, np.empty(len(texts), dtype=np.float32),
+                          extra_rows={"token_type_ids": types}, parts=runner.parallel)
+
+    def describe(self) -> dict:
+        return {"path": str(self.path), "hash": self.model_hash, "depth": self.config.depth,
+                "max_length": self.max_length, "inputs": self.inputs, "interpolation": self.interpolation,
+                "backend": self.backend,
+                "trained_corpus_sha256": self.trained_corpus,
+                "precision": graph_info(self.graph)["precision"]}
