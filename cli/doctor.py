@@ -37,7 +37,7 @@ def _report(args: argparse.Namespace) -> dict:
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends import chooser
     from retr.retrieval.backends.export import EMBEDDING
-    from retr.retrieval.backends.graphs import find_cached, open_graph
+    from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE, find_cached, open_graph
     from retr.retrieval.backends.platform import this_platform
     from retr.retrieval.backends.registry import BACKENDS, base_of, get_backend
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
@@ -66,9 +66,12 @@ def _report(args: argparse.Namespace) -> dict:
             enc.calibrated_graph  # noqa: B018 - calibrated (and cached) now, timed below
         enc = BiEncoder(config)  # sees every graph now in the cache
     query_choice = enc.time_query_candidates() if len(enc.query_candidates) > 1 else None
-    query_rows = [{"backend": name, "ms_per_query": enc.query_seconds(g) * 1000 if query_choice is None
-                   else next(t.ms for t in query_choice.timings if t.backend == name),
-                   "made_seconds": costs.get(name) or _made_seconds(g)}
+    timed = {t.backend: t for t in query_choice.timings} if query_choice is not None else {}
+    query_rows = [{"backend": name, "ms_per_query": enc.query_seconds(g) * 1000 if name not in timed
+                   else timed[name].ms, "made_seconds": costs.get(name) or _made_seconds(g),
+                   # the ranking noise it adds against the documents' graph (None: it is that graph) and the check
+                   "rank_noise": timed[name].rank_noise if name in timed else None,
+                   "passed": timed[name].passed if name in timed else True}
                   for name, g in enc.query_candidates.items()]
     base_s = enc.doc_seconds(enc.graph)
     documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000}}
@@ -99,7 +102,7 @@ def _report(args: argparse.Namespace) -> dict:
         "backend": config.backend,
         "queries": {"chosen": query_choice.backend if query_choice else enc.graph.variant,
                     "why": query_choice.why if query_choice else "the only query candidate in the cache",
-                    "candidates": query_rows},
+                    "candidates": query_rows, "max_rank_noise": MAX_QUERY_RANK_NOISE},
         "documents": {"chosen": doc_choice, "why": doc_why, **documents},
         "pruned": [{"backend": n, "why": w} for n, w in pruned],
         "not_in_cache": not_cached,
@@ -119,7 +122,9 @@ def _print(r: dict) -> None:
     print("queries (one alone, ms):")
     for c in r["queries"]["candidates"]:
         made = f"  made in {c['made_seconds']:.1f} s" if c.get("made_seconds") else ""
-        print(f"  {c['backend']:<18} {c['ms_per_query']:8.2f}{made}")
+        noise = "" if c.get("rank_noise") is None else \
+            f"  ranking noise {c['rank_noise']:.4f} ({'ok' if c['passed'] else 'REFUSED'}, bar {r['queries']['max_rank_noise']})"
+        print(f"  {c['backend']:<18} {c['ms_per_query']:8.2f}{made}{noise}")
     print(f"  chosen: {r['queries']['chosen']} - {r['queries']['why']}")
     d = r["documents"]
     print(f"documents (ms per document): {d['base']['backend']} {d['base']['ms_per_doc']:.1f}"

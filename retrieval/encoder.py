@@ -21,11 +21,13 @@ from retr.retrieval.backends.batching import TOKENIZE_CHUNK, fast_tokenizer, pla
 from retr.retrieval.backends.export import EMBEDDING, Calibration
 from retr.retrieval.backends.graphs import (
     EXPORT_GENERATION,
+    MAX_QUERY_RANK_NOISE,
     Graph,
     GraphId,
     find_cached,
     graph_info,
     open_graph,
+    query_rank_noise,
 )
 from retr.retrieval.backends.platform import Platform, this_platform
 from retr.retrieval.backends.quiet import quiet_third_party, tty
@@ -436,11 +438,22 @@ class BiEncoder:
                  for r in rows]
         return chooser.time_per_unit(lambda: [graph.runner(f) for f in feeds], len(feeds), budget_s=0.5)
 
+    def query_noise(self, graph: Graph) -> float:
+        """Ranking noise ``graph``'s query vectors add against the documents' graph's (``graphs.query_rank_noise``):
+        retr's fixed questions, one at a time, against its fixed passages as the documents' graph encodes them."""
+        questions = self._token_ids(_prefixed(self.prompts.query, sample_texts.questions()))
+        docs = self._run(self.graph, self._token_ids(_prefixed(
+            self.prompts.document, sample_texts.passages() + sample_texts.long_passages())), False)
+        base = np.concatenate([self._run(self.graph, [r], False) for r in questions])
+        got = np.concatenate([self._run(graph, [r], False) for r in questions])
+        return query_rank_noise(base, got, docs)
+
     @functools.cached_property
     def query_choice(self) -> chooser.Choice | None:
         """Which graph a lone query is fastest through on this machine, among ``query_candidates`` (each passed
-        its agreement check when it was made): timed once, then stored per model, candidates, CPU and library
-        versions. None: one candidate only (nothing to choose), or ``query_backend`` was given."""
+        its agreement check when it was made, and passes the ranking-noise check against the documents' graph
+        here): timed and checked once, then stored per model, candidates, CPU and library versions. None: one
+        candidate only (nothing to choose), or ``query_backend`` was given."""
         if self.config.query_backend is not None or self.graph is None or len(self.query_candidates) < 2:
             return None
         stored = chooser.ChoiceStore(cache_home()).get(self._query_choice_key())
@@ -450,16 +463,29 @@ class BiEncoder:
 
     def _query_choice_key(self) -> str:
         ids = [g.identity(self.model_hash).key for g in self.query_candidates.values()]
+        ids.append(f"max_query_rank_noise={MAX_QUERY_RANK_NOISE}")  # choices made before (or to another bar): again
         return chooser.choice_key(self.model_hash, chooser.QUERIES, ids, self.platform)
 
     def time_query_candidates(self) -> chooser.Choice:
-        """Time every query candidate now, choose, and store the choice (what ``query_choice`` reads)."""
-        timings = [chooser.Timing(name, self.query_seconds(g)) for name, g in self.query_candidates.items()]
+        """Time every query candidate and measure its ranking noise against the documents' graph now, choose among
+        those within ``MAX_QUERY_RANK_NOISE``, and store the choice (what ``query_choice`` reads)."""
+        timings = [self._query_timing(name, g) for name, g in self.query_candidates.items()]
         choice = chooser.choose(chooser.QUERIES, timings, self.graph.variant)
         logger.info("queries: %s (%s)", choice.backend, choice.why)
         chooser.ChoiceStore(cache_home()).put(self._query_choice_key(), choice, model_hash=self.model_hash,
                                               cpu=self.platform.cpu)
         return choice
+
+    def _query_timing(self, name: str, graph: Graph) -> chooser.Timing:
+        """One query candidate, timed and (unless it is the documents' own graph) checked for ranking noise."""
+        seconds = self.query_seconds(graph)
+        if graph is self.graph:
+            return chooser.Timing(name, seconds)
+        noise = self.query_noise(graph)
+        if noise > MAX_QUERY_RANK_NOISE:
+            return chooser.Timing(name, seconds, passed=False, rank_noise=noise,
+                                  why=f"ranking noise {noise:.4f} > {MAX_QUERY_RANK_NOISE}")
+        return chooser.Timing(name, seconds, rank_noise=noise)
 
     def encode_queries(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
         """Queries, shape (n, dim), through the query graph."""

@@ -31,3 +31,22 @@ def test_doctor_prints_the_cpu_the_candidates_the_choice_and_the_first_run_cost(
     assert "CPU: " in text and "queries (one alone, ms):" in text and "chosen: openvino" in text
     assert "openvino-int8" in text and "assumed" in text and "break-even" in text
     assert "first run on 500 new documents here" in text
+
+
+def test_doctor_shows_each_query_candidates_ranking_noise_beside_its_speed(tiny_bi_encoder, capsys):
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.backends.export import EMBEDDING
+    from retr.retrieval.backends.graphs import load_or_export
+    from retr.retrieval.backends.registry import BACKENDS
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
+    load_or_export(lambda: enc.model, enc.model_hash, BACKENDS["onnx"], EMBEDDING, enc.max_length, cache_home())
+    assert main(["doctor", "--model", str(tiny_bi_encoder), "--json"]) == 0
+    queries = json.loads(capsys.readouterr().out)["queries"]
+    rows = {c["backend"]: c for c in queries["candidates"]}
+    assert set(rows) == {"openvino", "onnx"} and queries["max_rank_noise"] == 0.05
+    assert rows["openvino"]["rank_noise"] is None  # the documents' own graph: nothing to compare
+    assert 0 <= rows["onnx"]["rank_noise"] < 0.05 and rows["onnx"]["passed"] and rows["onnx"]["ms_per_query"] > 0
+    assert main(["doctor", "--model", str(tiny_bi_encoder)]) == 0
+    assert "ranking noise " in capsys.readouterr().out

@@ -85,6 +85,13 @@ def test_a_candidate_that_failed_its_check_is_never_picked_however_fast():
     back = chooser.Choice.from_dict(choice.to_dict())
     assert (back.backend, [t.backend for t in back.timings], back.timings[1].passed) == \
         ("openvino", ["openvino", "onnx-int8", "onnx"], False)
+    # agreement passed, ranking noise did not (a fake measurement): refused however fast, its noise kept
+    noisy = [Timing("openvino", 0.0057), Timing("onnx", 0.0049, rank_noise=0.004),
+             Timing("onnx-int8", 0.0032, passed=False, rank_noise=0.071, why="ranking noise 0.0710 > 0.05")]
+    picked = chooser.choose(QUERIES, noisy, "openvino")
+    assert picked.backend == "onnx" and "failed their checks: onnx-int8" in picked.why
+    stored = chooser.Choice.from_dict(picked.to_dict())
+    assert [(t.rank_noise, t.passed) for t in stored.timings] == [(None, True), (0.004, True), (0.071, False)]
 
 
 def test_calibration_pays_only_where_the_measured_saving_exceeds_its_cost():
@@ -141,6 +148,32 @@ def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored
     speeds.update(openvino=0.001)
     given = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), query_backend="openvino"))  # an override wins
     assert given.query_graph.variant == "openvino" and given.query_choice is None and timed == []
+    # the candidate's ranking noise was measured once with its timing, and stored with it
+    noise = {c["backend"]: c.get("rank_noise") for c in chosen["candidates"]}
+    assert noise["openvino"] is None and 0 <= noise["onnx"] < 0.05
+
+
+def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast(tiny_bi_encoder, monkeypatch):
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.backends.export import EMBEDDING
+    from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE, load_or_export, query_rank_noise
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    base = np.eye(4, dtype=np.float32)[:2]
+    docs = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    assert query_rank_noise(base, base, docs) == 0.0
+    assert query_rank_noise(base, base[::-1], docs) > MAX_QUERY_RANK_NOISE  # the questions swapped: all noise
+    cfg = EncoderConfig(model=str(tiny_bi_encoder))
+    enc = BiEncoder(cfg)
+    load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
+                   cache_home())
+    monkeypatch.setattr(BiEncoder, "query_seconds", lambda self, g: {"openvino": 0.004, "onnx": 0.001}[g.variant])
+    monkeypatch.setattr(BiEncoder, "query_noise", lambda self, g: 0.08)  # a fake measurement: over the bar
+    fresh = BiEncoder(cfg)
+    assert fresh.query_graph.variant == "openvino"
+    onnx = next(t for t in fresh.query_choice.timings if t.backend == "onnx")
+    assert (onnx.passed, onnx.rank_noise) == (False, 0.08) and "ranking noise 0.0800 > 0.05" in onnx.why
+    assert "failed their checks: onnx" in fresh.query_choice.why
 
 
 def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the_cost(tiny_bi_encoder, monkeypatch):

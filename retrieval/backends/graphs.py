@@ -28,7 +28,7 @@ from retr.retrieval.artifacts import (
 )
 from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind
 from retr.retrieval.backends.quiet import vendor_telemetry_off
-from retr.retrieval.backends.registry import BACKENDS, Backend, get_backend
+from retr.retrieval.backends.registry import BACKENDS, MAX_RANK_NOISE, Backend, get_backend
 from retr.retrieval.backends.runners import RUNTIMES, default_threads
 from retr.retrieval.errors import RetrError
 
@@ -172,6 +172,23 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
         return None
     return Graph(runner, path, backend, check, dim, precision, calibration.digest if calibration else None,
                  meta.get("rank_noise"))
+
+
+# query graphs: the most ranking noise a query candidate may add against the documents' graph (``query_rank_noise``),
+# the documents' bar (issue 39: onnx-int8 query vectors moved SciFact hybrid nDCG@10 0.7282 -> 0.7234 unchecked)
+MAX_QUERY_RANK_NOISE = MAX_RANK_NOISE
+
+
+def query_rank_noise(base_queries, candidate_queries, docs) -> float:
+    """``export.rank_noise`` for a query graph: how far the candidate's query vectors move retrieval scores
+    against the base graph's, relative to how widely the scores spread. Rows of ``base_queries`` and
+    ``candidate_queries`` are the same fixed questions (the base graph's vectors, the candidate's), ``docs`` the
+    fixed passages as the documents' graph encodes them; the mean over questions of std(candidate score - base
+    score) / std(base score). Ranks swap where this noise meets the gaps between scores."""
+    import numpy as np
+
+    s_ref, s_got = np.asarray(base_queries) @ np.asarray(docs).T, np.asarray(candidate_queries) @ np.asarray(docs).T
+    return float(((s_got - s_ref).std(axis=1) / np.maximum(s_ref.std(axis=1), 1e-12)).mean())
 
 
 _exports: dict[tuple, Path] = {}  # (model hash, graph kind, its exporter) -> this process's fp32 export of it
