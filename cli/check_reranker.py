@@ -2,8 +2,9 @@
 
 A cross-encoder trained on another corpus is checked on pseudo-queries cut from the index's own documents
 (``retr.eval.pseudo``) when it is first put together with an index: here, by `retr eval`, or when `retr serve`
-starts. The check is stored (keyed by the corpus, the cross-encoder, the index's dense model, depth, length and
-input form); `retr search` and the Python API only read it: a search never builds an index or loads the corpus.
+starts. The check is stored beside the index (``<index>/rerank-checks/<key>.json``, so that a copy of the index keeps
+it) and in the cache, keyed by the corpus, the cross-encoder, the index's dense model, depth, length and input form;
+`retr search` and the Python API only read it: a search never builds an index or loads the corpus.
 """
 
 from __future__ import annotations
@@ -25,19 +26,29 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    print(check_and_store(args.index, args.model, options.pipeline_config(args), options.rerank_config(args, args.model)))
+    return 0
+
+
+def check_and_store(index: str, model: str, pipeline, rerank) -> str:
+    """Check the cross-encoder ``model`` on ``index`` where that applies (once; a check stored beside the index or
+    in the cache is read), store the check beside the index (``<index>/rerank-checks/``: a copy of the index keeps
+    it) and return the line that says the weight searches will give it."""
     from dataclasses import asdict
 
     from retr.eval.pseudo import check_index_reranker
     from retr.eval.table import reranker_line
     from retr.indexes.searcher import Searcher
 
-    searcher = Searcher(args.index, None, options.pipeline_config(args), options.rerank_config(args, args.model),
-                        checker=check_index_reranker)
+    searcher = Searcher(index, None, pipeline, rerank, checker=check_index_reranker)
     try:
-        reranker = searcher.reranker(args.model)  # checked here where that applies and none is stored
+        reranker = searcher.reranker(model)  # checked here where that applies and none is stored
         manifest = searcher.index.manifest
         weight = reranker.weight_for(manifest["corpus"]["sha256"],
                                      ((manifest.get("dense") or {}).get("model") or {}).get("hash"))
+        key = searcher.check_key(reranker)
+        if weight.check is not None and key is not None:
+            weight.check.save_beside(searcher.index.folder, key)
     finally:
         searcher.close()
     line = reranker_line({"weight": weight.weight, "weight_source": weight.source,
@@ -45,5 +56,4 @@ def run(args: argparse.Namespace) -> int:
     why = {"given": "--rerank-alpha given: nothing to check",
            "trained": "trained on this corpus (or not by retr): its trained weight, nothing to check",
            "unchecked": "not checked: --no-rerank-check, or the corpus is too short to cut pseudo-queries from"}
-    print(f"{args.model} on {args.index}: {line}" + (f" ({why[weight.source]})" if weight.source in why else ""))
-    return 0
+    return f"{model} on {index}: {line}" + (f" ({why[weight.source]})" if weight.source in why else "")

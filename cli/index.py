@@ -25,6 +25,10 @@ def add_parser(sub) -> None:
     options.add_index_args(p)
     options.add_bm25_args(p)
     options.add_passage_args(p)
+    p.add_argument("--rerank", default=None, metavar="MODEL_DIR",
+                   help="cross-encoder: once the index is built, check it on the corpus as `retr check-reranker` "
+                        "does and store the check beside the index (default: none)")
+    options.add_rerank_args(p)
     p.set_defaults(run=run)
 
 
@@ -34,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     from retr.indexes.build import IndexConfig, build_index
     from retr.indexes.corpus import CorpusFormat, load_corpus
 
+    if args.rerank:  # a cross-encoder that cannot be read is refused before anything is built
+        from retr.retrieval.rerank import cross_encoder_ref
+
+        cross_encoder_ref(args.rerank)
     corpus = load_corpus(Path(args.corpus), CorpusFormat(args.id_field, args.text_field, args.title_field))
     cfg = IndexConfig(dense=options.dense_config(args), encoder=options.encoder_config(args),
                       bm25=options.bm25_config(args) if args.bm25 else None, use_cache=not args.no_cache,
@@ -46,4 +54,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"indexed {m['num_docs']} documents{parts} into {args.out}: {d['kind']} {d['dim']}-d ({d['model']['id']}), "
           f"{d['docs_per_second']:.1f} docs/s{', + bm25' if m['bm25'] else ''}"
           f"{f', {corpus.empty_docs} empty' if corpus.empty_docs else ''}")
+    if args.rerank:
+        from retr.cli.check_reranker import check_and_store
+        from retr.retrieval.pipeline import PipelineConfig
+
+        print(check_and_store(args.out, args.rerank, PipelineConfig(), options.rerank_config(args, args.rerank)))
     return 0

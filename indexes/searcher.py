@@ -21,6 +21,7 @@ from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpe
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE, SearchRequest
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
+from retr.retrieval.rerank_check import CorpusCheck
 from retr.retrieval.types import Run, filter_value
 
 
@@ -119,12 +120,30 @@ class Searcher:
         if model not in self._rerankers:
             options = {**self._rerank.__dict__, "model": model} if self._rerank else {"model": model}
             self._rerankers[model] = CrossEncoderReranker(RerankConfig(**options))
+            self._adopt_stored_check(self._rerankers[model])
         reranker, factory = self._rerankers[model], self._factory
         if self._checker is not None and factory.dense_model_hash is not None \
                 and reranker.needs_check(factory.corpus_sha256) \
                 and reranker.find_check(factory.corpus_sha256, factory.dense_model_hash) is None:
             self._checker(self.index, factory.encoder, reranker, factory.config)
         return reranker
+
+    def check_key(self, reranker: CrossEncoderReranker) -> str | None:
+        """The key of ``reranker``'s check on this generation's corpus and dense model (None: no dense part)."""
+        factory = self._factory
+        if factory.dense_model_hash is None:
+            return None
+        return reranker.check_key(factory.corpus_sha256, factory.dense_model_hash)
+
+    def _adopt_stored_check(self, reranker: CrossEncoderReranker) -> None:
+        """Use the check stored beside the index (``CorpusCheck.save_beside``) for this corpus, where one is."""
+        key, factory = self.check_key(reranker), self._factory
+        if key is None or not reranker.needs_check(factory.corpus_sha256):
+            return
+        check = CorpusCheck.load_beside(self.index.folder, key, factory.corpus_sha256, reranker.model_hash,
+                                        factory.dense_model_hash)
+        if check is not None:
+            reranker.adopt(check)
 
     def allowed(self, conditions: Mapping[str, object] | None) -> np.ndarray | None:
         """The positions of the documents whose metadata holds every ``field: value`` of ``conditions``."""

@@ -5,13 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 
-from retr.retrieval.artifacts import atomic_write_text, cache_home
+from retr.retrieval.artifacts import atomic_write_text, cache_home, read_small
+from retr.retrieval.errors import RetrError
 from retr.retrieval.focus import DEFAULT_INPUTS
 from retr.retrieval.types import Hit
 
@@ -143,6 +145,99 @@ class CorpusCheck:
         path = self.path(key)
         atomic_write_text(path, json.dumps(asdict(self), indent=2) + "\n")
         return path
+
+    def save_beside(self, folder: Path, key: str) -> Path:
+        """Store this check beside the index ``folder`` (``beside_path``), so that a copy of the index keeps it."""
+        path = beside_path(folder, key)
+        if path.parent.is_symlink() or (path.parent.exists() and not path.parent.is_dir()):
+            raise RetrError(f"{path.parent}: not a folder of the index (a symlink or a file): the check is not stored")
+        atomic_write_text(path, json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load_beside(cls, folder: Path, key: str, corpus_sha256: str, reranker_hash: str,
+                    first_stage_model: str) -> CorpusCheck | None:
+        """The check stored beside the index ``folder`` under ``key``, where it is of that corpus, cross-encoder and
+        first-stage model; None where absent. A damaged or altered file (not a small regular JSON file of a check's
+        typed fields, or of another corpus or model) is ignored with a warning: no check."""
+        path = beside_path(folder, key)
+        try:
+            if path.parent.is_symlink():
+                raise RetrError(f"{path.parent}: a symlink, not a folder of the index")
+            check = cls.parse(read_small(path, MAX_CHECK_BYTES))
+        except FileNotFoundError:
+            return None
+        except (OSError, RetrError, ValueError) as e:
+            logger.warning("reranker check %s ignored (%s): not checked", path, e)
+            return None
+        found = (check.corpus_sha256, check.reranker_hash, check.first_stage_model)
+        if found != (corpus_sha256, reranker_hash, first_stage_model):
+            logger.warning("reranker check %s ignored: it is of another corpus, cross-encoder or first stage", path)
+            return None
+        return check
+
+    @classmethod
+    def parse(cls, data: bytes) -> CorpusCheck:
+        """A check from its JSON, every field typed (``ValueError`` naming the field otherwise); its weight by
+        today's rule from its curve."""
+        raw = json.loads(data.decode("utf-8"))
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        known = {f.name: f for f in fields(cls)}
+        for name in raw:
+            if name not in known:
+                raise ValueError(f"unknown field {name!r}")
+        for name, field in known.items():
+            if name not in raw:
+                if field.default is MISSING:
+                    raise ValueError(f"field {name!r} missing")
+                continue
+            _check_field(name, raw[name])
+        check = cls(**raw)
+        return replace(check, weight=checked_weight(check.curve, check.gain_low))
+
+
+INDEX_CHECKS = "rerank-checks"  # the folder of an index that holds its reranker checks (one small JSON file each)
+MAX_CHECK_BYTES = 64 << 10
+_KEY_RE = re.compile(r"^[0-9a-f]{32}$")
+_ID_FIELDS = ("corpus_sha256", "reranker_hash", "first_stage_model")
+_INT_FIELDS = ("depth", "max_length", "queries", "seed")
+_NUMBER_FIELDS = ("weight", "first_stage_ndcg", "seconds")
+
+
+def beside_path(folder: Path, key: str) -> Path:
+    """Where the check under ``key`` (``CorpusCheck.key``: 32 hex digits, never a path) is stored in an index."""
+    if not _KEY_RE.match(key):
+        raise ValueError(f"not a reranker check key: {key!r}")
+    return Path(folder) / INDEX_CHECKS / f"{key}.json"
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
+
+
+def _check_field(name: str, value: object) -> None:
+    if name in _ID_FIELDS:
+        ok = isinstance(value, str) and 0 < len(value) <= 128 and re.fullmatch(r"[\w.:-]+", value) is not None
+    elif name in _INT_FIELDS:
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
+    elif name in _NUMBER_FIELDS:
+        ok = _number(value)
+    elif name in ("curve", "gain_low"):
+        ok = (value is None and name == "gain_low") or (
+            isinstance(value, dict) and 0 < len(value) <= 101
+            and all(isinstance(k, str) and _number(_float(k)) and _number(v) for k, v in value.items()))
+    else:  # first_stage, inputs
+        ok = isinstance(value, str) and len(value) <= 256
+    if not ok:
+        raise ValueError(f"field {name!r} holds {str(value)[:40]!r}")
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 WEIGHT_SOURCES = {  # what a report's reranker.weight_source means

@@ -1,0 +1,103 @@
+"""The reranker check stored beside the index (``<index>/rerank-checks/<key>.json``): written by `retr check-reranker`
+and `retr index --rerank`, read by a search over a copy of the index on an empty cache, and ignored (with a warning)
+where it is damaged, altered or of another corpus."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from retr.cli.main import main
+from retr.eval import pseudo
+from retr.indexes.searcher import Searcher
+from retr.retrieval.rerank import RerankConfig
+from retr.retrieval.rerank_check import INDEX_CHECKS
+
+from .conftest import DOCS, write_beir
+
+CE_ARGS = ["--rerank-depth", "5", "--rerank-max-length", "32"]
+
+
+def _long_docs(n: int = 40) -> list[tuple[str, str, str]]:
+    texts = [t for _, _, t in DOCS if t]
+    return [(f"L{i}", "", " ".join(texts[(i * k) % len(texts)] for k in (1, 3, 7))) for i in range(n)]
+
+
+def _other_corpus_ce(tiny_cross_encoder, tmp_path):
+    ce = tmp_path / "ce"
+    shutil.copytree(tiny_cross_encoder, ce)
+    (ce / "retr_manifest.json").write_text(json.dumps({"interpolation": 0.6, "corpus_sha256": "0" * 64}))
+    return ce
+
+
+def _source(idx, ce) -> str:
+    """The weight source a fresh searcher gives ``ce`` on ``idx``."""
+    s = Searcher(idx, rerank=RerankConfig(model=str(ce), depth=5, max_length=32))
+    try:
+        return s._factory.rerank_weight(s.reranker(str(ce))).source
+    finally:
+        s.close()
+
+
+def test_index_rerank_stores_the_check_beside_the_index_and_a_copy_keeps_it(tiny_cross_encoder, tiny_bi_encoder,
+                                                                            tmp_path, capsys, monkeypatch, caplog):
+    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
+    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--max-length", "64", "--rerank", str(ce), *CE_ARGS]) == 0
+    assert f"{ce} on {idx}: reranker weight" in capsys.readouterr().out
+    stored = list((idx / INDEX_CHECKS).glob("*.json"))
+    assert len(stored) == 1 and "gain_low" in json.loads(stored[0].read_text())
+
+    copy = tmp_path / "elsewhere" / "idx"
+    shutil.copytree(idx, copy)
+    monkeypatch.setenv("RETR_CACHE", str(tmp_path / "empty-cache"))  # another machine: nothing cached
+    monkeypatch.setattr(pseudo, "check_reranker", lambda *a, **k: pytest.fail("a search ran the reranker check"))
+    assert _source(copy, ce) == "checked"
+    assert main(["search", str(copy), "solar panels", "--mode", "hybrid", "--rerank", str(ce), *CE_ARGS, "--json",
+                 "-k", "3"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["results"]) == 3
+    assert not (tmp_path / "empty-cache" / "rerank-checks").exists()
+
+    # damaged, altered, or of another corpus: ignored with a warning, the trained weight unchecked
+    good = json.loads(stored[0].read_text())
+    bad = {"not json": b"{", "a field of the wrong type": json.dumps({**good, "depth": "5"}).encode(),
+           "an unknown field": json.dumps({**good, "path": "/etc"}).encode(),
+           "another corpus": json.dumps({**good, "corpus_sha256": "1" * 64}).encode(),
+           "too large": b" " * (70 << 10)}
+    beside = copy / INDEX_CHECKS / stored[0].name
+    for why, data in bad.items():
+        beside.write_bytes(data)
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            assert _source(copy, ce) == "unchecked", why
+        assert any("ignored" in r.getMessage() and str(beside) in r.getMessage() for r in caplog.records), why
+    beside.write_text(json.dumps(good))
+    assert _source(copy, ce) == "checked"  # and the intact file is read again
+
+
+def test_check_reranker_stores_beside_the_index_and_a_symlinked_folder_is_not_followed(
+        tiny_cross_encoder, tiny_bi_encoder, tmp_path, capsys, monkeypatch, caplog):
+    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
+    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--max-length", "64"]) == 0
+    assert not (idx / INDEX_CHECKS).exists()
+    assert main(["check-reranker", str(idx), str(ce), *CE_ARGS]) == 0
+    assert "(checked)" in capsys.readouterr().out
+    stored = list((idx / INDEX_CHECKS).glob("*.json"))
+    assert len(stored) == 1
+
+    copy = tmp_path / "copy"
+    shutil.copytree(idx, copy)
+    outside = tmp_path / "outside"
+    shutil.move(copy / INDEX_CHECKS, outside)
+    (copy / INDEX_CHECKS).symlink_to(outside, target_is_directory=True)
+    monkeypatch.setenv("RETR_CACHE", str(tmp_path / "empty-cache"))
+    with caplog.at_level("WARNING"):
+        assert _source(copy, ce) == "unchecked"
+    assert any("symlink" in r.getMessage() for r in caplog.records)
