@@ -101,3 +101,20 @@ def test_check_reranker_stores_beside_the_index_and_a_symlinked_folder_is_not_fo
     with caplog.at_level("WARNING"):
         assert _source(copy, ce) == "unchecked"
     assert any("symlink" in r.getMessage() for r in caplog.records)
+
+
+def test_a_stored_check_survives_new_generations_and_is_not_used_for_their_corpus(
+        tiny_cross_encoder, tiny_bi_encoder, tmp_path, capsys):
+    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
+    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--max-length", "64", "--rerank", str(ce), *CE_ARGS]) == 0
+    stored = list((idx / INDEX_CHECKS).glob("*.json"))
+    assert len(stored) == 1 and _source(idx, ce) == "checked"
+    added = tmp_path / "new.jsonl"
+    added.write_text(json.dumps({"_id": "N1", "text": " ".join(t for _, _, t in DOCS[:6])}) + "\n")
+    assert main(["add", str(idx), "--corpus", str(added)]) == 0
+    assert main(["compact", str(idx)]) == 0  # superseded generations collected; the checks' folder left alone
+    assert list((idx / INDEX_CHECKS).glob("*.json")) == stored
+    assert _source(idx, ce) == "unchecked"  # the check is of the corpus before: not used on a fresh open
