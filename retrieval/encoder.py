@@ -438,13 +438,19 @@ class BiEncoder:
                  for r in rows]
         return chooser.time_per_unit(lambda: [graph.runner(f) for f in feeds], len(feeds), budget_s=0.5)
 
-    def query_noise(self, graph: Graph) -> float:
-        """Ranking noise ``graph``'s query vectors add against the documents' graph's (``graphs.query_rank_noise``):
-        retr's fixed questions, one at a time, against its fixed passages as the documents' graph encodes them."""
+    @functools.cached_property
+    def _noise_sample(self) -> tuple[list, np.ndarray, np.ndarray]:
+        """retr's fixed questions (token ids), their vectors through the documents' graph one at a time, and its
+        fixed passages through that graph: what every query candidate is compared on (made once per encoder)."""
         questions = self._token_ids(_prefixed(self.prompts.query, sample_texts.questions()))
         docs = self._run(self.graph, self._token_ids(_prefixed(
             self.prompts.document, sample_texts.passages() + sample_texts.long_passages())), False)
-        base = np.concatenate([self._run(self.graph, [r], False) for r in questions])
+        return questions, np.concatenate([self._run(self.graph, [r], False) for r in questions]), docs
+
+    def query_noise(self, graph: Graph) -> float:
+        """Ranking noise ``graph``'s query vectors add against the documents' graph's (``graphs.query_rank_noise``):
+        retr's fixed questions, one at a time, against its fixed passages as the documents' graph encodes them."""
+        questions, base, docs = self._noise_sample
         got = np.concatenate([self._run(graph, [r], False) for r in questions])
         return query_rank_noise(base, got, docs)
 
