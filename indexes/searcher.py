@@ -113,6 +113,8 @@ class Searcher:
                 check = reranker.find_check(before.corpus_sha256, before.dense_model_hash)
                 if check is not None:
                     reranker.adopt(replace(check, corpus_sha256=after.corpus_sha256))
+        for reranker in new._rerankers.values():  # a check stored beside the index for the new corpus wins
+            new._adopt_stored_check(reranker)
         return new
 
     def reranker(self, model: str) -> CrossEncoderReranker:

@@ -118,3 +118,38 @@ def test_a_stored_check_survives_new_generations_and_is_not_used_for_their_corpu
     assert main(["compact", str(idx)]) == 0  # superseded generations collected; the checks' folder left alone
     assert list((idx / INDEX_CHECKS).glob("*.json")) == stored
     assert _source(idx, ce) == "unchecked"  # the check is of the corpus before: not used on a fresh open
+
+
+def test_a_reopened_searcher_takes_the_check_stored_for_its_new_corpus(tiny_cross_encoder, tiny_bi_encoder, tmp_path):
+    from retr.retrieval.rerank_check import CorpusCheck
+
+    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
+    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--max-length", "64", "--rerank", str(ce), *CE_ARGS]) == 0
+    s = Searcher(idx, rerank=RerankConfig(model=str(ce), depth=5, max_length=32))
+    try:
+        assert s._factory.rerank_weight(s.reranker(str(ce))).source == "checked"
+        added = tmp_path / "new.jsonl"
+        added.write_text(json.dumps({"_id": "N1", "text": " ".join(t for _, _, t in DOCS[:6])}) + "\n")
+        assert main(["add", str(idx), "--corpus", str(added)]) == 0
+        carried = s.reopened()
+        try:  # no check for the new corpus beside the index yet: the one before carries over
+            carried_check = carried._factory.rerank_weight(carried.reranker(str(ce))).check
+            assert carried_check is not None and carried_check.corpus_sha256 == carried._factory.corpus_sha256
+        finally:
+            carried.close()
+        assert main(["check-reranker", str(idx), str(ce), *CE_ARGS]) == 0  # measured on the new corpus, stored
+        new = s.reopened()
+        try:
+            f = new._factory
+            key = new.check_key(new.reranker(str(ce)))
+            stored = CorpusCheck.load_beside(idx, key, f.corpus_sha256, new.reranker(str(ce)).model_hash,
+                                             f.dense_model_hash)
+            assert stored is not None and f.rerank_weight(new.reranker(str(ce))).check == stored
+            assert stored.seconds != carried_check.seconds  # a measurement of its own, not the one carried
+        finally:
+            new.close()
+    finally:
+        s.close()
