@@ -44,8 +44,8 @@ def check_and_store(index: str, model: str, pipeline, rerank) -> str:
     try:
         reranker = searcher.reranker(model)  # checked here where that applies and none is stored
         manifest = searcher.index.manifest
-        weight = reranker.weight_for(manifest["corpus"]["sha256"],
-                                     ((manifest.get("dense") or {}).get("model") or {}).get("hash"))
+        weight = reranker.weight_for(manifest.corpus.sha256,
+                                     manifest.dense.model.hash if manifest.dense is not None else None)
         key = searcher.check_key(reranker)
         if weight.check is not None and key is not None:
             weight.check.save_beside(searcher.index.folder, key)

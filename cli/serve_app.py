@@ -115,7 +115,7 @@ def manifest_generation(index) -> int:
     """The generation an opened index says it is (its manifest's count of changes: 0 for a fresh build)."""
     generation = getattr(index, "generation", None)
     if generation is None:
-        generation = index.manifest.get("generation", 0)
+        generation = index.manifest.generation
     return int(generation)
 
 

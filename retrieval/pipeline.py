@@ -114,12 +114,13 @@ class PipelineFactory:
     @property
     def corpus_sha256(self) -> str:
         """The checksum of the corpus the index was built from (its manifest's schema requires it on open)."""
-        return self.index.manifest["corpus"]["sha256"]
+        return self.index.manifest.corpus.sha256
 
     @property
     def dense_model_hash(self) -> str | None:
         """The hash of the model that encoded the index's documents (None: an index without a dense part)."""
-        return ((self.index.manifest.get("dense") or {}).get("model") or {}).get("hash")
+        dense = self.index.manifest.dense
+        return dense.model.hash if dense is not None else None
 
     def rerank_weight(self, reranker: CrossEncoderReranker) -> RerankWeight:
         """``reranker``'s interpolation weight on this index's corpus (``CrossEncoderReranker.weight_for``)."""
