@@ -35,24 +35,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import percentiles, run_measured, table, write_result
 
 
-def _pct(samples_s: list[float]) -> dict:
-    """eval's latency percentiles (p50/p95/p99/mean/n, in ms) of ``samples_s`` seconds."""
-    from dataclasses import asdict
-
-    from retr.eval.report import Percentiles
-
-    return asdict(Percentiles.of([1000.0 * s for s in samples_s]))
-
-
-def _table(title: str, header: list[str], rows: list[list]) -> str:
-    cells = [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
-    lines = [title, "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(lines)
+def percentiles_ms(samples_s: list[float]) -> dict:
+    """Latency percentiles in ms of ``samples_s`` seconds."""
+    return percentiles(samples_s, scale=1000.0)
 
 
 def section_encoding(ds, n_docs: int, quality: bool, backends: tuple[str, ...]) -> dict:
@@ -100,7 +88,7 @@ def section_encoding(ds, n_docs: int, quality: bool, backends: tuple[str, ...]) 
     rows = [[k, v.get("graph", {}).get("precision", "fp32"), v["docs_per_s"], v["docs_per_s"] / base,
              v.get("first_pass_s", "-"), v.get("min_cos_to_st", 1.0), v.get("queries", "torch"),
              v.get("ndcg@10", "-")] for k, v in out.items()]
-    print(_table(f"1. corpus encoding, {len(texts)} SciFact docs (max length 256)",
+    print(table(f"1. corpus encoding, {len(texts)} SciFact docs (max length 256)",
                  ["encoder", "precision", "docs/s", "ratio vs ST", "first pass s", "min cos vs ST", "queries by",
                   "nDCG@10"], rows), "\n")
     return {k: {kk: vv for kk, vv in v.items() if kk != "emb"} for k, v in out.items()}
@@ -164,14 +152,14 @@ def section_query_latency(ds, n_queries: int) -> dict:
         v = st.encode([text], normalize_embeddings=True, convert_to_numpy=True)
         index.search(v, 10)
         peer.append(time.perf_counter() - t0)
-    res = {"sentence-transformers + faiss flat": _pct(peer)}
+    res = {"sentence-transformers + faiss flat": percentiles_ms(peer)}
     for i, child in enumerate(children):
         name = f"retr (queries: {child['queries_by']}{'' if i else ', default'}, own process) + faiss flat"
-        res[name] = _pct([s["total"] for s in child["samples"]])
-        res[f"  encode ({child['queries_by']})"] = _pct([s["encode"] for s in child["samples"]])
-        res[f"  search ({child['queries_by']})"] = _pct([s["ann"] for s in child["samples"]])
+        res[name] = percentiles_ms([s["total"] for s in child["samples"]])
+        res[f"  encode ({child['queries_by']})"] = percentiles_ms([s["encode"] for s in child["samples"]])
+        res[f"  search ({child['queries_by']})"] = percentiles_ms([s["ann"] for s in child["samples"]])
     rows = [[k, v["p50"], v["p95"]] for k, v in res.items()]
-    print(_table(f"2. single-query first stage, {len(queries)} SciFact queries, k=10, warm",
+    print(table(f"2. single-query first stage, {len(queries)} SciFact queries, k=10, warm",
                  ["path", "p50 ms", "p95 ms"], rows))
     peer_p50 = res["sentence-transformers + faiss flat"]["p50"]
     for name in (k for k in res if k.startswith("retr")):
@@ -226,7 +214,7 @@ def section_rerank(ds, reranker_dir: str | None, n_queries: int, depths=(10, 20,
                 scores = score_fn(queries[q], [text[h.doc_id] for h in head])
                 times.append(time.perf_counter() - t0)
                 ranked[q] = [Hit(h.doc_id, float(s)) for h, s in zip(head, scores, strict=True)]
-            rows.append({"path": name, "max_length": max_length, "depth": depth, **_pct(times),
+            rows.append({"path": name, "max_length": max_length, "depth": depth, **percentiles_ms(times),
                          "ndcg@10": evaluate(Run(ranked), qrels, [10]).mean["NDCG@10"]})
         return rows
 
@@ -246,7 +234,7 @@ def section_rerank(ds, reranker_dir: str | None, n_queries: int, depths=(10, 20,
         r["ndcg_vs_ref"] = r["ndcg@10"] - ref["ndcg@10"]
         r["p50_ratio_vs_st"] = r["p50"] / base[(r["max_length"], r["depth"])]
     first_ndcg = evaluate(Run({q: first[q][:10] for q in qids}), qrels, [10]).mean["NDCG@10"]
-    print(_table(f"3. reranking BM25's top-k, {len(qids)} SciFact queries, warm (reference: ST fp32, depth "
+    print(table(f"3. reranking BM25's top-k, {len(qids)} SciFact queries, warm (reference: ST fp32, depth "
                  f"{max(depths)}, max length 256, nDCG@10 {ref['ndcg@10']:.4f}; BM25 alone {first_ndcg:.4f}; "
                  f"model {'given' if reranker_dir else 'MiniLM + untrained head: nDCG meaningless'})",
                  ["path", "max len", "depth", "p50 ms", "p95 ms", "p50 vs ST", "nDCG@10", "vs ref"],
@@ -315,7 +303,7 @@ def section_end_to_end(dataset: str) -> dict:
         res[name] = _child(child, *args, env=env)
     shutil.rmtree(tmp, ignore_errors=True)
     peer, ours = res.values()
-    print(_table("5. end to end on SciFact test (dense, exact search, k up to 1000), one process each",
+    print(table("5. end to end on SciFact test (dense, exact search, k up to 1000), one process each",
                  ["pipeline", "wall s", "peak RSS MB", "nDCG@10"],
                  [[k, v["wall_s"], v["peak_rss_mb"], v["ndcg@10"]] for k, v in res.items()]))
     print(f"   ratio retr/BEIR: wall {ours['wall_s'] / peer['wall_s']:.2f}, "
@@ -340,8 +328,6 @@ def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool, back
     calibrated where that pays, in the run, as on a fresh machine), and the README's first command once on one."""
     import shutil
     import tempfile
-
-    from proc import run_measured
 
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
@@ -390,7 +376,7 @@ def section_first_run(dataset: str, n_docs: int, repeats: int, fresh: bool, back
         rows.append(["retr eval --dataset (empty cache: graphs made and checked)",
                      res["fresh_first_command"]["seconds"], res["fresh_first_command"]["peak_rss_mb"]])
     shutil.rmtree(tmp, ignore_errors=True)
-    print(_table(f"7. first run on a new {res['docs']}-document corpus, whole processes, median of {repeats}",
+    print(table(f"7. first run on a new {res['docs']}-document corpus, whole processes, median of {repeats}",
                  ["process", "wall s", "peak RSS MB"], rows))
     print(f"   speed-up retr vs sentence-transformers: {res['speedup']:.2f}x (documents by "
           f"{res['retr_graph'].get('backend')}, {res['retr_graph'].get('precision')})")
@@ -441,7 +427,7 @@ def section_bm25(ds, n_queries: int) -> dict:
             ours.search({"q": q}, 10)
         res["retr"] = (time.perf_counter() - t0) / len(queries) * 1000
     rows = [[k, v, v / res["retr"]] for k, v in res.items()]
-    print(_table(f"4. BM25 per query (tokenise + score + top-10), SciFact, {len(queries)} queries",
+    print(table(f"4. BM25 per query (tokenise + score + top-10), SciFact, {len(queries)} queries",
                  ["library", "ms/query", "x retr"], rows), "\n")
     return {k: {"ms_per_query": v} for k, v in res.items()}
 
@@ -522,7 +508,7 @@ def section_ann(ds, n: int, png: Path | None, hnsw_ms: tuple[int, ...] = (32,), 
             rows.append(measure(index, label, build_s, {**params, sweep_key: value}))
         faiss.omp_set_num_threads(os.cpu_count() or 1)
         del index
-    print(_table(f"6. ANN over {n:,} vectors of dimension {xb.shape[1]} (made from SciFact embeddings), "
+    print(table(f"6. ANN over {n:,} vectors of dimension {xb.shape[1]} (made from SciFact embeddings), "
                  f"{len(xq)} real queries, 1 thread per query",
                  ["index", "param", "recall@10", "QPS", "bytes/vec", "build s"],
                  [[r["index"], r.get("efSearch", r.get("nprobe", "-")), r["recall@10"], r["qps"],
@@ -613,7 +599,6 @@ def main(argv: list[str] | None = None) -> int:
         results["ann"] = section_ann(ds, args.ann_n, out_path.with_suffix(".ann.png"),
                                      tuple(int(m) for m in args.hnsw_m.split(",")), args.ef_construction,
                                      tuple(k.strip() for k in args.ann_kinds.split(",")))
-    from proc import write_result
 
     write_result(out_path, results)
     return 0
