@@ -22,13 +22,16 @@ if not (CHROMIUM and DRIVER):
 
 
 @pytest.fixture
-def browser():
+def browser(tmp_path_factory):
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
     opts = Options()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+    # a profile in pytest's temporary folder (not a leftover in /tmp), and no connections beyond loopback
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
     driver.set_page_load_timeout(30)
