@@ -29,18 +29,13 @@ from retr.retrieval.fusion import FUSIONS
 from retr.retrieval.passages import AGGREGATES, PassageConfig
 from retr.retrieval.pipeline import PipelineConfig
 from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE, SearchRequest
-from retr.retrieval.types import check_int
+from retr.retrieval.types import check_choice, check_int, shown
 
 __all__ = ["DenseIndexConfig", "EvalReport", "Index", "RetrError", "SearchHit", "SearchRequest", "SearchResult",
            "evaluate"]
 
 # every default below is the one its config owns (retr.retrieval.request for a search's)
 _DEFAULT_PIPELINES = tuple(p.name for p in EvalConfig.pipelines)
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return f"{text if len(text) <= 40 else text[:37] + '...'} (type {type(value).__name__})"
 
 
 def _path(value: object, field: str, optional: bool = False) -> Path | None:
@@ -50,7 +45,7 @@ def _path(value: object, field: str, optional: bool = False) -> Path | None:
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip() or "\0" in value:
         raise RetrError(f"{field} must be a path (a str or pathlib.Path){' or None' if optional else ''}, "
-                        f"got {_shown(value)}")
+                        f"got {shown(value)}")
     return Path(value)
 
 
@@ -59,23 +54,13 @@ def _text(value: object, field: str) -> str | None:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if value is not None and (not isinstance(value, str) or "\0" in value):
-        raise RetrError(f"{field} must be a str or None, got {_shown(value)}")
+        raise RetrError(f"{field} must be a str or None, got {shown(value)}")
     return value
 
 
 def _flag(value: object, field: str) -> bool:
     if not isinstance(value, bool):
-        raise RetrError(f"{field} must be True or False, got {_shown(value)}")
-    return value
-
-
-def _choice(value: object, field: str, allowed: Iterable[str], optional: bool = False) -> str | None:
-    if value is None and optional:
-        return None
-    allowed = tuple(allowed)
-    if not isinstance(value, str) or value not in allowed:
-        raise RetrError(f"{field} must be one of {', '.join(allowed)}{' or None' if optional else ''}, "
-                        f"got {_shown(value)}")
+        raise RetrError(f"{field} must be True or False, got {shown(value)}")
     return value
 
 
@@ -83,29 +68,29 @@ def _names(value: object, field: str) -> list[str]:
     """A list of names (ids, pipelines): a list or tuple of ``str``, never one ``str`` taken letter by letter."""
     if isinstance(value, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(value, Iterable):
         hint = f": for one, pass [{value!r}]" if isinstance(value, str) and len(value) <= 40 else ""
-        raise RetrError(f"{field} must be a list of str, got {_shown(value)}{hint}")
+        raise RetrError(f"{field} must be a list of str, got {shown(value)}{hint}")
     names = list(value)
     for i, name in enumerate(names):
         if not isinstance(name, str):
-            raise RetrError(f"{field}[{i}] must be a str, got {_shown(name)}")
+            raise RetrError(f"{field}[{i}] must be a str, got {shown(name)}")
     return names
 
 
 def _passages(passages: object, aggregate: object) -> PassageConfig | None:
-    aggregate = _choice(aggregate, "aggregate", AGGREGATES)
+    aggregate = check_choice(aggregate, "aggregate", AGGREGATES)
     if passages is None:
         return None
     if not isinstance(passages, str):
         raise RetrError(f"passages must be a str 'N' or 'N:STRIDE' (tokens, e.g. '256:128') or None, "
-                        f"got {_shown(passages)}")
+                        f"got {shown(passages)}")
     return PassageConfig.parse(passages, aggregate)
 
 
 def _encoder(model: object, backend: object, query_backend: object = None, max_length: object = None,
              query_prompt: object = None, doc_prompt: object = None) -> EncoderConfig:
     return EncoderConfig(
-        model=_text(model, "model"), backend=_choice(backend, "backend", choices()),
-        query_backend=_choice(query_backend, "query_backend", choices(), optional=True),
+        model=_text(model, "model"), backend=check_choice(backend, "backend", choices()),
+        query_backend=check_choice(query_backend, "query_backend", choices(), optional=True),
         max_length=None if max_length is None else check_int(max_length, "max_length", 1, 1 << 20),
         query_prompt=_text(query_prompt, "query_prompt"), doc_prompt=_text(doc_prompt, "doc_prompt"))
 
@@ -186,7 +171,7 @@ class Index:
 
         folder = _path(folder, "folder")
         encoder = _encoder(model, backend, query_backend, query_prompt=query_prompt)
-        pipeline = PipelineConfig(fusion=_choice(fusion, "fusion", FUSIONS))
+        pipeline = PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS))
         # a search only reads a stored reranker check (`retr check-reranker`, `retr eval`): it never builds one
         return cls(Searcher(folder, encoder, pipeline))
 
@@ -239,7 +224,7 @@ class Index:
             topics = read_topics(_path(topics, "topics"))
         if not isinstance(topics, Mapping) or not topics:
             raise RetrError(f"topics must be a non-empty mapping of query id -> query, or a topic file, "
-                            f"got {_shown(topics)}")
+                            f"got {shown(topics)}")
         ids = list(topics)
         if any(not isinstance(q, str) for q in ids):
             raise RetrError("topics: every query id must be a str")
@@ -323,7 +308,7 @@ def _index_config(model, backend, bm25, kind, max_length, use_cache, query_promp
     return IndexConfig(dense=dense, encoder=encoder, bm25=bm25_cfg,
                        use_cache=_flag(use_cache, "use_cache"), passages=_passages(passages, aggregate),
                        shards=check_int(shards, "shards", 1, 4096),
-                       executor=ExecutorConfig(name=_choice(executor, "executor", EXECUTORS),
+                       executor=ExecutorConfig(name=check_choice(executor, "executor", EXECUTORS),
                                                address=_text(ray_address, "ray_address"),
                                                actors=check_int(ray_actors, "ray_actors", 1, 4096)))
 
@@ -338,24 +323,24 @@ def _documents(docs: object) -> list:
     from retr.retrieval.types import Document
 
     if isinstance(docs, (str, bytes, bytearray, Mapping)) or not isinstance(docs, Iterable):
-        raise RetrError(f"docs must be a list of str or dict, got {_shown(docs)}")
+        raise RetrError(f"docs must be a list of str or dict, got {shown(docs)}")
     out = []
     for i, doc in enumerate(docs):
         if isinstance(doc, str):
             out.append(Document(str(i), "", doc))
             continue
         if not isinstance(doc, Mapping):
-            raise RetrError(f"docs[{i}] must be a str or a dict with 'text', got {_shown(doc)}")
+            raise RetrError(f"docs[{i}] must be a str or a dict with 'text', got {shown(doc)}")
         keys = [k for k in _ID_KEYS if k in doc]
         if len(keys) > 1:
             raise RetrError(f"docs[{i}] has both {keys[0]!r} and {keys[1]!r}: which is the id?")
         doc_id = doc[keys[0]] if keys else str(i)
         if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
-            raise RetrError(f"docs[{i}][{keys[0]!r}] must be a str or int, got {_shown(doc_id)}")
+            raise RetrError(f"docs[{i}][{keys[0]!r}] must be a str or int, got {shown(doc_id)}")
         text, title = doc.get("text", ""), doc.get("title", "")
         for name, value in (("text", text), ("title", title)):
             if not isinstance(value, str):
-                raise RetrError(f"docs[{i}][{name!r}] must be a str, got {_shown(value)}")
+                raise RetrError(f"docs[{i}][{name!r}] must be a str, got {shown(value)}")
         if "text" not in doc and "title" not in doc:
             raise RetrError(f"docs[{i}] has no 'text' (nor 'title'): fields {', '.join(map(repr, doc)) or 'none'}")
         metadata = {k: v for k, v in doc.items() if k not in (*keys, "text", "title") and v not in (None, "", {}, [])}
@@ -404,7 +389,7 @@ def evaluate(dataset: str | Path, pipelines: Sequence[str] = _DEFAULT_PIPELINES,
     cfg = EvalConfig(pipelines=parse_pipelines(",".join(names)), k_values=ks,
                      encoder=_encoder(model, backend, query_backend, None, query_prompt, doc_prompt),
                      dense=DenseIndexConfig(kind=kind),
-                     pipeline=PipelineConfig(fusion=_choice(fusion, "fusion", FUSIONS)),
+                     pipeline=PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS)),
                      reranker=RerankConfig(model=reranker) if reranker else None,
                      warmup=check_int(warmup, "warmup", 0, 1_000_000),
                      passages=_passages(passages, aggregate))
@@ -418,7 +403,7 @@ def evaluate(dataset: str | Path, pipelines: Sequence[str] = _DEFAULT_PIPELINES,
 def _cutoffs(k_values: object) -> tuple[int, ...]:
     """``k_values``: a list or tuple of cutoffs (ints >= 1), never a str."""
     if isinstance(k_values, (str, bytes, bytearray, Mapping)) or not isinstance(k_values, Iterable):
-        raise RetrError(f"k_values must be a list of whole numbers >= 1, e.g. [10, 100], got {_shown(k_values)}")
+        raise RetrError(f"k_values must be a list of whole numbers >= 1, e.g. [10, 100], got {shown(k_values)}")
     ks = tuple(sorted({check_int(k, "k_values", 1, 1_000_000) for k in k_values}))
     if not ks:
         raise RetrError("k_values is empty: give at least one cutoff, e.g. [10, 100]")

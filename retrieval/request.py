@@ -35,7 +35,7 @@ from retr.retrieval.errors import RetrError
 from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS
 from retr.retrieval.passages import AGGREGATES
 from retr.retrieval.pipeline import FIRST_STAGES
-from retr.retrieval.types import check_int, has_searchable_text
+from retr.retrieval.types import check_choice, check_int, has_searchable_text, shown
 
 DEFAULT_MODE = "hybrid"
 DEFAULT_K = 10
@@ -49,13 +49,6 @@ __all__ = ["DEFAULT_FUSION", "DEFAULT_K", "DEFAULT_MODE", "MAX_K", "SearchReques
 Scalar = str | int | float | bool
 
 
-def _kind(value: object) -> str:
-    """``value`` and its type, for a message: ``'10' (type str)``."""
-    text = repr(value)
-    text = text if len(text) <= 40 else text[:37] + "..."
-    return f"{text} (type {type(value).__name__})"
-
-
 def check_k(value: object, field: str = "k", most: int = MAX_K) -> int:
     """``value`` as a count of hits: an integer (``int`` or a NumPy integer, never a bool) from 1 to ``most``."""
     return check_int(value, field, 1, most)
@@ -64,7 +57,7 @@ def check_k(value: object, field: str = "k", most: int = MAX_K) -> int:
 def check_query(text: object, field: str = "query") -> str:
     """``text`` as a query: a ``str`` holding at least one searchable character, at most ``MAX_QUERY_CHARS``."""
     if not isinstance(text, str):
-        raise RetrError(f"{field} must be a str, got {_kind(text)}")
+        raise RetrError(f"{field} must be a str, got {shown(text)}")
     if not has_searchable_text(text):
         raise RetrError(f"{field}: the query is empty or holds no searchable characters (only whitespace, control "
                         f"or zero-width characters): give some words to search for")
@@ -77,7 +70,7 @@ def check_queries(values: object, field: str = "queries") -> tuple[str, ...]:
     """``values`` as a batch of queries: a list or tuple (or another ordered iterable: not a ``str``, ``bytes``,
     mapping or set) of at least one query."""
     if isinstance(values, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(values, Iterable):
-        raise RetrError(f"{field} must be a list of str, got {_kind(values)}"
+        raise RetrError(f"{field} must be a list of str, got {shown(values)}"
                         + (": a str is one query, not a list of them" if isinstance(values, str) else ""))
     queries = tuple(values)
     if not queries:
@@ -85,30 +78,20 @@ def check_queries(values: object, field: str = "queries") -> tuple[str, ...]:
     return tuple(check_query(q, f"{field}[{i}]") for i, q in enumerate(queries))
 
 
-def _choice(value: object, field: str, allowed: Iterable[str], optional: bool) -> str | None:
-    if value is None and optional:
-        return None
-    allowed = tuple(allowed)
-    if not isinstance(value, str) or value not in allowed:
-        raise RetrError(f"{field} must be one of {', '.join(allowed)}{' or None' if optional else ''}, "
-                        f"got {_kind(value)}")
-    return value
-
-
 def _filter(value: object) -> Mapping[str, Scalar] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise RetrError(f"filter must be a mapping of field -> value (e.g. {{'lang': 'en'}}) or None, "
-                        f"got {_kind(value)}")
+                        f"got {shown(value)}")
     if len(value) > MAX_FILTER_FIELDS:
         raise RetrError(f"filter has {len(value)} fields: at most {MAX_FILTER_FIELDS}")
     out: dict[str, Scalar] = {}
     for key, v in value.items():
         if not isinstance(key, str) or not key.strip():
-            raise RetrError(f"filter: a field name must be a non-empty str, got {_kind(key)}")
+            raise RetrError(f"filter: a field name must be a non-empty str, got {shown(key)}")
         if not isinstance(v, (str, int, float, bool)):  # bool is an int; NumPy scalars are refused alike
-            raise RetrError(f"filter[{key!r}] must be a str, int, float or bool, got {_kind(v)}")
+            raise RetrError(f"filter[{key!r}] must be a str, int, float or bool, got {shown(v)}")
         out[key] = v
     return Filter(out) if out else None
 
@@ -149,7 +132,7 @@ def _rerank(value: object) -> str | None:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip():
-        raise RetrError(f"rerank must be a cross-encoder folder (a str) or None, got {_kind(value)}")
+        raise RetrError(f"rerank must be a cross-encoder folder (a str) or None, got {shown(value)}")
     return value
 
 
@@ -177,11 +160,11 @@ class SearchRequest:
         checked = {
             "queries": check_queries(self.queries),
             "k": check_k(self.k),
-            "mode": _choice(self.mode, "mode", FIRST_STAGES, optional=False),
-            "fusion": _choice(self.fusion, "fusion", FUSIONS, optional=True),
+            "mode": check_choice(self.mode, "mode", FIRST_STAGES),
+            "fusion": check_choice(self.fusion, "fusion", FUSIONS, optional=True),
             "rerank": _rerank(self.rerank),
             "filter": _filter(self.filter),
-            "passage_aggregate": _choice(self.passage_aggregate, "passage_aggregate", AGGREGATES, optional=True),
+            "passage_aggregate": check_choice(self.passage_aggregate, "passage_aggregate", AGGREGATES, optional=True),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)

@@ -124,6 +124,12 @@ class Qrels(Mapping[str, Mapping[str, int]]):
         return sum(1 for g in self._data.get(qid, {}).values() if g > 0)
 
 
+def shown(value: object) -> str:
+    """``value`` and its type, for a one-line message: ``'10' (type str)`` (the text cut to 40 characters)."""
+    text = repr(value)
+    return f"{text if len(text) <= 40 else text[:37] + '...'} (type {type(value).__name__})"
+
+
 def check_int(value: object, field: str, least: int = 1, most: int | None = None) -> int:
     """``value`` as a bounded integer option: an ``int`` (or a NumPy integer), never a bool, a float or a string;
     a one-line ``RetrError`` naming ``field`` otherwise."""
@@ -131,11 +137,22 @@ def check_int(value: object, field: str, least: int = 1, most: int | None = None
 
     span = f"from {least} to {most}" if most is not None else f">= {least}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise RetrError(f"{field} must be a whole number {span}, got {shown} (type {type(value).__name__})")
+        raise RetrError(f"{field} must be a whole number {span}, got {shown(value)}")
     if int(value) < least or (most is not None and int(value) > most):
         raise RetrError(f"{field} must be {span}, got {int(value)}")
     return int(value)
+
+
+def check_choice(value: object, field: str, allowed: Iterable[str], optional: bool = False) -> str | None:
+    """``value`` as one of ``allowed`` (a ``str``), or None where ``optional``; a one-line ``RetrError`` naming
+    ``field`` and the choices otherwise."""
+    if value is None and optional:
+        return None
+    allowed = tuple(allowed)
+    if not isinstance(value, str) or value not in allowed:
+        raise RetrError(f"{field} must be one of {', '.join(allowed)}{' or None' if optional else ''}, "
+                        f"got {shown(value)}")
+    return value
 
 
 def has_searchable_text(text: str) -> bool:
@@ -145,14 +162,6 @@ def has_searchable_text(text: str) -> bool:
     import unicodedata
 
     return any(unicodedata.category(c)[0] in "LNMSP" for c in text)
-
-
-def check_query(text: str) -> str:
-    """A query to search with: text with no searchable character (``has_searchable_text``) is an input error,
-    not a search for anything."""
-    if not isinstance(text, str) or not has_searchable_text(text):
-        raise RetrError("the query is empty or holds no searchable characters: give some words to search for")
-    return text
 
 
 def filter_value(value: object) -> str:
