@@ -56,7 +56,7 @@ def _chunks(ids: list[str], queries: Sequence[str], size: int, encoder: BiEncode
     """``{id: query}`` parts of at most ``size`` queries. With a query encoder, each part holds queries of one
     token length: encoded together without padding, a query's vector is the one it gets alone, bit for bit
     (padded to a longer neighbour, the attention sums run over more positions and round differently)."""
-    if encoder is None:
+    if encoder is None or len(ids) == 1:  # one query: nothing to group (a single search tokenises it once)
         groups = [list(range(len(ids)))]
     else:
         prompt = encoder.prompts.query or ""
@@ -190,15 +190,10 @@ class Searcher:
         """One result per query of ``request`` (``retr.retrieval.request``: checked, with the one set of
         defaults), each searched alone: a query's hits never depend on the others. ``request.filter``: every
         stage searches only the documents whose record holds it, so k hits come back whenever k such exist."""
-        if not isinstance(request, SearchRequest):
-            raise RetrError(f"a search takes a SearchRequest, got {type(request).__name__}")
-        if self._closed:
-            raise RetrError(f"{self.index.folder}: this index was closed: open it again to search")
-        spec = PipelineSpec.parse(request.pipeline)
-        k = request.k
         timer = StageTimer()
         t0 = time.perf_counter()
-        run = self.search_run(request, timer=timer)
+        run = self.search_run(request, timer=timer)  # checks the request and that the searcher is open
+        spec = PipelineSpec.parse(request.pipeline)
         share = 1000.0 / len(request.queries)  # a batch's time, per query
         latency = {**{s: v * share for s, v in timer.seconds.items()}, "total": (time.perf_counter() - t0) * share}
         out = []
@@ -206,7 +201,7 @@ class Searcher:
             hits = run[str(i)]
             docs = [self.index.docstore.get(self._positions[h.doc_id]) for h in hits]
             out.append(SearchResult(
-                query=q, pipeline=spec.name, k=k,
+                query=q, pipeline=spec.name, k=request.k,
                 hits=[SearchHit(r, h.doc_id, h.score, d.title, d.text, dict(d.metadata))
                       for r, (h, d) in enumerate(zip(hits, docs, strict=True), start=1)],
                 latency_ms=dict(latency)))
