@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -62,14 +61,12 @@ def table(title: str, header: list[str], rows: list[list]) -> str:
 
 
 def cpu() -> str:
-    """The CPU figures were measured on, as a result file and a report name it: its model name and cores."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            name = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), name)
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores"
+    """The CPU figures were measured on, as a result file and a report name it: its model name and cores (the
+    ``Platform`` retr resolves, so a result and retr's own choices name the same CPU)."""
+    from retr.retrieval.backends.platform import this_platform
+
+    here = this_platform()
+    return f"{here.cpu}, {here.cores} cores"
 
 
 def run_measured(target: str, args: list[str], log: Path, env: dict | None = None) -> dict:
