@@ -94,8 +94,11 @@ def add_rerank_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rerank-inputs", choices=tuple(INPUT_FORMS), default=None,
                    help="what the cross-encoder reads of a document: its head, or its sentences sharing most query "
                         "terms (default: the form it was trained on, else head)")
-    p.add_argument("--rerank-backend", choices=choices(SCORING), default=DEFAULT_RERANK_BACKEND, metavar="NAME",
-                   help="cross-encoder inference: %(choices)s; every graph is checked against torch")
+    p.add_argument("--rerank-backend", choices=choices(SCORING), default=None, metavar="NAME",
+                   help=f"cross-encoder inference: %(choices)s; every graph is checked against torch (default: "
+                        f"measured here: {DEFAULT_RERANK_BACKEND}, or another of the model's graphs already in the "
+                        f"cache where it scores a query's pairs faster within the noise bound; `retr doctor --rerank "
+                        f"MODEL` shows them)")
     p.add_argument("--rerank-alpha", type=float, default=None,
                    help="cross-encoder weight vs the first stage (default: chosen on dev at training, else 1; on "
                         "a corpus it was not trained on, capped by the reranker check)")

@@ -12,7 +12,8 @@ import numpy as np
 
 from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import sample_texts
-from retr.retrieval.backends.batching import fast_pair_tokenizer, run_sorted
+from retr.retrieval.backends.batching import fast_pair_tokenizer
+from retr.retrieval.backends.chooser import Choice
 from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
 from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
 from retr.retrieval.backends.platform import this_platform
@@ -29,6 +30,7 @@ from retr.retrieval.rerank_check import (
     RerankWeight,
     rule_weight,
 )
+from retr.retrieval.rerank_graphs import PairGraphs, score_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,10 @@ class RerankConfig:
     batch_size: int = 32  # torch backend: pairs per batch
     token_budget: int = 8192  # exported backends: padded tokens per batch (length-sorted)
     device: str = "cpu"
-    backend: str = DEFAULT_RERANK_BACKEND  # a name in the registry that offers cross-encoder graphs
+    # a name in the registry that offers cross-encoder graphs; None: measured here (retr.retrieval.rerank_graphs):
+    # DEFAULT_RERANK_BACKEND's graph, or another one of the model's graphs already in the cache where it scores a
+    # query's pairs faster here within the ranking-noise bound
+    backend: str | None = None
     # weight of the cross-encoder in the final score (1.0: cross-encoder alone); None: the value
     # chosen on dev by `retr train cross-encoder` (in the folder's retr_manifest.json), else 1.0
     interpolation: float | None = None
@@ -60,7 +65,8 @@ class RerankConfig:
     inputs: str | None = None
 
     def __post_init__(self) -> None:
-        get_backend(self.backend, SCORING)
+        if self.backend is not None:
+            get_backend(self.backend, SCORING)
         if self.inputs is not None:
             check_inputs(self.inputs)
         if self.depth < 1 or (self.max_length is not None and self.max_length < 1):
@@ -158,11 +164,17 @@ class CrossEncoderReranker:
         self._fast_pairs = fast_pair_tokenizer(self.path, self.max_length)
         self._read = reader(self.inputs, self.path, self.max_length)
         self.graph: Graph | None = None
+        self.choice: Choice | None = None  # how the graph was chosen, where it was measured
         if config.device == "cpu":
-            backend = on_this_cpu(get_backend(config.backend, SCORING), SCORING, this_platform())
+            platform = this_platform()
+            backend = on_this_cpu(get_backend(config.backend or DEFAULT_RERANK_BACKEND, SCORING), SCORING, platform)
             calibration = self._calibration() if backend.calibrated else None
             self.graph = open_graph(lambda: self.model, self.ref.hash, backend.name, self.max_length, cache_home(),
                                     SCORING, use_cache_alone=self._fast_pairs is not None, calibration=calibration)
+            if config.backend is None and self.graph is not None:
+                self.graph, self.choice = PairGraphs(self.ref.hash, self.graph, self._pair_ids, config.depth,
+                                                     self.max_length, config.token_budget, platform,
+                                                     self._calibration).chosen()
         chosen = _trained_weight(record, self.path)
         self.interpolation = config.interpolation if config.interpolation is not None \
             else chosen if chosen is not None else 1.0
@@ -266,15 +278,12 @@ class CrossEncoderReranker:
         texts = self.read(query, texts)
         if self.graph is None:
             return ce_logits(self.model, [(query, t) for t in texts], self.config.batch_size)
-        ids, types = self._pair_ids(query, texts)
-        runner = self.graph.runner
-        # one query's pairs in batches balanced over the runner's parallel streams (OpenVINO: one per core)
-        return run_sorted(runner, ids, self.config.token_budget, np.empty(len(texts), dtype=np.float32),
-                          extra_rows={"token_type_ids": types}, parts=runner.parallel)
+        return score_pairs(self.graph, *self._pair_ids(query, texts), self.config.token_budget)
 
     def describe(self) -> dict:
         return {"path": str(self.path), "hash": self.model_hash, "depth": self.config.depth,
                 "max_length": self.max_length, "inputs": self.inputs, "interpolation": self.interpolation,
                 "backend": self.backend,
                 "trained_corpus_sha256": self.trained_corpus,
-                "precision": graph_info(self.graph)["precision"]}
+                "precision": graph_info(self.graph)["precision"],
+                **({"chosen": self.choice.to_dict()} if self.choice is not None else {})}

@@ -1,0 +1,142 @@
+"""Which graph scores a cross-encoder's pairs on this machine: measured, not assumed from CPU flags (issue 39).
+
+The candidates are the configured graph (made as usual: built, exported or from the cache) and every other
+cross-encoder graph of the same model already in the cache that this machine can run (``chooser.prune``); each
+passed its agreement check against torch when it was made. Here each is timed on one query's pairs at the rerank
+depth (retr's fixed questions and passages, ``sample_texts``), its ranking noise against the configured graph is
+measured on the same kind of pairs, and the fastest within ``CE_MAX_RANK_NOISE`` is chosen. The choice is stored
+per model, candidates, depth, length, CPU and library versions, so that a later run reads it instead of timing.
+Nothing is exported to make a candidate: `retr doctor --rerank MODEL --export` makes them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from retr.retrieval.artifacts import cache_home
+from retr.retrieval.backends import chooser, sample_texts
+from retr.retrieval.backends.batching import run_sorted
+from retr.retrieval.backends.export import SCORING, Calibration
+from retr.retrieval.backends.graphs import Graph, find_cached
+from retr.retrieval.backends.platform import Platform
+from retr.retrieval.backends.registry import BACKENDS, CE_MAX_RANK_NOISE
+from retr.retrieval.errors import RetrError
+
+logger = logging.getLogger(__name__)
+
+NOISE_QUESTIONS = 8  # questions whose pairs the ranking noise is measured on (each against ``depth`` passages)
+
+
+def sample_pairs(depth: int, questions: int | None = None) -> list[tuple[str, list[str]]]:
+    """retr's fixed questions, each with ``depth`` of its fixed passages (plain and joined, starting at the
+    question's own: one relevant, the rest not), as a query's pairs at the rerank depth look."""
+    docs = sample_texts.passages() + sample_texts.long_passages()
+    qs = sample_texts.questions()[:questions] if questions else sample_texts.questions()
+    return [(q, [docs[(i + j) % len(docs)] for j in range(depth)]) for i, q in enumerate(qs)]
+
+
+def score_pairs(graph: Graph, ids: list, types: list, token_budget: int) -> np.ndarray:
+    """One query's pairs (token ids, token type ids) through ``graph``: length-sorted batches under
+    ``token_budget`` padded tokens, balanced over the runner's parallel streams (OpenVINO: one per core)."""
+    return run_sorted(graph.runner, ids, token_budget, np.empty(len(ids), dtype=np.float32),
+                      extra_rows={"token_type_ids": types}, parts=graph.runner.parallel)
+
+
+def pair_noise(base: np.ndarray, got: np.ndarray) -> float:
+    """std(candidate score - base score) / std(base score), per query, averaged: how far a candidate's scores move
+    against the spread that orders a query's documents (``export.score_noise``'s measure, against a graph)."""
+    ratios = [float((g - b).std() / max(float(b.std()), 1e-12)) for b, g in zip(base, got, strict=True)]
+    return float(np.mean(ratios))
+
+
+@dataclass
+class PairGraphs:
+    """A cross-encoder's candidate graphs and the measured choice among them."""
+    model_hash: str
+    base: Graph  # the configured backend's graph: the reference of the noise check, and the fallback
+    pair_ids: Callable[[str, list[str]], tuple[list, list]]  # (query, texts) -> (input ids, token type ids)
+    depth: int
+    max_length: int
+    token_budget: int
+    platform: Platform
+    calibration: Callable[[], Calibration] | None = None  # what a static int8 candidate was calibrated on
+
+    def score(self, graph: Graph, query: str, texts: list[str]) -> np.ndarray:
+        """One query's pairs through ``graph``, batched as the reranker batches them."""
+        return score_pairs(graph, *self.pair_ids(query, texts), self.token_budget)
+
+    @functools.cached_property
+    def candidates(self) -> dict[str, Graph]:
+        """The configured graph first, then every other cross-encoder graph of this model in the cache that can
+        run here (verified when made; none is made now)."""
+        found = {self.base.variant: self.base}
+        others = [b for name, b in BACKENDS.items() if name != self.base.variant and b.exported
+                  and b.supports(SCORING)]
+        kept, _ = chooser.prune(self.platform, others)
+        for b in kept:
+            try:
+                graph = find_cached(self.model_hash, b, SCORING, cache_home(),
+                                    calibration=self.calibration() if b.calibrated and self.calibration else None)
+            except RetrError as e:  # refused here before: not a candidate
+                logger.debug("cross-encoder candidate %s not used: %s", b.name, e)
+                graph = None
+            if graph is not None:
+                found[b.name] = graph
+        return found
+
+    def seconds(self, graph: Graph) -> float:
+        """Median seconds per query's ``depth`` pairs through ``graph`` (a few questions, bounded)."""
+        pairs = sample_pairs(self.depth, 4)
+        return chooser.time_per_unit(lambda: [self.score(graph, q, d) for q, d in pairs], len(pairs))
+
+    @functools.cached_property
+    def _base_scores(self) -> list[np.ndarray]:
+        return [self.score(self.base, q, d) for q, d in sample_pairs(self.depth, NOISE_QUESTIONS)]
+
+    def noise(self, graph: Graph) -> float:
+        got = [self.score(graph, q, d) for q, d in sample_pairs(self.depth, NOISE_QUESTIONS)]
+        return pair_noise(self._base_scores, got)
+
+    def key(self) -> str:
+        ids = [g.identity(self.model_hash).key for g in self.candidates.values()]
+        ids += [f"depth={self.depth}", f"max_length={self.max_length}", f"max_rank_noise={CE_MAX_RANK_NOISE}"]
+        return chooser.choice_key(self.model_hash, chooser.PAIRS, ids, self.platform)
+
+    def timing(self, name: str, graph: Graph) -> chooser.Timing:
+        seconds = self.seconds(graph)
+        if graph is self.base:
+            return chooser.Timing(name, seconds)
+        noise = self.noise(graph)
+        if noise > CE_MAX_RANK_NOISE:
+            return chooser.Timing(name, seconds, passed=False, rank_noise=noise,
+                                  why=f"ranking noise {noise:.4f} > {CE_MAX_RANK_NOISE}")
+        return chooser.Timing(name, seconds, rank_noise=noise)
+
+    def time_all(self) -> chooser.Choice:
+        """Time and check every candidate now, choose, and store the choice."""
+        choice = chooser.choose(chooser.PAIRS, [self.timing(n, g) for n, g in self.candidates.items()],
+                                self.base.variant)
+        logger.info("cross-encoder pairs at depth %d: %s (%s)", self.depth, choice.backend, choice.why)
+        chooser.ChoiceStore(cache_home()).put(self.key(), choice, model_hash=self.model_hash, cpu=self.platform.cpu)
+        return choice
+
+    def choice(self) -> chooser.Choice | None:
+        """The stored choice, else one measured now; None where the configured graph is the only candidate."""
+        if len(self.candidates) < 2:
+            return None
+        stored = chooser.ChoiceStore(cache_home()).get(self.key())
+        if stored is not None and stored.backend in self.candidates:
+            return stored
+        return self.time_all()
+
+    def chosen(self) -> tuple[Graph, chooser.Choice | None]:
+        choice = self.choice()
+        return (self.candidates[choice.backend] if choice is not None else self.base), choice
+
+
+__all__ = ["NOISE_QUESTIONS", "PairGraphs", "pair_noise", "sample_pairs", "score_pairs"]
