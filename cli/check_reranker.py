@@ -4,7 +4,8 @@ A cross-encoder trained on another corpus is checked on pseudo-queries cut from 
 (``retr.eval.pseudo``) when it is first put together with an index: here, by `retr eval`, or when `retr serve`
 starts. The check is stored beside the index (``<index>/rerank-checks/<key>.json``, so that a copy of the index keeps
 it) and in the cache, keyed by the corpus, the cross-encoder, the index's dense model, depth, length and input form;
-`retr search` and the Python API only read it: a search never builds an index or loads the corpus.
+`retr eval --index` and `retr serve` store the checks they run there too, and all of them read a stored one from
+there first. `retr search` and the Python API only read it: a search never builds an index or loads the corpus.
 """
 
 from __future__ import annotations
@@ -31,26 +32,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_and_store(index: str, model: str, pipeline, rerank) -> str:
-    """Check the cross-encoder ``model`` on ``index`` where that applies (once; a check stored beside the index or
-    in the cache is read), store the check beside the index (``<index>/rerank-checks/``: a copy of the index keeps
-    it) and return the line that says the weight searches will give it."""
-    from dataclasses import asdict
+    """Check the cross-encoder ``model`` on ``index`` where that applies, once: a check stored beside the index or
+    in the cache is read (``retr.eval.pseudo.check_index_reranker``, the path `retr eval` and `retr serve` take),
+    and stored beside the index (``<index>/rerank-checks/``: a copy of the index keeps it). Returns the line that
+    says the weight searches will give it."""
+    from dataclasses import asdict, replace
 
     from retr.eval.pseudo import check_index_reranker
     from retr.eval.table import reranker_line
-    from retr.indexes.searcher import Searcher
+    from retr.indexes.shards import open_index
+    from retr.retrieval.encoder import EncoderConfig
+    from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
-    searcher = Searcher(index, None, pipeline, rerank, checker=check_index_reranker)
+    opened = open_index(index)
     try:
-        reranker = searcher.reranker(model)  # checked here where that applies and none is stored
-        manifest = searcher.index.manifest
-        weight = reranker.weight_for(manifest.corpus.sha256,
-                                     manifest.dense.model.hash if manifest.dense is not None else None)
-        key = searcher.check_key(reranker)
-        if weight.check is not None and key is not None:
-            weight.check.save_beside(searcher.index.folder, key)
+        factory = PipelineFactory(opened, config=pipeline or PipelineConfig(), encoder_config=EncoderConfig())
+        reranker = CrossEncoderReranker(replace(rerank, model=model) if rerank else RerankConfig(model=model))
+        if factory.dense_model_hash is not None and reranker.needs_check(factory.corpus_sha256):
+            check_index_reranker(opened, factory.encoder, reranker, factory.config, strict=True)
+        weight = factory.rerank_weight(reranker)
     finally:
-        searcher.close()
+        opened.close()
     line = reranker_line({"weight": weight.weight, "weight_source": weight.source,
                           "corpus_check": asdict(weight.check) if weight.check else None}).strip()
     why = {"given": "--rerank-alpha given: nothing to check",

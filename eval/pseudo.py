@@ -29,6 +29,7 @@ from retr.indexes.dense import live_vectors
 from retr.indexes.shards import open_index
 from retr.retrieval.bm25 import BM25Config
 from retr.retrieval.encoder import BiEncoder
+from retr.retrieval.errors import RetrError
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
 from retr.retrieval.rerank import (
     CHECK_SEED,
@@ -40,6 +41,7 @@ from retr.retrieval.rerank import (
     rerank_head,
     smoothed_best,
 )
+from retr.retrieval.rerank_check import beside_path, keeps_checks
 from retr.retrieval.types import Document, Qrels, Run
 
 logger = logging.getLogger(__name__)
@@ -81,22 +83,56 @@ def shortened(corpus: Corpus, cut: list[PseudoQuery], where: Path) -> Corpus:
 
 
 def check_index_reranker(index, encoder: BiEncoder, reranker: CrossEncoderReranker,
-                         pipeline: PipelineConfig | None = None, corpus: Corpus | None = None) -> CorpusCheck | None:
-    """``check_reranker`` on an index folder's own documents (its doc store): what `retr search`, `retr serve` and
-    the Python API run the first time a cross-encoder trained on another corpus meets the index, and `retr eval`
-    before it scores. The vectors of the unchanged documents are the ones the index holds (one per document: flat,
-    HNSW, the lean index's kept ones), else the embedding cache's (encoded once and cached where absent).
-    ``corpus``: the index's corpus where the caller holds it already (`retr eval`), in the index's order."""
-    if corpus is None or corpus.sha256 != index.manifest.corpus.sha256 or corpus.ids != list(index.ids):
-        docs = [index.docstore.get(i) for i in range(len(index.ids))]
-        corpus = Corpus(docs=docs, source=Path(index.folder) / "docstore", sha256=index.manifest.corpus.sha256)
-    vectors = None
-    info = index.dense_info
-    if getattr(index, "shards", None) is None and not info.get("passages"):  # one vector per document, in id order
-        held = live_vectors(Path(index.parts), info, index.faiss_index)
-        if held.shape == (len(corpus.docs), encoder.dim):
-            vectors = (held, (info.get("encode") or {}).get("graph"))
-    return check_reranker(corpus, encoder, reranker, pipeline, vectors=vectors)
+                         pipeline: PipelineConfig | None = None, corpus: Corpus | None = None,
+                         strict: bool = False) -> CorpusCheck | None:
+    """``check_reranker`` on an index folder's own documents (its doc store): what `retr check-reranker`,
+    `retr index --rerank`, `retr serve` and `retr eval` run the first time a cross-encoder trained on another corpus
+    meets the index. The check stored beside the index (``<index>/rerank-checks/<key>.json``) is read first, then
+    one adopted or in the cache, and only then is one measured; a check not read from beside the index is stored
+    there, so that a copy of the index keeps it. An index in retr's own cache (`retr eval --dataset`) keeps its
+    checks in the cache alone (``keeps_checks``). ``strict``: a check that cannot be stored beside the index is an
+    error (`retr check-reranker`); else a warning (the cache holds it). The vectors of the unchanged documents are
+    the ones the index holds (one per document: flat, HNSW, the lean index's kept ones), else the embedding cache's
+    (encoded once and cached where absent). ``corpus``: the index's corpus where the caller holds it already
+    (`retr eval --dataset`), in the index's order."""
+    sha256, folder = index.manifest.corpus.sha256, Path(index.folder)
+    key = reranker.check_key(sha256, encoder.model_hash)
+    beside = keeps_checks(folder)
+    if beside:
+        stored = CorpusCheck.load_beside(folder, key, sha256, reranker.model_hash, encoder.model_hash)
+        if stored is not None:
+            logger.info("reranker check stored beside the index used: weight %.1f on this corpus", stored.weight)
+            reranker.adopt(stored)
+            return stored
+    check = reranker.find_check(sha256, encoder.model_hash)  # adopted, or in the cache
+    if check is None:
+        if corpus is None or corpus.sha256 != sha256 or corpus.ids != list(index.ids):
+            docs = [index.docstore.get(i) for i in range(len(index.ids))]
+            corpus = Corpus(docs=docs, source=folder / "docstore", sha256=sha256)
+        vectors = None
+        info = index.dense_info
+        if getattr(index, "shards", None) is None and not info.get("passages"):  # one vector per document, in order
+            held = live_vectors(Path(index.parts), info, index.faiss_index)
+            if held.shape == (len(corpus.docs), encoder.dim):
+                vectors = (held, (info.get("encode") or {}).get("graph"))
+        check = check_reranker(corpus, encoder, reranker, pipeline, vectors=vectors)
+    if check is not None and beside:
+        _store_beside(check, folder, key, strict)
+    return check
+
+
+def _store_beside(check: CorpusCheck, folder: Path, key: str, strict: bool) -> None:
+    """``check`` stored beside the index ``folder``; where it cannot be (a read-only folder, a symlinked checks
+    folder): an error when ``strict``, else a warning."""
+    try:
+        path = check.save_beside(folder, key)
+    except (OSError, RetrError) as e:
+        why = e if isinstance(e, RetrError) else f"{beside_path(folder, key).parent}: {e.strerror or e}"
+        if strict:
+            raise RetrError(f"the reranker check could not be stored beside the index: {why}") from None
+        logger.warning("reranker check not stored beside the index (%s): the cache holds it", why)
+        return
+    logger.info("reranker check stored beside the index: %s", path)
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,15 @@ _INT_FIELDS = ("depth", "max_length", "queries", "seed")
 _NUMBER_FIELDS = ("weight", "first_stage_ndcg", "seconds")
 
 
+def keeps_checks(folder: Path) -> bool:
+    """Whether the index ``folder`` keeps its reranker checks beside it (``INDEX_CHECKS``): every index folder but
+    the ones retr builds in its own cache (`retr eval --dataset`), whose checks the cache alone holds."""
+    try:
+        return not Path(folder).resolve().is_relative_to(cache_home().resolve())
+    except OSError:
+        return True
+
+
 def beside_path(folder: Path, key: str) -> Path:
     """Where the check under ``key`` (``CorpusCheck.key``: 32 hex digits, never a path) is stored in an index."""
     if not _KEY_RE.match(key):

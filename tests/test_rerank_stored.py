@@ -153,3 +153,92 @@ def test_a_reopened_searcher_takes_the_check_stored_for_its_new_corpus(tiny_cros
             new.close()
     finally:
         s.close()
+
+
+def _spy_builds(monkeypatch) -> list:
+    """From here on, every pseudo-query index the reranker check builds is recorded (and still built)."""
+    built: list = []
+    real = pseudo.build_index
+
+    def spy(*args, **kwargs):
+        built.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pseudo, "build_index", spy)
+    return built
+
+
+def test_eval_index_stores_the_check_it_runs_beside_the_index_and_reads_it_there_next(
+        tiny_cross_encoder, tiny_bi_encoder, tmp_path, monkeypatch):
+    from retr.eval.report import EvalReport
+
+    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar panels", "q2": "wolves in the tundra"},
+                        {"q1": {"L1": 1}, "q2": {"L5": 1}})
+    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--max-length", "64"]) == 0
+    assert not (idx / INDEX_CHECKS).exists()
+
+    def evaluate(out) -> dict:
+        assert main(["eval", "--index", str(idx), "--topics", str(folder / "queries.jsonl"), "--qrels",
+                     str(folder / "qrels" / "test.tsv"), "--mode", "hybrid+rerank", "--rerank", str(ce), *CE_ARGS,
+                     "--warmup", "0", "--out", str(out)]) == 0
+        return EvalReport.read(out).to_dict()["reranker"]
+
+    built = _spy_builds(monkeypatch)
+    first = evaluate(tmp_path / "first.json")
+    assert len(built) == 1 and first["weight_source"] == "checked"  # measured once, on pseudo-queries
+    stored = list((idx / INDEX_CHECKS).glob("*.json"))
+    assert len(stored) == 1 and json.loads(stored[0].read_text())["curve"] == first["corpus_check"]["curve"]
+
+    monkeypatch.setenv("RETR_CACHE", str(tmp_path / "empty-cache"))  # a copy elsewhere: nothing cached
+    built.clear()
+    second = evaluate(tmp_path / "second.json")
+    assert built == [] and second["weight_source"] == "checked"  # read beside the index: nothing built
+    assert second["corpus_check"] == first["corpus_check"] and second["weight"] == first["weight"]
+    assert not (tmp_path / "empty-cache" / "rerank-checks").exists()
+
+
+def test_serve_stores_the_check_it_runs_beside_the_index_and_reads_it_there_next(
+        tiny_cross_encoder, tiny_bi_encoder, tmp_path, monkeypatch, caplog):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from retr.cli.serve_app import ServeConfig
+    from retr.retrieval.encoder import EncoderConfig
+
+    from .serving import Server
+
+    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
+    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
+    idx = tmp_path / "idx"
+    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--max-length", "64"]) == 0
+    cfg = ServeConfig(encoder=EncoderConfig(), rerank=RerankConfig(model=str(ce), max_length=32, depth=5))
+    built = _spy_builds(monkeypatch)
+    Server(idx, cfg).stop()  # the check is run when the server starts
+    stored = list((idx / INDEX_CHECKS).glob("*.json"))
+    assert len(built) == 1 and len(stored) == 1
+
+    monkeypatch.setenv("RETR_CACHE", str(tmp_path / "empty-cache"))
+    built.clear()
+    server = Server(idx, cfg)
+    try:
+        status, found = server.request("/search", {"query": "solar panels", "k": 3, "mode": "hybrid", "rerank": True})
+        assert status == 200 and len(found["results"]) == 3
+    finally:
+        server.stop()
+    assert built == [] and not (tmp_path / "empty-cache" / "rerank-checks").exists()
+    assert _source(idx, ce) == "checked"
+
+    # where the check cannot be stored beside the index, the server warns and serves; check-reranker fails
+    blocked = tmp_path / "blocked"
+    shutil.copytree(idx, blocked)
+    shutil.rmtree(blocked / INDEX_CHECKS)
+    (blocked / INDEX_CHECKS).write_text("not a folder")
+    monkeypatch.setenv("RETR_CACHE", str(tmp_path / "another-cache"))
+    with caplog.at_level("WARNING"):
+        Server(blocked, cfg).stop()
+    assert any("not stored beside the index" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("RETR_CACHE", str(tmp_path / "a-third-cache"))
+    assert main(["check-reranker", str(blocked), str(ce), *CE_ARGS]) == 2
