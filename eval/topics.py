@@ -6,7 +6,9 @@
 - TREC topics: ``<top> <num> Number: 301 <title> ... <desc> ... <narr> ... </top>`` blocks (closing tags such as
   ``</title>`` are allowed); the query is the ``title`` field unless another is asked for.
 
-Every malformed input raises ``RetrError`` naming the file and line. Topics keep their file order.
+Every malformed input raises ``RetrError`` naming the file and line, a topic whose text holds no searchable
+character (``has_searchable_text``, the search request's test: NUL, control or zero-width characters alone)
+included. Topics keep their file order.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from retr.eval.forms import file_and_form
 from retr.indexes.corpus import jsonl_records, lines
 from retr.retrieval.errors import RetrError
+from retr.retrieval.types import has_searchable_text
 
 TOPIC_FORMATS = ("tsv", "jsonl", "trec")
 TREC_FIELDS = ("title", "desc", "narr")
@@ -51,12 +55,7 @@ def topic_format(path: Path) -> str:
 def read_topics(path: str | Path, fmt: str | None = None, field: str = "title") -> dict[str, str]:
     """Query id -> query text, in file order. ``fmt``: one of ``TOPIC_FORMATS`` (default: detected);
     ``field``: which field of a TREC topic is the query."""
-    path = Path(path)
-    if not path.is_file():
-        raise RetrError(f"{path}: no such topic file")
-    fmt = fmt or topic_format(path)
-    if fmt not in TOPIC_FORMATS:
-        raise RetrError(f"topic format {fmt!r}: choose one of {', '.join(TOPIC_FORMATS)}")
+    path, fmt = file_and_form(path, fmt, TOPIC_FORMATS, topic_format, "topic")
     if field not in TREC_FIELDS:
         raise RetrError(f"topic field {field!r}: choose one of {', '.join(TREC_FIELDS)}")
     topics = {"tsv": _tsv, "jsonl": _jsonl, "trec": lambda p: _trec(p, field)}[fmt](path)
@@ -71,8 +70,10 @@ def _add(topics: dict[str, str], path: Path, lineno: int, qid: str, text: str) -
         raise RetrError(f"{path}:{lineno}: topic has no id")
     if qid in topics:
         raise RetrError(f"{path}:{lineno}: duplicate topic id {qid!r}")
-    if not text.strip():
-        raise RetrError(f"{path}:{lineno}: topic {qid!r} has no query text")
+    if not has_searchable_text(text):  # the search request's own test, here with the file and line
+        what = "holds no searchable character (only control, format or zero-width ones)" if text.strip() \
+            else "has no query text"
+        raise RetrError(f"{path}:{lineno}: topic {qid!r} {what}")
     topics[qid] = text.strip()
 
 

@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from retr.eval.forms import file_and_form
 from retr.indexes.corpus import jsonl_records, lines
 from retr.retrieval.artifacts import atomic_write_text
 from retr.retrieval.errors import RetrError
@@ -106,12 +107,7 @@ def run_format(path: Path) -> str:
 
 def read_run(path: str | Path, fmt: str | None = None) -> Run:
     """A run file in any of ``RUN_FORMATS`` (default: detected). Every malformed line is an error naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise RetrError(f"{path}: no such run file")
-    fmt = fmt or run_format(path)
-    if fmt not in RUN_FORMATS:
-        raise RetrError(f"run format {fmt!r}: choose one of {', '.join(RUN_FORMATS)}")
+    path, fmt = file_and_form(path, fmt, RUN_FORMATS, run_format, "run")
     rankings: dict[str, dict[str, float]] = {}
     for lineno, qid, doc_id, score in {"trec": _trec_hits, "msmarco": _msmarco_hits, "jsonl": _jsonl_hits}[fmt](path):
         docs = rankings.setdefault(qid, {})

@@ -57,6 +57,11 @@ def test_topics_in_every_form(tmp_path):
     ("a.tsv", "1\tok\n2 no tab here\n", "a.tsv:2: expected 'id<TAB>query'"),
     ("a.tsv", "1\tok\n1\tagain\n", "a.tsv:2: duplicate topic id '1'"),
     ("a.tsv", "1\tok\n2\t  \n", "a.tsv:2: topic '2' has no query text"),
+    # no searchable character (the search request's test): refused here, with the line, not by the search later
+    ("a.tsv", "1\tok\n2\t\0\0\n", "a.tsv:2: topic '2' holds no searchable character"),
+    ("a.jsonl", '{"id": "1", "text": "ok"}\n{"id": "2", "text": "\\u0007 \\u200b"}\n',
+     "a.jsonl:2: topic '2' holds no searchable character"),
+    ("t.txt", "<top>\n<num> 1\n<title> \x01\n</top>\n", "t.txt:1: topic '1' holds no searchable character"),
     ("a.jsonl", '{"id": "1", "text": "ok"}\n{"id": "2", "text": \n', "a.jsonl:2: malformed JSON"),
     ("a.jsonl", '{"id": "1", "body": "x"}\n', "a.jsonl:1: topic has no text field"),
     ("a.jsonl", '{"text": "x"}\n', "a.jsonl:1: topic has no id field"),
@@ -156,3 +161,15 @@ def test_eval_run_input_errors(tmp_path, tiny_dataset, capsys):
     with pytest.raises(SystemExit):  # one source at a time
         main(["eval", "--run", str(run), "--dataset", str(tiny_dataset)])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_topic_and_run_readers_check_the_file_and_its_form_alike(tmp_path):
+    from retr.eval.trec import read_run
+
+    present = tmp_path / "f.tsv"
+    present.write_text("1\tx\n", encoding="utf-8")
+    for read, what, forms in ((read_topics, "topic", "tsv, jsonl, trec"), (read_run, "run", "trec, msmarco, jsonl")):
+        with pytest.raises(RetrError, match=f"missing: no such {what} file"):
+            read(tmp_path / "missing")
+        with pytest.raises(RetrError, match=f"^{what} format 'xml': choose one of {forms}$"):
+            read(present, "xml")
