@@ -14,28 +14,47 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from retr.eval.report import EvalReport
-from retr.eval.runner import EvalConfig
-from retr.indexes.build import IndexConfig
-from retr.indexes.dense import DenseIndexConfig
-from retr.indexes.executors import EXECUTORS, ExecutorConfig
-from retr.indexes.manifest import IndexManifest
-from retr.indexes.searcher import SearchHit, SearchResult
-from retr.retrieval.backends.registry import choices
-from retr.retrieval.encoder import EncoderConfig
+from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
-from retr.retrieval.fusion import FUSIONS
-from retr.retrieval.passages import AGGREGATES, PassageConfig
-from retr.retrieval.pipeline import PipelineConfig
-from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE, SearchRequest
 from retr.retrieval.types import check_choice, check_int, shown
+
+if TYPE_CHECKING:  # the names below are loaded when first used (``__getattr__``): `import retr` stays light
+    from retr.eval.report import EvalReport
+    from retr.indexes.build import IndexConfig
+    from retr.indexes.dense import DenseIndexConfig
+    from retr.indexes.manifest import IndexManifest
+    from retr.indexes.searcher import SearchHit, SearchResult
+    from retr.retrieval.encoder import EncoderConfig
+    from retr.retrieval.passages import PassageConfig
+    from retr.retrieval.request import SearchRequest
 
 __all__ = ["DenseIndexConfig", "EvalReport", "Index", "RetrError", "SearchHit", "SearchRequest", "SearchResult",
            "evaluate"]
 
-# every default below is the one its config owns (retr.retrieval.request for a search's)
-_DEFAULT_PIPELINES = tuple(p.name for p in EvalConfig.pipelines)
+_LAZY = {"DenseIndexConfig": "retr.indexes.dense", "EvalReport": "retr.eval.report",
+         "SearchHit": "retr.indexes.searcher", "SearchRequest": "retr.retrieval.request",
+         "SearchResult": "retr.indexes.searcher"}
+
+
+def __getattr__(name: str):
+    """The API's types, imported from their modules the first time one is asked for (``retr.SearchRequest``)."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'retr' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+# every default below is the one its config owns (retr.retrieval.defaults says which; tests/test_api.py checks them)
+_DEFAULT_PIPELINES = defaults.PIPELINES
 
 
 def _path(value: object, field: str, optional: bool = False) -> Path | None:
@@ -77,6 +96,8 @@ def _names(value: object, field: str) -> list[str]:
 
 
 def _passages(passages: object, aggregate: object) -> PassageConfig | None:
+    from retr.retrieval.passages import AGGREGATES, PassageConfig
+
     aggregate = check_choice(aggregate, "aggregate", AGGREGATES)
     if passages is None:
         return None
@@ -88,6 +109,9 @@ def _passages(passages: object, aggregate: object) -> PassageConfig | None:
 
 def _encoder(model: object, backend: object, query_backend: object = None, max_length: object = None,
              query_prompt: object = None, doc_prompt: object = None) -> EncoderConfig:
+    from retr.retrieval.backends.registry import choices
+    from retr.retrieval.encoder import EncoderConfig
+
     return EncoderConfig(
         model=_text(model, "model"), backend=check_choice(backend, "backend", choices()),
         query_backend=check_choice(query_backend, "query_backend", choices(), optional=True),
@@ -105,13 +129,13 @@ class Index:
 
     @classmethod
     def build(cls, corpus: str | Path, out: str | Path, *, model: str | None = None,
-              backend: str = EncoderConfig.backend, bm25: bool = True, kind: str = DenseIndexConfig.kind,
+              backend: str = defaults.BACKEND, bm25: bool = True, kind: str = defaults.DENSE_KIND,
               id_field: str | None = None, text_field: str | None = None, title_field: str | None = None,
-              max_length: int | None = None, use_cache: bool = IndexConfig.use_cache,
+              max_length: int | None = None, use_cache: bool = defaults.USE_CACHE,
               query_prompt: str | None = None, doc_prompt: str | None = None, passages: str | None = None,
-              aggregate: str = PassageConfig.aggregate, shards: int = IndexConfig.shards,
-              executor: str = ExecutorConfig.name, ray_address: str | None = None,
-              ray_actors: int = ExecutorConfig.actors, **dense_options) -> Index:
+              aggregate: str = defaults.AGGREGATE, shards: int = defaults.SHARDS,
+              executor: str = defaults.EXECUTOR, ray_address: str | None = None,
+              ray_actors: int = defaults.RAY_ACTORS, **dense_options) -> Index:
         """Build ``out`` from ``corpus`` (a BEIR folder or a JSONL/CSV/TSV file) and open it. The options are
         `retr index`'s (prompts: None takes the model's own; ``passages``: ``"N[:STRIDE]"`` indexes passages and
         ranks documents by their ``aggregate``; ``executor="ray"`` encodes on a Ray cluster); ``dense_options``
@@ -129,11 +153,11 @@ class Index:
 
     @classmethod
     def from_documents(cls, docs: Iterable[str | Mapping], out: str | Path | None = None, *,
-                       model: str | None = None, backend: str = EncoderConfig.backend, bm25: object = True,
-                       kind: str = DenseIndexConfig.kind, max_length: int | None = None,
-                       use_cache: bool = IndexConfig.use_cache, query_prompt: str | None = None,
+                       model: str | None = None, backend: str = defaults.BACKEND, bm25: object = True,
+                       kind: str = defaults.DENSE_KIND, max_length: int | None = None,
+                       use_cache: bool = defaults.USE_CACHE, query_prompt: str | None = None,
                        doc_prompt: str | None = None, passages: str | None = None,
-                       aggregate: str = PassageConfig.aggregate, shards: int = IndexConfig.shards,
+                       aggregate: str = defaults.AGGREGATE, shards: int = defaults.SHARDS,
                        **dense_options) -> Index:
         """An index of documents held in memory: strings (ids "0", "1", ... by position) or dicts with ``text``
         and optionally ``id`` (or ``_id``/``doc_id``), ``title`` and any other fields (metadata, usable in
@@ -147,7 +171,7 @@ class Index:
 
         out_path = _path(out, "out", optional=True)
         cfg = _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages,
-                            aggregate, shards, "local", None, ExecutorConfig.actors, dense_options)
+                            aggregate, shards, "local", None, defaults.RAY_ACTORS, dense_options)
         corpus = corpus_of(_documents(docs), Path("<documents>"))
         temp = Path(tempfile.mkdtemp(prefix="retr-index-")) if out_path is None else None
         try:
@@ -162,12 +186,14 @@ class Index:
         return index
 
     @classmethod
-    def load(cls, folder: str | Path, *, model: str | None = None, backend: str = EncoderConfig.backend,
-             query_backend: str | None = None, fusion: str = PipelineConfig.fusion,
+    def load(cls, folder: str | Path, *, model: str | None = None, backend: str = defaults.BACKEND,
+             query_backend: str | None = None, fusion: str = defaults.FUSION,
              query_prompt: str | None = None) -> Index:
         """Open an index folder (checked against its manifest). ``model``: the query encoder (default: the one
         that built the index; ``query_prompt``: the index's unless given, and refused when another)."""
         from retr.indexes.searcher import Searcher
+        from retr.retrieval.fusion import FUSIONS
+        from retr.retrieval.pipeline import PipelineConfig
 
         folder = _path(folder, "folder")
         encoder = _encoder(model, backend, query_backend, query_prompt=query_prompt)
@@ -192,7 +218,7 @@ class Index:
         """The index's typed manifest (``.to_dict()`` for its JSON)."""
         return self._open.index.manifest
 
-    def search(self, query: str, k: int = DEFAULT_K, mode: str = DEFAULT_MODE, rerank: str | None = None,
+    def search(self, query: str, k: int = defaults.K, mode: str = defaults.MODE, rerank: str | None = None,
                filter: Mapping[str, object] | None = None, *, fusion: str | None = None,
                passage_aggregate: str | None = None) -> SearchResult:
         """The top ``k`` documents for ``query``: ``mode`` bm25, dense or hybrid; ``rerank`` a cross-encoder
@@ -200,24 +226,30 @@ class Index:
         ``fusion`` / ``passage_aggregate``: this search's, instead of the index's. Defaults and checks are
         ``retr.SearchRequest``'s. The result's ``hits`` are typed (rank, id, score, title, text, metadata);
         ``latency_ms`` per stage."""
+        from retr.retrieval.request import SearchRequest
+
         return self.run(SearchRequest.one(query, k=k, mode=mode, rerank=rerank, filter=filter, fusion=fusion,
                                           passage_aggregate=passage_aggregate))[0]
 
-    def search_batch(self, queries: Sequence[str], k: int = DEFAULT_K, mode: str = DEFAULT_MODE,
+    def search_batch(self, queries: Sequence[str], k: int = defaults.K, mode: str = defaults.MODE,
                      rerank: str | None = None, filter: Mapping[str, object] | None = None, *,
                      fusion: str | None = None, passage_aggregate: str | None = None) -> list[SearchResult]:
         """``search`` for each query of ``queries`` (a list of str; a str is refused), in order, each searched
         alone: its hits never depend on the others."""
+        from retr.retrieval.request import SearchRequest
+
         return self.run(SearchRequest.batch(queries, k=k, mode=mode, rerank=rerank, filter=filter, fusion=fusion,
                                             passage_aggregate=passage_aggregate))
 
-    def search_topics(self, topics: Mapping[str, str] | str | Path, k: int = DEFAULT_K, mode: str = DEFAULT_MODE,
+    def search_topics(self, topics: Mapping[str, str] | str | Path, k: int = defaults.K, mode: str = defaults.MODE,
                       rerank: str | None = None, filter: Mapping[str, object] | None = None, *,
                       fusion: str | None = None, passage_aggregate: str | None = None):
         """A batch search to a ``Run`` (query id -> ranked hits, as `retr search --topics` writes it): ``topics``
         a mapping of query id -> query, or a topic file (TSV, JSONL, BEIR queries.jsonl, TREC topics). The path
         of ``search`` and ``search_batch``: each query's hits are the ones it gets alone. Write the run with
         ``retr.eval.trec.write_run`` and score it with ``retr.eval.metrics.evaluate``."""
+        from retr.retrieval.request import SearchRequest
+
         if isinstance(topics, (str, os.PathLike)):
             from retr.eval.topics import read_topics
 
@@ -296,6 +328,9 @@ def _index_config(model, backend, bm25, kind, max_length, use_cache, query_promp
                   shards, executor, ray_address, ray_actors, dense_options: dict) -> IndexConfig:
     """An index's config from the options of ``Index.build`` / ``from_documents``, each checked; ``bm25``: True,
     False or a ``retr.retrieval.bm25.BM25Config`` (k1, b, variant, language)."""
+    from retr.indexes.build import IndexConfig
+    from retr.indexes.dense import DenseIndexConfig
+    from retr.indexes.executors import EXECUTORS, ExecutorConfig
     from retr.retrieval.bm25 import BM25Config
 
     allowed = set(DenseIndexConfig.__dataclass_fields__) - {"kind"}
@@ -365,18 +400,20 @@ def _new_file(value: object, field: str) -> Path | None:
 
 
 def evaluate(dataset: str | Path, pipelines: Sequence[str] = _DEFAULT_PIPELINES, *, split: str = "test",
-             model: str | None = None, backend: str = EncoderConfig.backend, query_backend: str | None = None,
-             reranker: str | None = None, k_values: Sequence[int] = EvalConfig.k_values,
-             kind: str = DenseIndexConfig.kind, fusion: str = PipelineConfig.fusion,
-             warmup: int = EvalConfig.warmup, download: bool = True, run_dir: str | Path | None = None,
+             model: str | None = None, backend: str = defaults.BACKEND, query_backend: str | None = None,
+             reranker: str | None = None, k_values: Sequence[int] = defaults.K_VALUES,
+             kind: str = defaults.DENSE_KIND, fusion: str = defaults.FUSION,
+             warmup: int = defaults.WARMUP, download: bool = True, run_dir: str | Path | None = None,
              out: str | Path | None = None, query_prompt: str | None = None,
              doc_prompt: str | None = None, passages: str | None = None,
-             aggregate: str = PassageConfig.aggregate) -> EvalReport:
+             aggregate: str = defaults.AGGREGATE) -> EvalReport:
     """`retr eval` from Python: the typed report (written to ``out`` as JSON when given; its folder must exist,
     as must ``run_dir``'s parent)."""
     from retr.eval.data import load_dataset
-    from retr.eval.runner import run_eval
-    from retr.retrieval.pipeline import parse_pipelines
+    from retr.eval.runner import EvalConfig, run_eval
+    from retr.indexes.dense import DenseIndexConfig
+    from retr.retrieval.fusion import FUSIONS
+    from retr.retrieval.pipeline import PipelineConfig, parse_pipelines
     from retr.retrieval.rerank import RerankConfig
 
     dataset = _path(dataset, "dataset")

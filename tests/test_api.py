@@ -44,3 +44,46 @@ def test_the_library_prints_nothing_and_raises_retr_errors(tiny_dataset, tiny_bi
     assert isinstance(report, retr.EvalReport) and set(report.pipelines) == {"bm25", "dense"}
     assert retr.EvalReport.read(tmp_path / "r.json") == report
     assert capsys.readouterr().out == ""
+
+
+def test_import_retr_loads_no_search_stack_and_the_api_shows_its_configs_defaults():
+    """`import retr` (which every `retr` command runs first) loads neither numpy nor a config module; the defaults
+    its signatures show, kept in the light retr.retrieval.defaults, are the ones the configs own."""
+    import inspect
+    import os
+    import subprocess
+    import sys
+
+    import retr
+    from retr.eval.runner import EvalConfig
+    from retr.indexes.build import IndexConfig
+    from retr.indexes.dense import DenseIndexConfig
+    from retr.indexes.executors import ExecutorConfig
+    from retr.retrieval.encoder import EncoderConfig
+    from retr.retrieval.passages import PassageConfig
+    from retr.retrieval.pipeline import PipelineConfig
+    from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE
+
+    code = ("import sys, retr\n"
+            "print(sorted(m for m in sys.modules if m in ('numpy', 'torch', 'faiss') or m.startswith(('retr.indexes', "
+            "'retr.eval', 'retr.retrieval.encoder', 'retr.retrieval.pipeline', 'retr.retrieval.request'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=os.environ)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+    owned = {"backend": EncoderConfig.backend, "kind": DenseIndexConfig.kind, "use_cache": IndexConfig.use_cache,
+             "aggregate": PassageConfig.aggregate, "shards": IndexConfig.shards, "executor": ExecutorConfig.name,
+             "ray_actors": ExecutorConfig.actors, "fusion": PipelineConfig.fusion, "k": DEFAULT_K,
+             "mode": DEFAULT_MODE, "k_values": EvalConfig.k_values, "warmup": EvalConfig.warmup,
+             "pipelines": tuple(p.name for p in EvalConfig.pipelines)}
+    checked = set()
+    for fn in (retr.Index.build, retr.Index.from_documents, retr.Index.load, retr.Index.search,
+               retr.Index.search_batch, retr.Index.search_topics, retr.evaluate):
+        for name, p in inspect.signature(fn).parameters.items():
+            if name in owned and p.default is not None:  # None: a search's own fusion, else the index's
+                assert p.default == owned[name], f"{fn.__qualname__}: {name}={p.default!r}, its config's {owned[name]!r}"
+                checked.add(name)
+    assert checked == set(owned)
+    assert {name: getattr(retr, name) for name in retr.__all__}  # every exported name resolves
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        retr.nope  # noqa: B018

@@ -1,0 +1,22 @@
+"""The defaults the Python API's signatures show (``retr.Index``, ``retr.evaluate``), in a module that imports
+nothing: `import retr`, which every `retr` command runs first, then loads neither numpy nor the search stack.
+
+Each value is its config's (the comment names it); those configs live in modules that import numpy, the backends
+and the pipelines. tests/test_api.py checks every default of the API's signatures against its config's, so a default
+changed in its config and not here fails there."""
+
+from __future__ import annotations
+
+BACKEND = "openvino-int8"  # EncoderConfig.backend (retr.retrieval.backends.registry.DEFAULT_BACKEND)
+DENSE_KIND = "flat"  # DenseIndexConfig.kind
+USE_CACHE = True  # IndexConfig.use_cache
+SHARDS = 1  # IndexConfig.shards
+AGGREGATE = "maxp"  # PassageConfig.aggregate (retr.retrieval.passages.DEFAULT_AGGREGATE)
+EXECUTOR = "local"  # ExecutorConfig.name
+RAY_ACTORS = 2  # ExecutorConfig.actors
+FUSION = "minmax"  # PipelineConfig.fusion (retr.retrieval.fusion.DEFAULT_FUSION)
+K = 10  # retr.retrieval.request.DEFAULT_K
+MODE = "hybrid"  # retr.retrieval.request.DEFAULT_MODE
+PIPELINES = ("bm25", "dense", "hybrid")  # EvalConfig.pipelines (retr.eval.runner.DEFAULT_PIPELINES)
+K_VALUES = (1, 3, 5, 10, 100, 1000)  # EvalConfig.k_values (retr.eval.metrics.DEFAULT_K_VALUES)
+WARMUP = 5  # EvalConfig.warmup
