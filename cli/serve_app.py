@@ -174,7 +174,8 @@ class Generations:
         try:
             # every part loaded now, from this generation, not by the first request that needs it
             searcher.search_many(["retr"], 1, "hybrid" if searcher.index.has_bm25 else "dense")
-            if self.cfg.rerank is not None:  # loaded (and checked on this corpus) before any request waits on it
+            if self.cfg.rerank is not None:  # loaded (and checked on this corpus: the check stored beside the
+                # index read, or one measured and stored there) before any request waits on it
                 searcher.reranker(self.cfg.rerank.model)
         except BaseException:
             searcher.close()
