@@ -71,14 +71,14 @@ def index_texts(encoder: BiEncoder, corpus: Corpus, passages: PassageConfig | No
     docs = corpus.docs
     if passages is None:
         return IndexTexts([d.full_text() for d in docs], corpus.sha256)
-    room = encoder.max_length - int(encoder.token_counts([encoder.prompts.document or ""])[0])
+    room = encoder.max_length - int(encoder.tokens.token_counts([encoder.prompts.document or ""])[0])
     if passages.size > room:
         raise RetrError(f"--passages {passages.size}: longer than the encoder takes ({encoder.max_length} tokens, "
                         f"{encoder.max_length - room} of them special tokens and prompt): give at most {room}, or "
                         f"a larger --max-length")
     t0 = time.perf_counter()
-    split = split_passages([d.title.strip() for d in docs], [d.text for d in docs], passages, encoder.token_offsets,
-                           lambda texts: encoder.token_counts(texts, special=False).tolist())
+    split = split_passages([d.title.strip() for d in docs], [d.text for d in docs], passages, encoder.tokens.token_offsets,
+                           lambda texts: encoder.tokens.token_counts(texts, special=False).tolist())
     logger.info("split %d documents into %d passages of <= %d tokens (stride %d) in %.1f s", len(docs),
                 len(split.texts), passages.size, passages.stride, time.perf_counter() - t0)
     key = hashlib.sha256(f"{corpus.sha256}|passages={passages.size}:{passages.stride}".encode()).hexdigest()
@@ -88,7 +88,7 @@ def index_texts(encoder: BiEncoder, corpus: Corpus, passages: PassageConfig | No
 def truncation_report(encoder: BiEncoder, texts: list[str], what: str, known: dict | None = None) -> dict:
     """How much the encoder cuts off ``texts`` (``known``: as recorded when they were encoded; else they are
     tokenised); a warning when it is a large share."""
-    t = known or encoder.truncation(texts)
+    t = known or encoder.tokens.truncation(texts)
     if t["share_tokens_dropped"] > TRUNCATION_WARN_SHARE:
         logger.warning("%d of %d %s (%.0f%%) are longer than the encoder's %d tokens: %.0f%% of the corpus's tokens "
                        "are never seen by the dense side; index with --passages N[:STRIDE] to keep them", t["truncated"],
@@ -119,7 +119,7 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
     encoded = EXECUTORS[executor.name](encoder, texts.texts, executor)
     seconds = time.perf_counter() - t0
     # recorded with the vectors: measured by the encoding's own tokenisation, else (torch) by counting tokens now
-    truncation = encoded.truncation or encoder.truncation(texts.texts)
+    truncation = encoded.truncation or encoder.tokens.truncation(texts.texts)
     if use_cache:
         cache.save(key, encoded.embeddings, {
             "model": encoder.model_id, "model_hash": encoder.model_hash, "backend": encoder.backend,

@@ -60,7 +60,7 @@ def _chunks(ids: list[str], queries: Sequence[str], size: int, encoder: BiEncode
         groups = [list(range(len(ids)))]
     else:
         prompt = encoder.prompts.query or ""
-        lengths = encoder.token_counts([prompt + q for q in queries]).tolist()
+        lengths = encoder.tokens.token_counts([prompt + q for q in queries]).tolist()
         by_length: dict[int, list[int]] = {}
         for i, n in enumerate(lengths):
             by_length.setdefault(min(n, encoder.max_length), []).append(i)

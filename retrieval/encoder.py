@@ -17,7 +17,7 @@ import numpy as np
 
 from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
-from retr.retrieval.backends.batching import TOKENIZE_CHUNK, fast_tokenizer, plain_tokenizer, run_sorted
+from retr.retrieval.backends.batching import run_sorted
 from retr.retrieval.backends.export import EMBEDDING, Calibration
 from retr.retrieval.backends.graphs import (
     EXPORT_GENERATION,
@@ -40,6 +40,7 @@ from retr.retrieval.backends.registry import (
 )
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
+from retr.retrieval.tokens import Tokens, prefixed
 
 logger = logging.getLogger(__name__)
 
@@ -99,16 +100,12 @@ class Prompts:
         return {"query": self.query, "document": self.document}
 
 
-def _prefixed(prompt: str, texts: list[str]) -> list[str]:
-    return [prompt + t for t in texts] if prompt else texts
-
-
 @dataclass(frozen=True)
 class CorpusEncoding:
     embeddings: np.ndarray  # (n, dim) float32, normalised
     graph: dict  # how they were encoded: backend, precision, agreement with torch
     executor: dict | None = None  # where, when not in this process (retr.indexes.executors)
-    truncation: dict | None = None  # BiEncoder.truncation of the texts, where the encoding measured it
+    truncation: dict | None = None  # Tokens.truncation of the texts, where the encoding measured it
 
 
 @dataclass(frozen=True)
@@ -118,7 +115,7 @@ class CorpusPlan:
     texts: list[str]
     graph: Graph | None
     tokens: list | None
-    truncation: dict | None = None  # BiEncoder.truncation of the texts, from the same tokenisation as ``tokens``
+    truncation: dict | None = None  # Tokens.truncation of the texts, from the same tokenisation as ``tokens``
     choice: dict | None = None  # how the graph was chosen, where it was measured (chooser.Break.to_dict)
 
     def graph_info(self) -> dict:
@@ -139,19 +136,28 @@ class BiEncoder:
         self.config = config
         self.ref = model or ModelRef.resolve(config.model)
         self.prompts = Prompts.resolve(self.ref, config.query_prompt, config.doc_prompt)
-        self.max_length = int(config.max_length) if config.max_length else self.ref.max_seq_length()
-        if self.max_length is None:  # no sentence_bert_config.json: the model knows
-            self.max_length = int(self.model.max_seq_length)
-        self._fast_ids = fast_tokenizer(self.ref.path, self.max_length) if self.max_length else None
+        max_length = int(config.max_length) if config.max_length else self.ref.max_seq_length()
+        if max_length is None:  # no sentence_bert_config.json: the model knows
+            max_length = int(self.model.max_seq_length)
+        self.tokens = self._tokens(max_length)
         # documents and any other text: the backend's graph (its base graph where it is calibrated); None: torch
         self.graph: Graph | None = self._open(base_of(config.backend).name) if config.device == "cpu" else None
         if self.graph is None:
             model_ = self.model
             get_dim = getattr(model_, "get_embedding_dimension", None) or model_.get_sentence_embedding_dimension
             self.dim = int(get_dim() or model_.encode(["x"], convert_to_numpy=True, show_progress_bar=False).shape[1])
-            self.max_length = int(model_.max_seq_length)
+            if int(model_.max_seq_length) != self.max_length:  # torch encodes: its length is the one that counts
+                self.tokens = self._tokens(int(model_.max_seq_length))
         else:
             self.dim = self.graph.dim
+
+    def _tokens(self, max_length: int) -> Tokens:
+        return Tokens(self.ref.path, max_length, lambda: self.model.tokenizer, self.prompts.document)
+
+    @property
+    def max_length(self) -> int:
+        """The tokens a text is cut at (``tokens.max_length``)."""
+        return self.tokens.max_length
 
     # -- identity -------------------------------------------------------------------------------------------------
     @property
@@ -217,52 +223,8 @@ class BiEncoder:
 
     def _open(self, backend: str, calibration: Calibration | None = None, threads: int | None = None) -> Graph | None:
         return open_graph(lambda: self.model, self.model_hash, backend, self.max_length, cache_home(),
-                          EMBEDDING, use_cache_alone=self._fast_ids is not None, calibration=calibration,
+                          EMBEDDING, use_cache_alone=self.tokens.fast, calibration=calibration,
                           threads=threads, model_path=self.ref.path)
-
-    def _token_ids(self, texts: list[str]) -> list:
-        if self._fast_ids is not None:
-            return self._fast_ids(texts)
-        return self.model.tokenizer(texts, truncation=True, max_length=self.max_length, padding=False,
-                                    return_attention_mask=False, return_token_type_ids=False)["input_ids"]
-
-    # -- tokens -------------------------------------------------------------------------------------------------
-    @functools.cached_property
-    def _plain(self):
-        return plain_tokenizer(self.ref.path)
-
-    def _encodings(self, texts: list[str], special: bool):
-        """The tokenizer.json's untruncated encodings of ``texts``, in chunks."""
-        for i in range(0, len(texts), TOKENIZE_CHUNK):
-            yield from self._plain.encode_batch(texts[i:i + TOKENIZE_CHUNK], add_special_tokens=special)
-
-    def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
-        """Each text's tokens as character ``(start, end)`` offsets, untruncated, no special tokens."""
-        if self._plain is not None:
-            return [e.offsets for e in self._encodings(texts, special=False)]
-        enc = self.model.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
-        return [list(map(tuple, o)) for o in enc["offset_mapping"]]
-
-    def token_counts(self, texts: list[str], special: bool = True) -> np.ndarray:
-        """Untruncated token counts (with special tokens where ``special``)."""
-        if self._plain is not None:
-            return np.fromiter((len(e.ids) for e in self._encodings(texts, special)), dtype=np.int64, count=len(texts))
-        ids = self.model.tokenizer(texts, add_special_tokens=special, truncation=False)["input_ids"]
-        return np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-
-    def truncation(self, texts: list[str]) -> dict:
-        """How much of ``texts`` (documents or passages, before the document prompt) the encoder never sees: the
-        texts longer than its max length and the share of all tokens cut off."""
-        return self._truncation(self.token_counts(_prefixed(self.prompts.document, texts)))
-
-    def _truncation(self, counts: np.ndarray) -> dict:
-        over = counts > self.max_length
-        dropped = int((counts[over] - self.max_length).sum())
-        tokens = int(counts.sum())
-        return {"max_length": self.max_length, "texts": len(counts), "truncated": int(over.sum()),
-                "share_truncated": float(over.mean()) if len(counts) else 0.0, "tokens": tokens,
-                "tokens_dropped": dropped, "share_tokens_dropped": dropped / tokens if tokens else 0.0,
-                "longest": int(counts.max()) if len(counts) else 0}
 
     # -- encoding -----------------------------------------------------------------------------------------------
     def encode(self, texts: list[str], show_progress: bool = False, batch_size: int | None = None) -> np.ndarray:
@@ -270,7 +232,7 @@ class BiEncoder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self.graph is not None:
-            return self._run(self.graph, self._token_ids(texts), show_progress)
+            return self._run(self.graph, self.tokens.ids(texts), show_progress)
         emb = self.model.encode(texts, batch_size=batch_size or self.config.batch_size, convert_to_numpy=True,
                                 normalize_embeddings=True, show_progress_bar=show_progress and tty())
         return np.ascontiguousarray(emb, dtype=np.float32)
@@ -288,15 +250,12 @@ class BiEncoder:
     def corpus_plan(self, texts: list[str]) -> CorpusPlan:
         """What ``encode_corpus`` runs: the documents' graph (the calibrated one where it applies) and their token
         ids, for an executor that runs the batches elsewhere (``retr.indexes.executors``)."""
-        texts = _prefixed(self.prompts.document, texts)
+        texts = prefixed(self.prompts.document, texts)
         if self.graph is None:
             return CorpusPlan(texts, None, None)
         backend = get_backend(self.config.backend)
-        if self._fast_ids is not None:  # the ids and the untruncated lengths from one tokenisation
-            tok, counts = self._fast_ids.counted(texts)
-            truncation = self._truncation(counts)
-        else:
-            tok, truncation = self._token_ids(texts), None
+        tok, counts = self.tokens.counted(texts)  # the ids and the untruncated lengths from one tokenisation
+        truncation = self.tokens.truncation_of(counts) if counts is not None else None
         graph, choice = self.graph, None
         if backend.calibrated and len(texts) >= self.config.calibration_min_docs \
                 and self.corpus_backend == self.backend:
@@ -315,7 +274,7 @@ class BiEncoder:
 
     def doc_seconds(self, graph: Graph) -> float:
         """Seconds per document of ``graph`` on retr's sample passages, in a short bounded run."""
-        rows = self._token_ids(_prefixed(self.prompts.document, sample_texts.passages()[:16]))
+        rows = self.tokens.ids(prefixed(self.prompts.document, sample_texts.passages()[:16]))
         out = np.empty((len(rows), self.dim), dtype=np.float32)
         return chooser.time_per_unit(lambda: run_sorted(graph.runner, rows, self.config.token_budget, out),
                                      len(rows), min_rounds=1)
@@ -344,8 +303,8 @@ class BiEncoder:
         """What a calibrated backend is calibrated on: retr's fixed sample of passages (joined ones too) and
         questions, as this model tokenises them, passages with the document prompt. One per model, not per
         corpus: a new corpus pays no calibration."""
-        docs = _prefixed(self.prompts.document, sample_texts.passages() + sample_texts.long_passages())
-        return Calibration.of(self._token_ids(docs + sample_texts.questions()))
+        docs = prefixed(self.prompts.document, sample_texts.passages() + sample_texts.long_passages())
+        return Calibration.of(self.tokens.ids(docs + sample_texts.questions()))
 
     @functools.cached_property
     def calibrated_graph(self) -> Graph | None:
@@ -368,7 +327,7 @@ class BiEncoder:
         documents added to the index sit with the ones already there. Where that graph was calibrated (on the
         sample of another retr version, or on another machine) and is not in this machine's cache, the base graph
         stands in, with a warning."""
-        texts = _prefixed(self.prompts.document, texts)
+        texts = prefixed(self.prompts.document, texts)
         digest = recorded.get("calibration")
         if self.graph is not None and recorded.get("backend") != self.graph.variant and recorded.get("backend") \
                 in BACKENDS and get_backend(recorded["backend"]).calibrated:
@@ -378,7 +337,7 @@ class BiEncoder:
             except RetrError:  # judged again since, and refused here
                 graph = None
             if graph is not None:
-                return self._run(graph, self._token_ids(texts), show_progress)
+                return self._run(graph, self.tokens.ids(texts), show_progress)
             logger.warning("the %s graph that encoded this index is not in the cache here: the new documents "
                            "are encoded by the %s graph (cosine to it >= %.3f)", recorded["backend"],
                            self.graph.variant, recorded.get("check_cosine") or 0.0)
@@ -433,7 +392,7 @@ class BiEncoder:
 
     def query_seconds(self, graph: Graph) -> float:
         """Seconds per lone query through ``graph`` (retr's sample questions, one at a time; bounded)."""
-        rows = self._token_ids(_prefixed(self.prompts.query, sample_texts.questions()[:8]))
+        rows = self.tokens.ids(prefixed(self.prompts.query, sample_texts.questions()[:8]))
         feeds = [{"input_ids": np.asarray([r], dtype=np.int64), "attention_mask": np.ones((1, len(r)), np.int64)}
                  for r in rows]
         return chooser.time_per_unit(lambda: [graph.runner(f) for f in feeds], len(feeds), budget_s=0.5)
@@ -442,8 +401,8 @@ class BiEncoder:
     def _noise_sample(self) -> tuple[list, np.ndarray, np.ndarray]:
         """retr's fixed questions (token ids), their vectors through the documents' graph one at a time, and its
         fixed passages through that graph: what every query candidate is compared on (made once per encoder)."""
-        questions = self._token_ids(_prefixed(self.prompts.query, sample_texts.questions()))
-        docs = self._run(self.graph, self._token_ids(_prefixed(
+        questions = self.tokens.ids(prefixed(self.prompts.query, sample_texts.questions()))
+        docs = self._run(self.graph, self.tokens.ids(prefixed(
             self.prompts.document, sample_texts.passages() + sample_texts.long_passages())), False)
         return questions, np.concatenate([self._run(self.graph, [r], False) for r in questions]), docs
 
@@ -495,7 +454,7 @@ class BiEncoder:
 
     def encode_queries(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
         """Queries, shape (n, dim), through the query graph."""
-        texts = _prefixed(self.prompts.query, texts)
+        texts = prefixed(self.prompts.query, texts)
         graph = self.query_graph
         if graph is None or not texts:
             return self.encode(texts, show_progress=show_progress)
@@ -505,11 +464,11 @@ class BiEncoder:
             bar = _progress(len(texts), show_progress)
             out = np.empty((len(texts), self.dim), dtype=np.float32)
             for i, t in enumerate(texts):
-                out[i] = self._run(graph, self._token_ids([t]), False)[0]
+                out[i] = self._run(graph, self.tokens.ids([t]), False)[0]
                 bar.update(1)
             bar.close()
             return out
-        return self._run(graph, self._token_ids(texts), show_progress)
+        return self._run(graph, self.tokens.ids(texts), show_progress)
 
     def encode_query(self, text: str) -> np.ndarray:
         """One query, shape (1, dim): the single-query path (no progress bar, no sorting)."""

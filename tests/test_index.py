@@ -82,8 +82,8 @@ def test_embedding_cache_skips_encoding(tiny_dataset, tiny_bi_encoder, encoder, 
     real = encoder.encode_corpus  # what a local index build encodes its documents with
     monkeypatch.setattr(encoder, "encode_corpus", lambda texts, **k: calls.append(len(texts)) or real(texts, **k))
     counted = []
-    real_truncation = encoder.truncation  # a second tokenisation, only to count: not needed by either build
-    monkeypatch.setattr(encoder, "truncation", lambda texts: counted.append(len(texts)) or real_truncation(texts))
+    real_truncation = encoder.tokens.truncation  # a second tokenisation, only to count: not needed by either build
+    monkeypatch.setattr(encoder.tokens, "truncation", lambda texts: counted.append(len(texts)) or real_truncation(texts))
     first = build_index(corpus, tmp_path / "a", _cfg(tiny_bi_encoder), encoder=encoder)
     assert calls == [16] and counted == [], "the encoding's own tokenisation measures the truncation"
     caplog.set_level("INFO")

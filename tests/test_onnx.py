@@ -529,9 +529,9 @@ def test_one_tokenisation_gives_a_corpus_its_ids_and_its_untruncated_lengths(tin
                                   doc_prompt="passage: "))
     texts = [" ".join(TEXTS) * 2, "tea", "", TEXTS[1], "solar panels " * 5]
     plan = enc.corpus_plan(texts)
-    assert plan.truncation == enc.truncation(texts)  # a second, untruncated tokenisation counts the same
+    assert plan.truncation == enc.tokens.truncation(texts)  # a second, untruncated tokenisation counts the same
     assert plan.truncation["truncated"] == 3 and plan.truncation["longest"] > 40
-    want = enc._token_ids(["passage: " + t for t in texts])
+    want = enc.tokens.ids(["passage: " + t for t in texts])
     assert [t.tolist() for t in plan.tokens] == [t.tolist() for t in want] and max(map(len, want)) == 12
 
 

@@ -90,10 +90,10 @@ def test_split_passages_fit_the_budget_keep_titles_and_cover_the_body(encoder):
     cfg = PassageConfig(24, 12)
     titles = ["Long title here", "", ""]
     bodies = [" ".join(SENTENCES[:6]), "", SENTENCES[0]]
-    split = split_passages(titles, bodies, cfg, encoder.token_offsets,
-                           lambda t: encoder.token_counts(t, special=False).tolist())
+    split = split_passages(titles, bodies, cfg, encoder.tokens.token_offsets,
+                           lambda t: encoder.tokens.token_counts(t, special=False).tolist())
     assert split.docs.tolist()[0] == 0 and sorted(set(split.docs.tolist())) == [0, 1, 2], "every document has one"
-    counts = encoder.token_counts(split.texts, special=False)
+    counts = encoder.tokens.token_counts(split.texts, special=False)
     assert counts.max() <= 24
     first = [t for t, d in zip(split.texts, split.docs.tolist(), strict=True) if d == 0]
     assert len(first) > 2 and all(t.startswith("Long title here ") for t in first)
@@ -204,7 +204,7 @@ def test_rerank_scores_the_best_passages_of_long_documents(built, encoder, tiny_
 def test_truncation_is_counted_in_the_manifest_and_warned(built, encoder, caplog):
     corpus, indexes = built
     t = indexes["docs"].dense_info["truncation"]
-    counts = encoder.token_counts([d.full_text() for d in corpus.docs])
+    counts = encoder.tokens.token_counts([d.full_text() for d in corpus.docs])
     assert t["max_length"] == 64 and t["texts"] == len(corpus)
     assert t["truncated"] == int((counts > 64).sum()) >= 6
     assert t["tokens_dropped"] == int(np.clip(counts - 64, 0, None).sum())
