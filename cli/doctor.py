@@ -33,11 +33,11 @@ def _made_seconds(graph) -> float | None:
 
 def _report(args: argparse.Namespace) -> dict:
     import time
+    from dataclasses import replace
 
-    from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends import chooser
     from retr.retrieval.backends.export import EMBEDDING
-    from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE, find_cached, open_graph
+    from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE
     from retr.retrieval.backends.platform import this_platform
     from retr.retrieval.backends.registry import BACKENDS, base_of, get_backend
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
@@ -58,9 +58,8 @@ def _report(args: argparse.Namespace) -> dict:
             if b.calibrated or b.name == enc.graph.variant:
                 continue
             t0 = time.perf_counter()
-            if find_cached(enc.model_hash, b, EMBEDDING, cache_home()) is None:
-                open_graph(lambda: enc.model, enc.model_hash, b.name, enc.max_length, cache_home(), EMBEDDING,
-                           use_cache_alone=False, model_path=enc.ref.path)
+            if enc.exported.find(b) is None:
+                replace(enc.exported, use_cache_alone=False).open(b.name)
                 costs[b.name] = time.perf_counter() - t0
         if backend.calibrated and backend in kept:
             enc.calibrated_graph  # noqa: B018 - calibrated (and cached) now, timed below
@@ -76,7 +75,7 @@ def _report(args: argparse.Namespace) -> dict:
     base_s = enc.doc_seconds(enc.graph)
     documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000}}
     if backend.calibrated and backend in kept:
-        calibrated = find_cached(enc.model_hash, backend, EMBEDDING, cache_home(), calibration=enc.calibration)
+        calibrated = enc.exported.find(backend, enc.calibration)
         if calibrated is not None:
             brk = chooser.calibration_pays(args.docs, base_s, platform, enc.doc_seconds(calibrated),
                                            _made_seconds(calibrated))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -24,11 +24,10 @@ from retr.retrieval.backends.graphs import (
     MAX_QUERY_RANK_NOISE,
     Graph,
     GraphId,
-    find_cached,
     graph_info,
-    open_graph,
     query_rank_noise,
 )
+from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import Platform, this_platform
 from retr.retrieval.backends.quiet import quiet_third_party, tty
 from retr.retrieval.backends.registry import (
@@ -140,14 +139,16 @@ class BiEncoder:
         if max_length is None:  # no sentence_bert_config.json: the model knows
             max_length = int(self.model.max_seq_length)
         self.tokens = self._tokens(max_length)
+        self.exported = ExportedModel(self.ref, EMBEDDING, max_length, lambda: self.model, self.tokens.fast)
         # documents and any other text: the backend's graph (its base graph where it is calibrated); None: torch
-        self.graph: Graph | None = self._open(base_of(config.backend).name) if config.device == "cpu" else None
+        self.graph: Graph | None = self.exported.open(base_of(config.backend).name) if config.device == "cpu" else None
         if self.graph is None:
             model_ = self.model
             get_dim = getattr(model_, "get_embedding_dimension", None) or model_.get_sentence_embedding_dimension
             self.dim = int(get_dim() or model_.encode(["x"], convert_to_numpy=True, show_progress_bar=False).shape[1])
             if int(model_.max_seq_length) != self.max_length:  # torch encodes: its length is the one that counts
                 self.tokens = self._tokens(int(model_.max_seq_length))
+                self.exported = replace(self.exported, max_length=self.max_length)
         else:
             self.dim = self.graph.dim
 
@@ -193,7 +194,7 @@ class BiEncoder:
         int8 does not pay; for an exported one how it was exported (``graphs.EXPORT_GENERATION``) and the precision
         it computes in on this CPU (bf16 or fp32: a cache shared by machines of both kinds holds both vectors)."""
         if self.graph is None:
-            return GraphId(self.model_hash, self.backend, None).key
+            return self.exported.identity(None).key
         # another export procedure or another precision: other graphs, other vectors
         calibrated = self.corpus_backend == self.backend and get_backend(self.config.backend).calibrated
         return GraphId(self.model_hash, self.backend if calibrated else self.corpus_backend, EXPORT_GENERATION,
@@ -220,11 +221,6 @@ class BiEncoder:
         if self.config.max_length:
             st.max_seq_length = int(self.config.max_length)
         return st
-
-    def _open(self, backend: str, calibration: Calibration | None = None, threads: int | None = None) -> Graph | None:
-        return open_graph(lambda: self.model, self.model_hash, backend, self.max_length, cache_home(),
-                          EMBEDDING, use_cache_alone=self.tokens.fast, calibration=calibration,
-                          threads=threads, model_path=self.ref.path)
 
     # -- encoding -----------------------------------------------------------------------------------------------
     def encode(self, texts: list[str], show_progress: bool = False, batch_size: int | None = None) -> np.ndarray:
@@ -284,8 +280,7 @@ class BiEncoder:
         int8 graph timed here too where it is already calibrated (then it costs nothing more), else assumed from
         the platform (``chooser.calibration_pays``). Said in an info line."""
         base_s = self.doc_seconds(self.graph)
-        cached = find_cached(self.model_hash, get_backend(self.config.backend), EMBEDDING, cache_home(),
-                             calibration=self.calibration)
+        cached = self.exported.find(self.config.backend, self.calibration)
         if cached is not None:
             self.__dict__["calibrated_graph"] = cached
             brk = chooser.calibration_pays(docs, base_s, self.platform, self.doc_seconds(cached), 0.0)
@@ -316,7 +311,7 @@ class BiEncoder:
         if self.corpus_backend != self.backend:  # it does not pay on this CPU: nothing to calibrate
             return None
         try:
-            return self._open(backend.name, self.calibration)
+            return self.exported.open(backend.name, self.calibration)
         except RetrError as e:
             logger.warning("%s refused (%s): corpora are encoded by the %s graph", backend.name, e,
                            self.graph.variant)
@@ -332,8 +327,7 @@ class BiEncoder:
         if self.graph is not None and recorded.get("backend") != self.graph.variant and recorded.get("backend") \
                 in BACKENDS and get_backend(recorded["backend"]).calibrated:
             try:
-                graph = find_cached(self.model_hash, get_backend(recorded["backend"]), EMBEDDING, cache_home(),
-                                    calibration=Calibration((), digest)) if digest else None
+                graph = self.exported.find(recorded["backend"], Calibration((), digest)) if digest else None
             except RetrError:  # judged again since, and refused here
                 graph = None
             if graph is not None:
@@ -369,7 +363,7 @@ class BiEncoder:
         try:
             # one thread: a short query gains nothing from a second (onnx-int8: 4.56 ms with one, 4.85 with two),
             # and concurrent queries (a server's) then run side by side on the cores: 480 against 294 queries/s
-            return self._open(wanted, threads=QUERY_THREADS) or self.graph
+            return self.exported.open(wanted, threads=QUERY_THREADS) or self.graph
         except RetrError as e:  # e.g. int8 too far from torch for this model: queries take the document graph
             logger.warning("query backend %s refused (%s): queries use the %s graph", wanted, e, self.graph.variant)
             return self.graph
@@ -383,7 +377,7 @@ class BiEncoder:
                                                 and b.exported and not b.calibrated and b.supports(EMBEDDING)])
         for b in kept:
             try:
-                graph = find_cached(self.model_hash, b, EMBEDDING, cache_home(), threads=QUERY_THREADS)
+                graph = self.exported.find(b, threads=QUERY_THREADS)
             except RetrError:  # refused here before: not a candidate
                 graph = None
             if graph is not None:
@@ -427,7 +421,7 @@ class BiEncoder:
         return self.time_query_candidates()
 
     def _query_choice_key(self) -> str:
-        ids = [g.identity(self.model_hash).key for g in self.query_candidates.values()]
+        ids = [self.exported.identity(g).key for g in self.query_candidates.values()]
         ids.append(f"max_query_rank_noise={MAX_QUERY_RANK_NOISE}")  # choices made before (or to another bar): again
         return chooser.choice_key(self.model_hash, chooser.QUERIES, ids, self.platform)
 

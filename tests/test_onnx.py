@@ -43,6 +43,15 @@ def test_onnx_equals_torch_on_padded_mixed_batches(tiny_bi_encoder, tmp_path):
     assert len(folders) == 1 and (folders[0] / "manifest.json").is_file()
 
 
+def test_an_exported_model_opens_finds_and_names_its_graphs(tiny_bi_encoder, tmp_path):
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="onnx"))
+    held = enc.exported  # what opened the encoder's graph
+    assert held.find("onnx").path == enc.graph.path  # made once, found in the cache since
+    assert held.find("onnx-int8") is None and held.open("torch") is None  # find makes nothing; torch has no graph
+    assert len(list((tmp_path / "retr-cache" / "onnx").iterdir())) == 1
+    assert held.identity(enc.graph) == enc.graph.identity(enc.model_hash) and held.identity(None).key == "torch"
+
+
 def _legacy_export(st_model, path):
     """A legacy (TorchScript) export traced on one unpadded input."""
     import torch
