@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = IndexConfig(encoder=enc_cfg, bm25=BM25Config())
     encoder = BiEncoder(enc_cfg)  # the first stage as `retr eval` builds it on this CPU
     folder = cached_index(ds.name, ds.corpus, encoder, cfg).folder
-    first_documents = encoder.corpus_backend  # read before int8 is forced below
+    first_documents = encoder.planner.corpus_backend  # read before int8 is forced below
     searcher = Searcher(folder, enc_cfg)
     fetch = max(10, *depths)  # at least the 10 hits nDCG@10 reads, under every depth's reranked head
     first = {q: r for q, r in zip(qids, searcher.search_many([ds.queries[q] for q in qids], fetch, "hybrid"),

@@ -62,7 +62,7 @@ def _report(args: argparse.Namespace) -> dict:
                 replace(enc.exported, use_cache_alone=False).open(b.name)
                 costs[b.name] = time.perf_counter() - t0
         if backend.calibrated and backend in kept:
-            enc.calibrated_graph  # noqa: B018 - calibrated (and cached) now, timed below
+            enc.planner.calibrated_graph  # noqa: B018 - calibrated (and cached) now, timed below
         enc = BiEncoder(config)  # sees every graph now in the cache
     query_choice = enc.time_query_candidates() if len(enc.query_candidates) > 1 else None
     timed = {t.backend: t for t in query_choice.timings} if query_choice is not None else {}
@@ -72,12 +72,12 @@ def _report(args: argparse.Namespace) -> dict:
                    "rank_noise": timed[name].rank_noise if name in timed else None,
                    "passed": timed[name].passed if name in timed else True}
                   for name, g in enc.query_candidates.items()]
-    base_s = enc.doc_seconds(enc.graph)
+    base_s = enc.planner.doc_seconds(enc.graph)
     documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000}}
     if backend.calibrated and backend in kept:
-        calibrated = enc.exported.find(backend, enc.calibration)
+        calibrated = enc.exported.find(backend, enc.planner.calibration)
         if calibrated is not None:
-            brk = chooser.calibration_pays(args.docs, base_s, platform, enc.doc_seconds(calibrated),
+            brk = chooser.calibration_pays(args.docs, base_s, platform, enc.planner.doc_seconds(calibrated),
                                            _made_seconds(calibrated))
         else:
             brk = chooser.calibration_pays(args.docs, base_s, platform)

@@ -193,8 +193,9 @@ def pseudo_run(corpus: Corpus, encoder: BiEncoder, cut: list[PseudoQuery], fetch
         texts = [short.docs[i].full_text() for i in rows]
         spliced[rows] = encoder.encode_like(texts, graph) if graph else encoder.encode(texts)
         cache = EmbeddingCache(where / "cache")
-        cache.save(embedding_key(encoder.model_hash, short.sha256, encoder.max_length, encoder.corpus_graph_id,
-                                 encoder.prompts.document), spliced, {"graph": graph})
+        cache.save(embedding_key(encoder.model_hash, short.sha256, encoder.max_length,
+                                 encoder.planner.graph_id(len(short)), encoder.prompts.document), spliced,
+                   {"graph": graph})
         build_index(short, where / "index", IndexConfig(encoder=encoder.config, bm25=BM25Config()), encoder=encoder,
                     cache=cache)
         index = open_index(where / "index")

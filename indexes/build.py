@@ -103,8 +103,8 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
     ``executor`` (and then cached: where they were encoded does not change what they are)."""
     cache = cache or EmbeddingCache()
     texts = texts or IndexTexts([d.full_text() for d in corpus.docs], corpus.sha256)
-    key = embedding_key(encoder.model_hash, texts.sha256, encoder.max_length, encoder.corpus_graph_id,
-                        encoder.prompts.document)
+    key = embedding_key(encoder.model_hash, texts.sha256, encoder.max_length,
+                        encoder.planner.graph_id(len(texts.texts)), encoder.prompts.document)
     if use_cache:
         hit = cache.load(key, len(texts.texts), encoder.dim)
         if hit is not None:
@@ -112,8 +112,8 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
                             "truncation": hit[1].get("truncation")}
     logger.info("encoding %d %s with %s (max length %d, %s backend%s)", len(texts.texts),
                 "passages" if texts.passages else "documents", encoder.model_id, encoder.max_length, encoder.backend,
-                "" if encoder.corpus_backend == encoder.backend
-                else f"; the {encoder.corpus_backend} graph on this CPU")
+                "" if encoder.planner.corpus_backend == encoder.backend
+                else f"; the {encoder.planner.corpus_backend} graph on this CPU")
     t0 = time.perf_counter()
     executor = executor or ExecutorConfig()
     encoded = EXECUTORS[executor.name](encoder, texts.texts, executor)
@@ -170,8 +170,9 @@ class Encoded:
 
 
 def encode_for_index(encoder: BiEncoder, corpus: Corpus, cfg: IndexConfig,
-                     cache: EmbeddingCache | None = None) -> Encoded:
-    texts = index_texts(encoder, corpus, cfg.passages)
+                     cache: EmbeddingCache | None = None, texts: IndexTexts | None = None) -> Encoded:
+    """``corpus``'s vectors for the dense side (``texts``: its documents or passages, where already made)."""
+    texts = texts or index_texts(encoder, corpus, cfg.passages)
     emb, info = corpus_embeddings(encoder, corpus, cfg.use_cache, cache, texts, cfg.executor)
     # recorded with the embeddings: a corpus whose vectors come from the cache is not tokenised again
     truncation = truncation_report(encoder, texts.texts, "passages" if texts.passages else "documents",
@@ -239,9 +240,10 @@ def _write_index(tmp: Path, corpus: Corpus, rows: np.ndarray | None, enc: Encode
 
 
 def build_index(corpus: Corpus, out: Path, cfg: IndexConfig = IndexConfig(), encoder: BiEncoder | None = None,
-                cache: EmbeddingCache | None = None) -> dict:
-    """Write the index for ``corpus`` to ``out`` (``cfg.shards`` > 1: a folder of shard indexes). A failure
-    leaves no ``out`` (or the old one)."""
+                cache: EmbeddingCache | None = None, texts: IndexTexts | None = None) -> dict:
+    """Write the index for ``corpus`` to ``out`` (``cfg.shards`` > 1: a folder of shard indexes; ``texts``: its
+    documents or passages as ``index_texts`` makes them, where already made). A failure leaves no ``out`` (or the
+    old one)."""
     out = Path(out)
     recover_swap(out)
     check_out(out, corpus)
@@ -249,7 +251,7 @@ def build_index(corpus: Corpus, out: Path, cfg: IndexConfig = IndexConfig(), enc
 
     def write(tmp: Path, stamp: dict) -> dict:
         t_all = time.perf_counter()
-        enc = encode_for_index(encoder, corpus, cfg, cache)
+        enc = encode_for_index(encoder, corpus, cfg, cache, texts)
         if cfg.shards > 1:
             return _write_sharded(tmp, corpus, enc, cfg, encoder, t_all, stamp)
         part = None
@@ -337,7 +339,10 @@ def cached_index(name: str, corpus: Corpus, encoder: BiEncoder, cfg: IndexConfig
     prompts = [encoder.prompts.to_dict()] if encoder.prompts.query or encoder.prompts.document else []
     passages = [asdict(cfg.passages)] if cfg.passages else []
     shards = [{"shards": cfg.shards}] if cfg.shards > 1 else []
-    raw = json.dumps([corpus.sha256, encoder.model_hash, encoder.max_length, encoder.corpus_graph_id,
+    # the graph is named for the number of texts it encodes: passages, where their number decides it
+    texts = index_texts(encoder, corpus, cfg.passages) if cfg.passages and encoder.planner.size_matters else None
+    graph_id = encoder.planner.graph_id(len(texts.texts) if texts is not None else len(corpus))
+    raw = json.dumps([corpus.sha256, encoder.model_hash, encoder.max_length, graph_id,
                       asdict(cfg.dense),
                       asdict(bm25), *prompts, *passages, *shards], sort_keys=True)
     folder = cache_home() / "indexes" / f"{name}-{hashlib.sha256(raw.encode()).hexdigest()[:24]}"
@@ -350,5 +355,5 @@ def cached_index(name: str, corpus: Corpus, encoder: BiEncoder, cfg: IndexConfig
         except RetrError as e:
             logger.warning("cached index %s unusable (%s): rebuilding", folder, e)
             shutil.rmtree(folder, ignore_errors=True)  # retr's own cache entry: a damaged manifest is no reason to keep it
-    build_index(corpus, folder, replace(cfg, bm25=bm25), encoder=encoder)
+    build_index(corpus, folder, replace(cfg, bm25=bm25), encoder=encoder, texts=texts)
     return open_index(folder)

@@ -28,7 +28,8 @@ from retr.retrieval.backends.batching import attention_mask, length_batches, pad
 from retr.retrieval.backends.export import EMBEDDING, Calibration
 from retr.retrieval.backends.graphs import find_cached
 from retr.retrieval.backends.registry import get_backend
-from retr.retrieval.encoder import BiEncoder, CorpusEncoding, CorpusPlan
+from retr.retrieval.corpus_plan import CorpusPlan
+from retr.retrieval.encoder import BiEncoder, CorpusEncoding
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)

@@ -18,12 +18,10 @@ import numpy as np
 from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
 from retr.retrieval.backends.batching import run_sorted
-from retr.retrieval.backends.export import EMBEDDING, Calibration
+from retr.retrieval.backends.export import EMBEDDING
 from retr.retrieval.backends.graphs import (
-    EXPORT_GENERATION,
     MAX_QUERY_RANK_NOISE,
     Graph,
-    GraphId,
     graph_info,
     query_rank_noise,
 )
@@ -35,8 +33,8 @@ from retr.retrieval.backends.registry import (
     DEFAULT_BACKEND,
     base_of,
     get_backend,
-    on_this_cpu,
 )
+from retr.retrieval.corpus_plan import CorpusPlan, CorpusPlanner
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
 from retr.retrieval.tokens import Tokens, prefixed
@@ -107,22 +105,6 @@ class CorpusEncoding:
     truncation: dict | None = None  # Tokens.truncation of the texts, where the encoding measured it
 
 
-@dataclass(frozen=True)
-class CorpusPlan:
-    """Documents ready to encode: their texts (document prompt applied), the graph they go through and its token
-    ids (graph and tokens None: torch encodes the texts)."""
-    texts: list[str]
-    graph: Graph | None
-    tokens: list | None
-    truncation: dict | None = None  # Tokens.truncation of the texts, from the same tokenisation as ``tokens``
-    choice: dict | None = None  # how the graph was chosen, where it was measured (chooser.Break.to_dict)
-
-    def graph_info(self) -> dict:
-        """``graph_info`` of its graph, with the measured choice where there was one."""
-        info = graph_info(self.graph)
-        return {**info, "chosen": self.choice} if self.choice is not None else info
-
-
 class BiEncoder:
     """Embeds text with a sentence-transformers model.
 
@@ -177,29 +159,6 @@ class BiEncoder:
             return "torch"
         return self.config.backend if self.graph.variant == base_of(self.config.backend).name else self.graph.variant
 
-    @functools.cached_property
-    def corpus_backend(self) -> str:
-        """The backend whose graph a corpus (of ``calibration_min_docs``+ documents) goes through on this CPU:
-        ``backend``, or the graph that stands in where a calibrated backend does not pay here
-        (``registry.on_this_cpu``, which says so once)."""
-        if self.graph is None or on_this_cpu(get_backend(self.config.backend), platform=self.platform).name \
-                == self.config.backend:
-            return self.backend
-        return self.graph.variant
-
-    @property
-    def corpus_graph_id(self) -> str:
-        """What names the graph a corpus goes through, for cache keys: the backend; for a calibrated one the sample
-        it is calibrated on (another retr sample, another graph, other vectors), or its base graph on a CPU where
-        int8 does not pay; for an exported one how it was exported (``graphs.EXPORT_GENERATION``) and the precision
-        it computes in on this CPU (bf16 or fp32: a cache shared by machines of both kinds holds both vectors)."""
-        if self.graph is None:
-            return self.exported.identity(None).key
-        # another export procedure or another precision: other graphs, other vectors
-        calibrated = self.corpus_backend == self.backend and get_backend(self.config.backend).calibrated
-        return GraphId(self.model_hash, self.backend if calibrated else self.corpus_backend, EXPORT_GENERATION,
-                       self.graph.precision, self.calibration.digest if calibrated else None).key
-
     def describe(self) -> dict:
         info = graph_info(self.graph)
         return {"id": self.model_id, "hash": self.model_hash, "architecture": self.ref.architecture(),
@@ -235,7 +194,7 @@ class BiEncoder:
 
     def encode_corpus(self, texts: list[str], show_progress: bool = False) -> CorpusEncoding:
         """The documents of a corpus to index. With a calibrated backend, at least ``calibration_min_docs`` texts
-        and a CPU where int8 pays (``Backend.pays``) they go through the model's static int8 graph
+        and a CPU where int8 pays (``CorpusPlanner.choice``) they go through the model's static int8 graph
         (``calibrated_graph``; the base graph where that one is refused); otherwise, as ``encode`` does."""
         plan = self.corpus_plan(texts)
         if plan.graph is None:
@@ -246,95 +205,32 @@ class BiEncoder:
     def corpus_plan(self, texts: list[str]) -> CorpusPlan:
         """What ``encode_corpus`` runs: the documents' graph (the calibrated one where it applies) and their token
         ids, for an executor that runs the batches elsewhere (``retr.indexes.executors``)."""
-        texts = prefixed(self.prompts.document, texts)
-        if self.graph is None:
-            return CorpusPlan(texts, None, None)
-        backend = get_backend(self.config.backend)
-        tok, counts = self.tokens.counted(texts)  # the ids and the untruncated lengths from one tokenisation
-        truncation = self.tokens.truncation_of(counts) if counts is not None else None
-        graph, choice = self.graph, None
-        if backend.calibrated and len(texts) >= self.config.calibration_min_docs \
-                and self.corpus_backend == self.backend:
-            if self.platform.int8_forced:  # RETR_INT8_DOT=1: int8 whatever it costs (tests, benchmarks)
-                graph = self.calibrated_graph or self.graph
-            else:
-                brk = self.calibration_break(len(texts))
-                choice = brk.to_dict()
-                if brk.pays:
-                    graph = self.calibrated_graph or self.graph
-        return CorpusPlan(texts, graph, tok, truncation, choice)
+        return self.planner.plan(prefixed(self.prompts.document, texts))
 
     @functools.cached_property
     def platform(self) -> Platform:
         return this_platform()
 
-    def doc_seconds(self, graph: Graph) -> float:
-        """Seconds per document of ``graph`` on retr's sample passages, in a short bounded run."""
-        rows = self.tokens.ids(prefixed(self.prompts.document, sample_texts.passages()[:16]))
-        out = np.empty((len(rows), self.dim), dtype=np.float32)
-        return chooser.time_per_unit(lambda: run_sorted(graph.runner, rows, self.config.token_budget, out),
-                                     len(rows), min_rounds=1)
-
-    def calibration_break(self, docs: int) -> chooser.Break:
-        """Whether ``docs`` documents pay for calibrating the static int8 graph: the base graph timed here; the
-        int8 graph timed here too where it is already calibrated (then it costs nothing more), else assumed from
-        the platform (``chooser.calibration_pays``). Said in an info line."""
-        base_s = self.doc_seconds(self.graph)
-        cached = self.exported.find(self.config.backend, self.calibration)
-        if cached is not None:
-            self.__dict__["calibrated_graph"] = cached
-            brk = chooser.calibration_pays(docs, base_s, self.platform, self.doc_seconds(cached), 0.0)
-        else:
-            brk = chooser.calibration_pays(docs, base_s, self.platform)
-        logger.info("%s for %d documents: base graph %.1f ms/doc, int8 %.1f ms/doc (%s), calibration %.0f s: %s",
-                    self.config.backend, docs, brk.base_s * 1000, brk.int8_s * 1000,
-                    "measured" if brk.measured else "assumed", brk.calibration_s,
-                    "int8" if brk.pays else f"the base graph (int8 pays from ~{brk.to_dict()['break_even_docs']} "
-                    "documents)")
-        return brk
-
     @functools.cached_property
-    def calibration(self) -> Calibration:
-        """What a calibrated backend is calibrated on: retr's fixed sample of passages (joined ones too) and
-        questions, as this model tokenises them, passages with the document prompt. One per model, not per
-        corpus: a new corpus pays no calibration."""
-        docs = prefixed(self.prompts.document, sample_texts.passages() + sample_texts.long_passages())
-        return Calibration.of(self.tokens.ids(docs + sample_texts.questions()))
+    def planner(self) -> CorpusPlanner:
+        """Which graph encodes a corpus of each size, and its name in cache keys (``graph_id``)."""
+        return CorpusPlanner(self.exported, self.tokens, self.graph, backend=self.backend,
+                             configured=self.config.backend, min_docs=self.config.calibration_min_docs,
+                             token_budget=self.config.token_budget, platform=self.platform)
 
-    @functools.cached_property
+    @property
     def calibrated_graph(self) -> Graph | None:
-        """The calibrated backend's graph for this model (calibrated and checked once, then cached); None, with a
-        warning, when it is refused (it strays from torch or adds too much ranking noise), and None, with an info
-        line and no calibration, on a CPU where it does not pay (``Backend.pays``): corpora then take the base
-        graph."""
-        backend = get_backend(self.config.backend)
-        if self.corpus_backend != self.backend:  # it does not pay on this CPU: nothing to calibrate
-            return None
-        try:
-            return self.exported.open(backend.name, self.calibration)
-        except RetrError as e:
-            logger.warning("%s refused (%s): corpora are encoded by the %s graph", backend.name, e,
-                           self.graph.variant)
-            return None
+        """The calibrated backend's graph for this model (``CorpusPlanner.calibrated_graph``)."""
+        return self.planner.calibrated_graph
 
     def encode_like(self, texts: list[str], recorded: dict, show_progress: bool = False) -> np.ndarray:
         """Texts through the graph that encoded an index's documents (``recorded``: that graph's info), so that
-        documents added to the index sit with the ones already there. Where that graph was calibrated (on the
-        sample of another retr version, or on another machine) and is not in this machine's cache, the base graph
-        stands in, with a warning."""
+        documents added to the index sit with the ones already there (``CorpusPlanner.like``: the base graph
+        stands in, with a warning, where that graph is not in this machine's cache)."""
         texts = prefixed(self.prompts.document, texts)
-        digest = recorded.get("calibration")
-        if self.graph is not None and recorded.get("backend") != self.graph.variant and recorded.get("backend") \
-                in BACKENDS and get_backend(recorded["backend"]).calibrated:
-            try:
-                graph = self.exported.find(recorded["backend"], Calibration((), digest)) if digest else None
-            except RetrError:  # judged again since, and refused here
-                graph = None
-            if graph is not None:
-                return self._run(graph, self.tokens.ids(texts), show_progress)
-            logger.warning("the %s graph that encoded this index is not in the cache here: the new documents "
-                           "are encoded by the %s graph (cosine to it >= %.3f)", recorded["backend"],
-                           self.graph.variant, recorded.get("check_cosine") or 0.0)
+        graph = self.planner.like(recorded)
+        if graph is not None:
+            return self._run(graph, self.tokens.ids(texts), show_progress)
         return self.encode(texts, show_progress=show_progress)
 
     def _run(self, graph: Graph, tok: list, show_progress: bool) -> np.ndarray:

@@ -323,18 +323,20 @@ def test_corpora_go_through_one_static_int8_graph_calibrated_once_per_model(tiny
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-3)
     (int8,) = _int8_folders(tmp_path)
     meta = json.loads((int8 / "manifest.json").read_text())
-    assert meta["calibration"] == enc.calibration.digest and int8.name.endswith(enc.calibration.digest[:16])
+    digest = enc.planner.calibration.digest
+    assert meta["calibration"] == digest and int8.name.endswith(digest[:16])
     assert 0.0 < meta["rank_noise"] <= registry.MAX_RANK_NOISE and info["rank_noise"] == meta["rank_noise"]
     other = [t + " tea" for t in corpus[::-1]]  # another corpus, in another process: no calibration, same graph
     again = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
-    assert again.calibration == enc.calibration
+    assert again.planner.calibration == enc.planner.calibration
     np.testing.assert_array_equal(again.encode_corpus(corpus).embeddings, emb)  # the cached graph, the same vectors
     assert again.encode_corpus(other).graph == info and calls == [1] and len(_int8_folders(tmp_path)) == 1
     q = again.encode_queries(corpus[:3])  # queries never take the calibrated graph: the base one, as encode()
     assert again.describe_queries()["backend"] == "openvino" and (q * emb[:3]).sum(1).min() >= 0.95
     np.testing.assert_array_equal(q, again.encode(corpus[:3]))
     prompted = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), doc_prompt="passage: "))
-    assert prompted.calibration.digest != enc.calibration.digest  # the graph sees what the documents will look like
+    # the graph sees what the documents will look like
+    assert prompted.planner.calibration.digest != enc.planner.calibration.digest
 
 
 def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_nothing_is_calibrated(
@@ -355,11 +357,11 @@ def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_not
     encoded = enc.encode_corpus(corpus)
     assert encoded.graph["backend"] == "openvino" and calls == []
     np.testing.assert_array_equal(encoded.embeddings, enc.encode(corpus))
-    base_id = enc.corpus_graph_id  # embedding cache keys name the graph the corpus really went through
+    base_id = enc.planner.graph_id(len(corpus))  # embedding cache keys name the graph the corpus really went through
     assert base_id.startswith("openvino/") and calls == []
     other = "0" if enc.graph.precision == "bf16" else "1"  # the same graph computing in the other precision
     monkeypatch.setenv("RETR_BF16", other)
-    assert BiEncoder(EncoderConfig(model=str(tiny_bi_encoder))).corpus_graph_id not in ("", base_id)
+    assert BiEncoder(EncoderConfig(model=str(tiny_bi_encoder))).planner.graph_id(len(corpus)) not in ("", base_id)
     monkeypatch.delenv("RETR_BF16")
     r = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="openvino-int8", max_length=64))
     base = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="openvino", max_length=64))
@@ -370,7 +372,35 @@ def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_not
     monkeypatch.setenv("RETR_INT8_DOT", "1")  # a CPU with them: the int8 graph, calibrated
     on_vnni = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     assert on_vnni.encode_corpus(corpus).graph["backend"] == DEFAULT and calls == [1]
-    assert on_vnni.corpus_graph_id != base_id and on_vnni.corpus_graph_id.startswith(f"{DEFAULT}@")
+    assert on_vnni.planner.graph_id(len(corpus)) != base_id
+    assert on_vnni.planner.graph_id(len(corpus)).startswith(f"{DEFAULT}@")
+
+
+def test_where_int8_runs_a_corpus_the_base_graph_encodes_is_keyed_by_the_base_graph(tiny_bi_encoder, monkeypatch):
+    """Issue 39: on a CPU where int8 runs, a corpus under calibration_min_docs, or one the measured break says does
+    not pay for a calibration, goes through the base graph, and its cache keys name that graph, not the int8 one;
+    the break is timed once per corpus size, for the key and the plan alike."""
+    from retr.retrieval.backends.platform import Platform
+    from retr.retrieval.corpus_plan import CorpusPlanner
+
+    calls = _counting_static_int8(monkeypatch)
+    corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    assert enc.planner.platform.static_int8  # int8 runs here (RETR_INT8_DOT=1)
+    base_id = enc.exported.identity(enc.graph).key
+    assert base_id.startswith("openvino/")
+    small = enc.encode_corpus(corpus[:10])  # under calibration_min_docs: the base graph, and named so
+    assert small.graph["backend"] == "openvino" and enc.planner.graph_id(10) == base_id
+    assert enc.planner.graph_id(len(corpus)).startswith(f"{DEFAULT}@") and calls == []  # naming calibrates nothing
+    timed = []
+    speeds = {"openvino": 0.02, "openvino-int8": 0.01}
+    monkeypatch.setattr(CorpusPlanner, "doc_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
+    measured = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    measured.__dict__["platform"] = Platform.of({"avx2", "avx512f", "avx512_vnni"})  # int8 dot products, not forced
+    assert measured.planner.graph_id(len(corpus)) == base_id  # keyed before encoding, as a build does
+    encoded = measured.encode_corpus(corpus)  # 40 documents save far less than the assumed calibration costs
+    assert encoded.graph["backend"] == "openvino" and encoded.graph["chosen"]["pays"] is False
+    assert timed == ["openvino"] and calls == []
 
 
 def test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once(tiny_bi_encoder, tmp_path, monkeypatch):
@@ -388,7 +418,7 @@ def test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once(tiny_bi_en
     assert len(calls) == 1
     (int8,) = _int8_folders(tmp_path)
     meta = json.loads((int8 / "manifest.json").read_text())
-    assert "disagrees with torch" in meta["refused"] and [f.name for f in int8.iterdir()] == ["manifest.json"]
+    assert "disagrees with a numpy forward pass of its weights" in meta["refused"] and [f.name for f in int8.iterdir()] == ["manifest.json"]
 
 
 def test_int8_that_adds_ranking_noise_is_refused_until_the_bar_changes(tiny_bi_encoder, tmp_path, monkeypatch):

@@ -178,6 +178,7 @@ def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast
 
 def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the_cost(tiny_bi_encoder, monkeypatch):
     from retr.retrieval.backends.graphs import Graph
+    from retr.retrieval.corpus_plan import CorpusPlanner
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     monkeypatch.delenv("RETR_INT8_DOT")
@@ -187,7 +188,7 @@ def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the
     entries["openvino-int8"] = replace(entries["openvino-int8"], convert=lambda *a: calls.append(1) or convert(*a))
     monkeypatch.setattr(registry, "BACKENDS", MappingProxyType(entries))
     speeds = {"openvino": 0.02, "openvino-int8": 0.01}
-    monkeypatch.setattr(BiEncoder, "doc_seconds", lambda self, g: speeds[g.variant])
+    monkeypatch.setattr(CorpusPlanner, "doc_seconds", lambda self, g: speeds[g.variant])
     corpus = [f"document {i} about wolves and forests number {i}" for i in range(40)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     enc.__dict__["platform"] = VNNI  # an AVX-512 VNNI CPU: static int8 is a candidate, its cost assumed

@@ -1,0 +1,196 @@
+"""Which graph encodes a corpus, decided once per corpus size: the base graph, or a calibrated backend's static
+int8 graph where the corpus is large enough and the measured break says its calibration pays on this CPU; the
+name of that graph in cache keys, taken from the same decision; and which graph encoded an index's documents
+(``like``), for documents added to it later."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from retr.retrieval.backends import chooser, sample_texts
+from retr.retrieval.backends.batching import run_sorted
+from retr.retrieval.backends.export import Calibration
+from retr.retrieval.backends.graphs import EXPORT_GENERATION, Graph, GraphId, graph_info
+from retr.retrieval.backends.holder import ExportedModel
+from retr.retrieval.backends.platform import Platform
+from retr.retrieval.backends.registry import BACKENDS, get_backend, on_this_cpu
+from retr.retrieval.errors import RetrError
+from retr.retrieval.tokens import Tokens, prefixed
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CorpusPlan:
+    """Documents ready to encode: their texts (document prompt applied), the graph they go through and its token
+    ids (graph and tokens None: torch encodes the texts)."""
+    texts: list[str]
+    graph: Graph | None
+    tokens: list | None
+    truncation: dict | None = None  # Tokens.truncation of the texts, from the same tokenisation as ``tokens``
+    choice: dict | None = None  # how the graph was chosen, where it was measured (chooser.Break.to_dict)
+
+    def graph_info(self) -> dict:
+        """``graph_info`` of its graph, with the measured choice where there was one."""
+        info = graph_info(self.graph)
+        return {**info, "chosen": self.choice} if self.choice is not None else info
+
+
+@dataclass(frozen=True)
+class CorpusChoice:
+    """What a corpus of some size goes through: the calibrated graph (the base graph stands in where that one is
+    refused) or the base graph, and the measured break where one was measured (``chooser.Break.to_dict``)."""
+    calibrated: bool
+    measured: dict | None = None
+
+
+class CorpusPlanner:
+    """The plan of which graph encodes a corpus, for one model. ``graph``: the documents' base graph (None: torch
+    encodes everything); ``backend``: the backend it stands for (``BiEncoder.backend``); ``configured``: the
+    backend asked for (calibrated or not); corpora under ``min_docs`` documents take the base graph."""
+
+    def __init__(self, exported: ExportedModel, tokens: Tokens, graph: Graph | None, *, backend: str,
+                 configured: str, min_docs: int, token_budget: int, platform: Platform):
+        self.exported = exported
+        self.tokens = tokens
+        self.graph = graph
+        self.backend = backend
+        self.configured = configured
+        self.min_docs = min_docs
+        self.token_budget = token_budget
+        self.platform = platform
+        self._choices: dict[int, CorpusChoice] = {}  # per corpus size: the break is timed once
+
+    @functools.cached_property
+    def corpus_backend(self) -> str:
+        """The backend whose graph a corpus (of ``min_docs``+ documents) goes through on this CPU: ``backend``, or
+        the graph that stands in where a calibrated backend does not pay here (``registry.on_this_cpu``, which
+        says so once)."""
+        if self.graph is None or on_this_cpu(get_backend(self.configured), platform=self.platform).name \
+                == self.configured:
+            return self.backend
+        return self.graph.variant
+
+    @property
+    def size_matters(self) -> bool:
+        """Whether the graph a corpus goes through depends on its size here (a calibrated backend whose int8 can
+        run on this CPU)."""
+        return self.graph is not None and get_backend(self.configured).calibrated \
+            and self.corpus_backend == self.backend
+
+    def choice(self, docs: int) -> CorpusChoice:
+        """Whether a corpus of ``docs`` documents goes through the calibrated graph: at least ``min_docs`` of
+        them, a CPU where int8 runs, and a calibration that pays for them (``calibration_break``; RETR_INT8_DOT=1:
+        int8 whatever it costs). Decided once per size."""
+        if docs not in self._choices:
+            self._choices[docs] = self._choose(docs)
+        return self._choices[docs]
+
+    def _choose(self, docs: int) -> CorpusChoice:
+        if self.graph is None or not (get_backend(self.configured).calibrated and docs >= self.min_docs
+                                      and self.corpus_backend == self.backend):
+            return CorpusChoice(False)
+        if self.platform.int8_forced:  # RETR_INT8_DOT=1: int8 whatever it costs (tests, benchmarks)
+            return CorpusChoice(True)
+        brk = self.calibration_break(docs)
+        return CorpusChoice(brk.pays, brk.to_dict())
+
+    def graph_id(self, docs: int) -> str:
+        """What names the graph a corpus of ``docs`` documents goes through (``choice``), for cache keys: the
+        backend; for the calibrated graph the sample it is calibrated on (another retr sample, another graph,
+        other vectors); for an exported one how it was exported (``graphs.EXPORT_GENERATION``) and the precision
+        it computes in on this CPU (bf16 or fp32: a cache shared by machines of both kinds holds both vectors)."""
+        if self.graph is None:
+            return self.exported.identity(None).key
+        # another export procedure or another precision: other graphs, other vectors
+        if self.corpus_backend == self.backend and self.choice(docs).calibrated:
+            return GraphId(self.exported.model_hash, self.backend, EXPORT_GENERATION, self.graph.precision,
+                           self.calibration.digest).key
+        return GraphId(self.exported.model_hash, self.graph.variant, EXPORT_GENERATION, self.graph.precision).key
+
+    def plan(self, texts: list[str]) -> CorpusPlan:
+        """What encodes ``texts`` (document prompt applied): the graph ``choice`` names and the texts' token ids,
+        with their truncation where the same tokenisation measures it."""
+        if self.graph is None:
+            return CorpusPlan(texts, None, None)
+        tok, counts = self.tokens.counted(texts)  # the ids and the untruncated lengths from one tokenisation
+        truncation = self.tokens.truncation_of(counts) if counts is not None else None
+        chosen = self.choice(len(texts))
+        graph = (self.calibrated_graph or self.graph) if chosen.calibrated else self.graph
+        return CorpusPlan(texts, graph, tok, truncation, chosen.measured)
+
+    def doc_seconds(self, graph: Graph) -> float:
+        """Seconds per document of ``graph`` on retr's sample passages, in a short bounded run."""
+        rows = self.tokens.ids(prefixed(self.tokens.document_prompt, sample_texts.passages()[:16]))
+        out = np.empty((len(rows), graph.dim), dtype=np.float32)
+        return chooser.time_per_unit(lambda: run_sorted(graph.runner, rows, self.token_budget, out),
+                                     len(rows), min_rounds=1)
+
+    def calibration_break(self, docs: int) -> chooser.Break:
+        """Whether ``docs`` documents pay for calibrating the static int8 graph: the base graph timed here; the
+        int8 graph timed here too where it is already calibrated (then it costs nothing more), else assumed from
+        the platform (``chooser.calibration_pays``). Said in an info line."""
+        base_s = self.doc_seconds(self.graph)
+        cached = self.exported.find(self.configured, self.calibration)
+        if cached is not None:
+            self.__dict__["calibrated_graph"] = cached
+            brk = chooser.calibration_pays(docs, base_s, self.platform, self.doc_seconds(cached), 0.0)
+        else:
+            brk = chooser.calibration_pays(docs, base_s, self.platform)
+        logger.info("%s for %d documents: base graph %.1f ms/doc, int8 %.1f ms/doc (%s), calibration %.0f s: %s",
+                    self.configured, docs, brk.base_s * 1000, brk.int8_s * 1000,
+                    "measured" if brk.measured else "assumed", brk.calibration_s,
+                    "int8" if brk.pays else f"the base graph (int8 pays from ~{brk.to_dict()['break_even_docs']} "
+                    "documents)")
+        return brk
+
+    @functools.cached_property
+    def calibration(self) -> Calibration:
+        """What a calibrated backend is calibrated on: retr's fixed sample of passages (joined ones too) and
+        questions, as this model tokenises them, passages with the document prompt. One per model, not per
+        corpus: a new corpus pays no calibration."""
+        docs = prefixed(self.tokens.document_prompt, sample_texts.passages() + sample_texts.long_passages())
+        return Calibration.of(self.tokens.ids(docs + sample_texts.questions()))
+
+    @functools.cached_property
+    def calibrated_graph(self) -> Graph | None:
+        """The calibrated backend's graph for this model (calibrated and checked once, then cached); None, with a
+        warning, when it is refused (it strays from torch or adds too much ranking noise), and None, with an info
+        line and no calibration, on a CPU where it does not pay (``Backend.pays``): corpora then take the base
+        graph."""
+        backend = get_backend(self.configured)
+        if self.corpus_backend != self.backend:  # it does not pay on this CPU: nothing to calibrate
+            return None
+        try:
+            return self.exported.open(backend.name, self.calibration)
+        except RetrError as e:
+            logger.warning("%s refused (%s): corpora are encoded by the %s graph", backend.name, e,
+                           self.graph.variant)
+            return None
+
+    def like(self, recorded: dict) -> Graph | None:
+        """The graph that encoded an index's documents (``recorded``: that graph's info) where it is another than
+        the base graph and this machine has it; None: the base graph encodes, with a warning where the recorded
+        graph was calibrated (on the sample of another retr version, or on another machine) and is not in this
+        machine's cache."""
+        name = recorded.get("backend")
+        if self.graph is None or name == self.graph.variant or name not in BACKENDS \
+                or not get_backend(name).calibrated:
+            return None
+        digest = recorded.get("calibration")
+        try:
+            graph = self.exported.find(name, Calibration((), digest)) if digest else None
+        except RetrError:  # judged again since, and refused here
+            graph = None
+        if graph is None:
+            logger.warning("the %s graph that encoded this index is not in the cache here: the new documents "
+                           "are encoded by the %s graph (cosine to it >= %.3f)", name, self.graph.variant,
+                           recorded.get("check_cosine") or 0.0)
+        return graph
+
+
+__all__ = ["CorpusChoice", "CorpusPlan", "CorpusPlanner"]
