@@ -165,16 +165,19 @@ class CrossEncoderReranker:
         self._read = reader(self.inputs, self.path, self.max_length)
         self.graph: Graph | None = None
         self.choice: Choice | None = None  # how the graph was chosen, where it was measured
+        self.pair_graphs: PairGraphs | None = None
         if config.device == "cpu":
             platform = this_platform()
             backend = on_this_cpu(get_backend(config.backend or DEFAULT_RERANK_BACKEND, SCORING), SCORING, platform)
             calibration = self._calibration() if backend.calibrated else None
             self.graph = open_graph(lambda: self.model, self.ref.hash, backend.name, self.max_length, cache_home(),
                                     SCORING, use_cache_alone=self._fast_pairs is not None, calibration=calibration)
-            if config.backend is None and self.graph is not None:
-                self.graph, self.choice = PairGraphs(self.ref.hash, self.graph, self._pair_ids, config.depth,
-                                                     self.max_length, config.token_budget, platform,
-                                                     self._calibration).chosen()
+            if self.graph is not None:
+                # the configured graph and the model's other cached graphs, timed on one query's pairs
+                self.pair_graphs = PairGraphs(self.ref.hash, self.graph, self._pair_ids, config.depth,
+                                              self.max_length, config.token_budget, platform, self._calibration)
+                if config.backend is None:
+                    self.graph, self.choice = self.pair_graphs.chosen()
         chosen = _trained_weight(record, self.path)
         self.interpolation = config.interpolation if config.interpolation is not None \
             else chosen if chosen is not None else 1.0

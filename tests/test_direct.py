@@ -166,3 +166,31 @@ def test_the_int8_benchmark_measures_every_graph_against_the_torch_model(tiny_bi
     noise = graph_noise(str(tiny_bi_encoder))
     assert {"openvino (bf16)", "onnx-int8 (queries)", "openvino-int8 (documents)"} <= set(noise)
     assert 0.0 <= noise["openvino (bf16)"] < noise["openvino-int8 (documents)"]
+
+
+def test_a_static_int8_graph_is_calibrated_from_the_built_graph_without_torch(tiny_bi_encoder, tmp_path):
+    """Where int8 runs (forced here) a corpus that pays for a calibration gets the static int8 graph quantised from
+    the graph built from the weights: still no torch, transformers or sentence-transformers, and the pooled vector
+    before its normalisation is not quantised (export.STATIC_INT8_PROCEDURE 2)."""
+    code = ("import sys\n"
+            "from retr.retrieval.encoder import BiEncoder, EncoderConfig\n"
+            f"enc = BiEncoder(EncoderConfig(model={str(tiny_bi_encoder)!r}, backend='openvino-int8', "
+            "calibration_min_docs=2))\n"
+            f"e = enc.encode_corpus({TEXTS!r})\n"
+            "assert e.graph['backend'] == 'openvino-int8' and e.embeddings.shape == (5, 32), e.graph\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules))\n")
+    cache = tmp_path / "cache"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "RETR_CACHE": str(cache), "RETR_INT8_DOT": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    (folder,) = [f for f in (cache / "onnx").iterdir() if "int8" in f.name]
+    meta = json.loads((folder / "manifest.json").read_text())
+    assert meta["source"] == "weights" and meta["checked_against"] == "a numpy forward pass of its weights"
+    assert meta["check_cosine"] >= registry.BACKENDS["openvino-int8"].floor(EMBEDDING)
+    import openvino as ov
+
+    model = ov.Core().read_model(str(folder / "model.xml"))
+    quantised_inputs = {t.get_node().get_type_name() for op in model.get_ops() if op.get_type_name() == "FakeQuantize"
+                        for o in op.outputs() for t in o.get_target_inputs()}
+    assert "MatMul" in quantised_inputs and "NormalizeL2" not in quantised_inputs

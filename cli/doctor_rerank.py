@@ -1,0 +1,81 @@
+"""`retr doctor --rerank MODEL`: the cross-encoder's candidate graphs timed here on one query's pairs at the rerank
+depth, their ranking noise against the configured graph, and what is chosen and why."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from retr.cli import options
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rerank", default=None, metavar="MODEL",
+                   help="also time a cross-encoder's graphs (folder or hub id) on one query's pairs at "
+                        "--rerank-depth; with --export, every graph this machine can run is made first")
+    p.add_argument("--rerank-depth", type=options.positive_int, default=None,
+                   help="pairs per query the cross-encoder's graphs are timed on (default: the rerank depth)")
+
+
+def report(args: argparse.Namespace) -> dict | None:
+    """The cross-encoder section of the doctor's report (None without ``--rerank``)."""
+    if not args.rerank:
+        return None
+    from retr.retrieval.backends import chooser
+    from retr.retrieval.backends.export import SCORING
+    from retr.retrieval.backends.platform import this_platform
+    from retr.retrieval.backends.registry import BACKENDS, DEFAULT_RERANK_BACKEND
+    from retr.retrieval.errors import RetrError
+    from retr.retrieval.rerank_model import DEFAULT_RERANK_DEPTH, CrossEncoderReranker, RerankConfig
+
+    depth = args.rerank_depth or DEFAULT_RERANK_DEPTH
+    kept, pruned = chooser.prune(this_platform(), [b for b in BACKENDS.values() if b.exported
+                                                   and b.supports(SCORING)])
+    made, refused = {}, {}
+    if args.export:
+        for b in kept:
+            t0 = time.perf_counter()
+            try:
+                CrossEncoderReranker(RerankConfig(model=args.rerank, depth=depth, backend=b.name, corpus_check=False))
+                made[b.name] = time.perf_counter() - t0
+            except RetrError as e:  # disagrees with torch, or too noisy: not a candidate
+                refused[b.name] = str(e)
+    base = CrossEncoderReranker(RerankConfig(model=args.rerank, depth=depth, backend=DEFAULT_RERANK_BACKEND,
+                                             corpus_check=False))
+    if base.pair_graphs is None:
+        return {"model": args.rerank, "chosen": "torch", "why": "no exported graph here: torch scores"}
+    choice = base.pair_graphs.time_all() if len(base.pair_graphs.candidates) > 1 else None
+    if choice is None:
+        seconds = base.pair_graphs.seconds(base.graph)
+        rows = [{"backend": base.graph.variant, "ms_per_query": seconds * 1000, "rank_noise": None, "passed": True}]
+    else:
+        rows = [{"backend": t.backend, "ms_per_query": t.ms, "rank_noise": t.rank_noise, "passed": t.passed,
+                 **({"why": t.why} if t.why else {})} for t in choice.timings]
+    for row in rows:
+        if row["backend"] in made:
+            row["made_seconds"] = made[row["backend"]]
+    return {"model": args.rerank, "hash": base.model_hash, "depth": depth, "max_length": base.max_length,
+            "candidates": rows, "chosen": choice.backend if choice else base.graph.variant,
+            "why": choice.why if choice else "the only cross-encoder graph in the cache",
+            "refused": [{"backend": n, "why": w} for n, w in refused.items()],
+            "pruned": [{"backend": n, "why": w} for n, w in pruned],
+            "not_in_cache": [b.name for b in kept if b.name not in base.pair_graphs.candidates
+                             and b.name not in refused]}
+
+
+def print_report(r: dict) -> None:
+    if "candidates" not in r:
+        print(f"cross-encoder {r['model']}: {r['why']}")
+        return
+    print(f"cross-encoder: {r['model']} ({r['hash'][:12]}), one query's {r['depth']} pairs at up to "
+          f"{r['max_length']} tokens (ms):")
+    for c in r["candidates"]:
+        made = f"  made in {c['made_seconds']:.1f} s" if c.get("made_seconds") else ""
+        noise = "" if c.get("rank_noise") is None else \
+            f"  ranking noise {c['rank_noise']:.4f} ({'ok' if c['passed'] else 'REFUSED'})"
+        print(f"  {c['backend']:<18} {c['ms_per_query']:8.1f}{made}{noise}")
+    print(f"  chosen: {r['chosen']} - {r['why']}")
+    for x in r["refused"]:
+        print(f"  refused when made: {x['backend']}: {x['why']}")
+    if r["not_in_cache"]:
+        print(f"  not timed (not in the cache; --export makes them): {', '.join(r['not_in_cache'])}")
