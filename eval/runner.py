@@ -204,9 +204,9 @@ def run_eval_index(folder: str | Path, topics: Mapping[str, str], qrels: Qrels, 
         reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
         factory = PipelineFactory(index, None, reranker, cfg.pipeline, encoder_config=cfg.encoder)
         if reranker is not None and factory.dense_model_hash is not None \
-                and reranker.needs_check(factory.corpus_sha256) \
-                and reranker.find_check(factory.corpus_sha256, factory.dense_model_hash) is None:
-            check_index_reranker(index, factory.encoder, reranker, cfg.pipeline)  # as search and serve do
+                and reranker.needs_check(factory.corpus_sha256):
+            # as search and serve do: beside the index first, then the cache (stored beside the index), else measured
+            check_index_reranker(index, factory.encoder, reranker, cfg.pipeline)
         name = Path(index.folder).name
         split = Path(qrels_source).stem
         results = _pipelines(index, factory, queries, qrels, cfg, run_dir, f"{name}.{split}", qrels_source)

@@ -89,6 +89,7 @@ class Searcher:
                                         encoder_config=encoder or EncoderConfig())
         self._rerank = rerank
         self._rerankers: dict[str, CrossEncoderReranker] = {}
+        self._checked: set[str] = set()  # models the checker has run for (or needed not to)
         self._positions = {d: i for i, d in enumerate(self.index.ids)}
         self._lock = threading.Lock()
         self._filters: dict[tuple, np.ndarray] = {}  # filter -> allowed positions (the last 64 used)
@@ -124,10 +125,12 @@ class Searcher:
             self._rerankers[model] = CrossEncoderReranker(RerankConfig(**options))
             self._adopt_stored_check(self._rerankers[model])
         reranker, factory = self._rerankers[model], self._factory
-        if self._checker is not None and factory.dense_model_hash is not None \
-                and reranker.needs_check(factory.corpus_sha256) \
-                and reranker.find_check(factory.corpus_sha256, factory.dense_model_hash) is None:
+        if self._checker is not None and model not in self._checked and factory.dense_model_hash is not None \
+                and reranker.needs_check(factory.corpus_sha256):
+            # once per model: the checker reads the check beside the index, else the cache's (and stores it
+            # beside the index), and measures only where there is none
             self._checker(self.index, factory.encoder, reranker, factory.config)
+        self._checked.add(model)
         return reranker
 
     def check_key(self, reranker: CrossEncoderReranker) -> str | None:

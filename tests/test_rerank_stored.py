@@ -199,6 +199,14 @@ def test_eval_index_stores_the_check_it_runs_beside_the_index_and_reads_it_there
     assert second["corpus_check"] == first["corpus_check"] and second["weight"] == first["weight"]
     assert not (tmp_path / "empty-cache" / "rerank-checks").exists()
 
+    # a check held in the cache alone (the first run's cache) is read from there and stored beside the index
+    monkeypatch.delenv("RETR_CACHE")
+    monkeypatch.setenv("RETR_CACHE", str(tmp_path / "retr-cache"))
+    stored[0].unlink()
+    third = evaluate(tmp_path / "third.json")
+    assert built == [] and third["corpus_check"] == first["corpus_check"]
+    assert [p.name for p in (idx / INDEX_CHECKS).glob("*.json")] == [stored[0].name]
+
 
 def test_serve_stores_the_check_it_runs_beside_the_index_and_reads_it_there_next(
         tiny_cross_encoder, tiny_bi_encoder, tmp_path, monkeypatch, caplog):
