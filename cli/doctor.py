@@ -64,14 +64,15 @@ def _report(args: argparse.Namespace) -> dict:
         if backend.calibrated and backend in kept:
             enc.planner.calibrated_graph  # noqa: B018 - calibrated (and cached) now, timed below
         enc = BiEncoder(config)  # sees every graph now in the cache
-    query_choice = enc.time_query_candidates() if len(enc.query_candidates) > 1 else None
+    queries = enc.query_graphs
+    query_choice = queries.time_candidates() if len(queries.candidates) > 1 else None
     timed = {t.backend: t for t in query_choice.timings} if query_choice is not None else {}
-    query_rows = [{"backend": name, "ms_per_query": enc.query_seconds(g) * 1000 if name not in timed
+    query_rows = [{"backend": name, "ms_per_query": queries.seconds(g) * 1000 if name not in timed
                    else timed[name].ms, "made_seconds": costs.get(name) or _made_seconds(g),
                    # the ranking noise it adds against the documents' graph (None: it is that graph) and the check
                    "rank_noise": timed[name].rank_noise if name in timed else None,
                    "passed": timed[name].passed if name in timed else True}
-                  for name, g in enc.query_candidates.items()]
+                  for name, g in queries.candidates.items()]
     base_s = enc.planner.doc_seconds(enc.graph)
     documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000}}
     if backend.calibrated and backend in kept:
@@ -91,7 +92,7 @@ def _report(args: argparse.Namespace) -> dict:
         why_pruned = dict(pruned).get(backend.name)
         doc_why = "the configured graph, the only document candidate here" + (
             f" ({backend.name} pruned: {why_pruned})" if why_pruned else "")
-    not_cached = [b.name for b in kept if b.name not in enc.query_candidates and not b.calibrated]
+    not_cached = [b.name for b in kept if b.name not in queries.candidates and not b.calibrated]
     first_run = {"graph_build_seconds": costs.get(enc.graph.variant), "open_seconds_now": opened_s,
                  "encode_seconds_estimate": args.docs * base_s, "docs": args.docs}
     if "int8" in documents and documents["int8"]["pays"]:

@@ -5,43 +5,31 @@ Which graph serves which text is settled once, never reassigned: documents and o
 ``EncoderConfig.backend`` (its base graph where it is calibrated); a corpus being indexed takes the calibrated
 graph (``encode_corpus``, which returns what it used); queries take ``query_backend``'s graph, resolved on first
 use.
+
+The encoder is the facade; each of its other roles has one home: ``retrieval.tokens`` (tokenisation),
+``backends.holder`` (the exported model's graphs: opened, found, named), ``retrieval.corpus_plan`` (which graph
+encodes a corpus, and its name in cache keys) and ``retrieval.query_graphs`` (which graph encodes a query).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from retr.retrieval.artifacts import cache_home
-from retr.retrieval.backends import chooser, sample_texts
 from retr.retrieval.backends.batching import run_sorted
 from retr.retrieval.backends.export import EMBEDDING
-from retr.retrieval.backends.graphs import (
-    MAX_QUERY_RANK_NOISE,
-    Graph,
-    graph_info,
-    query_rank_noise,
-)
+from retr.retrieval.backends.graphs import Graph, graph_info
 from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import Platform, this_platform
 from retr.retrieval.backends.quiet import quiet_third_party, tty
-from retr.retrieval.backends.registry import (
-    BACKENDS,
-    DEFAULT_BACKEND,
-    base_of,
-    get_backend,
-)
+from retr.retrieval.backends.registry import DEFAULT_BACKEND, base_of, get_backend
 from retr.retrieval.corpus_plan import CorpusPlan, CorpusPlanner
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
+from retr.retrieval.query_graphs import QueryGraphs
 from retr.retrieval.tokens import Tokens, prefixed
-
-logger = logging.getLogger(__name__)
-
-QUERY_THREADS = 1  # inference threads of a query graph of its own
 
 
 @dataclass(frozen=True)
@@ -245,102 +233,16 @@ class BiEncoder:
         return out
 
     @functools.cached_property
+    def query_graphs(self) -> QueryGraphs:
+        """Which graph queries go through (given, or chosen among the cached ones by speed and ranking noise)."""
+        return QueryGraphs(self.exported, self.tokens, self.graph, given=self.config.query_backend,
+                           backend=self.config.backend, query_prompt=self.prompts.query, platform=self.platform,
+                           run=lambda graph, tok: self._run(graph, tok, False))
+
+    @property
     def query_graph(self) -> Graph | None:
-        """The graph queries go through: the query backend's (its base graph where calibrated: a query has no
-        corpus to calibrate on), or the document graph when that one is refused or the same."""
-        if self.config.query_backend is None and self.graph is not None:
-            choice = self.query_choice
-            graph = self.query_candidates.get(choice.backend) if choice is not None else None
-            if graph is not None:
-                return graph
-        wanted = base_of(self.config.resolved_query_backend).name
-        if self.graph is None or wanted in (self.graph.variant, "torch"):
-            return self.graph
-        try:
-            # one thread: a short query gains nothing from a second (onnx-int8: 4.56 ms with one, 4.85 with two),
-            # and concurrent queries (a server's) then run side by side on the cores: 480 against 294 queries/s
-            return self.exported.open(wanted, threads=QUERY_THREADS) or self.graph
-        except RetrError as e:  # e.g. int8 too far from torch for this model: queries take the document graph
-            logger.warning("query backend %s refused (%s): queries use the %s graph", wanted, e, self.graph.variant)
-            return self.graph
-
-    @functools.cached_property
-    def query_candidates(self) -> dict[str, Graph]:
-        """The graphs a query could take without exporting anything: the documents' graph, and every other
-        uncalibrated backend's graph this machine can run that is already in the cache (one thread each)."""
-        found = {self.graph.variant: self.graph}
-        kept, _ = chooser.prune(self.platform, [b for name, b in BACKENDS.items() if name != self.graph.variant
-                                                and b.exported and not b.calibrated and b.supports(EMBEDDING)])
-        for b in kept:
-            try:
-                graph = self.exported.find(b, threads=QUERY_THREADS)
-            except RetrError:  # refused here before: not a candidate
-                graph = None
-            if graph is not None:
-                found[b.name] = graph
-        return found
-
-    def query_seconds(self, graph: Graph) -> float:
-        """Seconds per lone query through ``graph`` (retr's sample questions, one at a time; bounded)."""
-        rows = self.tokens.ids(prefixed(self.prompts.query, sample_texts.questions()[:8]))
-        feeds = [{"input_ids": np.asarray([r], dtype=np.int64), "attention_mask": np.ones((1, len(r)), np.int64)}
-                 for r in rows]
-        return chooser.time_per_unit(lambda: [graph.runner(f) for f in feeds], len(feeds), budget_s=0.5)
-
-    @functools.cached_property
-    def _noise_sample(self) -> tuple[list, np.ndarray, np.ndarray]:
-        """retr's fixed questions (token ids), their vectors through the documents' graph one at a time, and its
-        fixed passages through that graph: what every query candidate is compared on (made once per encoder)."""
-        questions = self.tokens.ids(prefixed(self.prompts.query, sample_texts.questions()))
-        docs = self._run(self.graph, self.tokens.ids(prefixed(
-            self.prompts.document, sample_texts.passages() + sample_texts.long_passages())), False)
-        return questions, np.concatenate([self._run(self.graph, [r], False) for r in questions]), docs
-
-    def query_noise(self, graph: Graph) -> float:
-        """Ranking noise ``graph``'s query vectors add against the documents' graph's (``graphs.query_rank_noise``):
-        retr's fixed questions, one at a time, against its fixed passages as the documents' graph encodes them."""
-        questions, base, docs = self._noise_sample
-        got = np.concatenate([self._run(graph, [r], False) for r in questions])
-        return query_rank_noise(base, got, docs)
-
-    @functools.cached_property
-    def query_choice(self) -> chooser.Choice | None:
-        """Which graph a lone query is fastest through on this machine, among ``query_candidates`` (each passed
-        its agreement check when it was made, and passes the ranking-noise check against the documents' graph
-        here): timed and checked once, then stored per model, candidates, CPU and library versions. None: one
-        candidate only (nothing to choose), or ``query_backend`` was given."""
-        if self.config.query_backend is not None or self.graph is None or len(self.query_candidates) < 2:
-            return None
-        stored = chooser.ChoiceStore(cache_home()).get(self._query_choice_key())
-        if stored is not None and stored.backend in self.query_candidates:
-            return stored
-        return self.time_query_candidates()
-
-    def _query_choice_key(self) -> str:
-        ids = [self.exported.identity(g).key for g in self.query_candidates.values()]
-        ids.append(f"max_query_rank_noise={MAX_QUERY_RANK_NOISE}")  # choices made before (or to another bar): again
-        return chooser.choice_key(self.model_hash, chooser.QUERIES, ids, self.platform)
-
-    def time_query_candidates(self) -> chooser.Choice:
-        """Time every query candidate and measure its ranking noise against the documents' graph now, choose among
-        those within ``MAX_QUERY_RANK_NOISE``, and store the choice (what ``query_choice`` reads)."""
-        timings = [self._query_timing(name, g) for name, g in self.query_candidates.items()]
-        choice = chooser.choose(chooser.QUERIES, timings, self.graph.variant)
-        logger.info("queries: %s (%s)", choice.backend, choice.why)
-        chooser.ChoiceStore(cache_home()).put(self._query_choice_key(), choice, model_hash=self.model_hash,
-                                              cpu=self.platform.cpu)
-        return choice
-
-    def _query_timing(self, name: str, graph: Graph) -> chooser.Timing:
-        """One query candidate, timed and (unless it is the documents' own graph) checked for ranking noise."""
-        seconds = self.query_seconds(graph)
-        if graph is self.graph:
-            return chooser.Timing(name, seconds)
-        noise = self.query_noise(graph)
-        if noise > MAX_QUERY_RANK_NOISE:
-            return chooser.Timing(name, seconds, passed=False, rank_noise=noise,
-                                  why=f"ranking noise {noise:.4f} > {MAX_QUERY_RANK_NOISE}")
-        return chooser.Timing(name, seconds, rank_noise=noise)
+        """The graph queries go through (``QueryGraphs.graph``; None: torch)."""
+        return self.query_graphs.graph
 
     def encode_queries(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
         """Queries, shape (n, dim), through the query graph."""
@@ -367,9 +269,7 @@ class BiEncoder:
     def describe_queries(self) -> dict:
         """How queries are encoded (resolves the query graph if it is not resolved yet), with the measured choice
         where there was one."""
-        info = graph_info(self.query_graph)
-        choice = self.query_choice if self.config.query_backend is None and self.graph is not None else None
-        return {**info, "chosen": choice.to_dict()} if choice is not None else info
+        return self.query_graphs.describe()
 
 
 def _progress(total: int, show: bool):

@@ -127,15 +127,16 @@ def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored
     from retr.retrieval.backends.export import EMBEDDING
     from retr.retrieval.backends.graphs import load_or_export
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
+    from retr.retrieval.query_graphs import QueryGraphs
 
     cfg = EncoderConfig(model=str(tiny_bi_encoder))
     enc = BiEncoder(cfg)
-    assert enc.query_choice is None and enc.query_graph is enc.graph  # one candidate: nothing timed
+    assert enc.query_graphs.choice is None and enc.query_graph is enc.graph  # one candidate: nothing timed
     load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
                    cache_home())
     speeds = {"openvino": 0.004, "onnx": 0.002}
     timed = []
-    monkeypatch.setattr(BiEncoder, "query_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
+    monkeypatch.setattr(QueryGraphs, "seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
     fresh = BiEncoder(cfg)
     assert fresh.query_graph.variant == "onnx" and sorted(timed) == ["onnx", "openvino"]
     chosen = fresh.describe_queries()["chosen"]
@@ -147,7 +148,7 @@ def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored
     assert again.query_graph.variant == "onnx" and timed == []
     speeds.update(openvino=0.001)
     given = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), query_backend="openvino"))  # an override wins
-    assert given.query_graph.variant == "openvino" and given.query_choice is None and timed == []
+    assert given.query_graph.variant == "openvino" and given.query_graphs.choice is None and timed == []
     # the candidate's ranking noise was measured once with its timing, and stored with it
     noise = {c["backend"]: c.get("rank_noise") for c in chosen["candidates"]}
     assert noise["openvino"] is None and 0 <= noise["onnx"] < 0.05
@@ -158,6 +159,7 @@ def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast
     from retr.retrieval.backends.export import EMBEDDING
     from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE, load_or_export, query_rank_noise
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
+    from retr.retrieval.query_graphs import QueryGraphs
 
     base = np.eye(4, dtype=np.float32)[:2]
     docs = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
@@ -167,13 +169,13 @@ def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast
     enc = BiEncoder(cfg)
     load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
                    cache_home())
-    monkeypatch.setattr(BiEncoder, "query_seconds", lambda self, g: {"openvino": 0.004, "onnx": 0.001}[g.variant])
-    monkeypatch.setattr(BiEncoder, "query_noise", lambda self, g: 0.08)  # a fake measurement: over the bar
+    monkeypatch.setattr(QueryGraphs, "seconds", lambda self, g: {"openvino": 0.004, "onnx": 0.001}[g.variant])
+    monkeypatch.setattr(QueryGraphs, "noise", lambda self, g: 0.08)  # a fake measurement: over the bar
     fresh = BiEncoder(cfg)
     assert fresh.query_graph.variant == "openvino"
-    onnx = next(t for t in fresh.query_choice.timings if t.backend == "onnx")
+    onnx = next(t for t in fresh.query_graphs.choice.timings if t.backend == "onnx")
     assert (onnx.passed, onnx.rank_noise) == (False, 0.08) and "ranking noise 0.0800 > 0.05" in onnx.why
-    assert "failed their checks: onnx" in fresh.query_choice.why
+    assert "failed their checks: onnx" in fresh.query_graphs.choice.why
 
 
 def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the_cost(tiny_bi_encoder, monkeypatch):

@@ -1,0 +1,152 @@
+"""Which graph a query goes through: the one ``query_backend`` names, or, where none is named, the fastest for a
+lone query on this machine among the graphs already in the cache that add no more ranking noise than
+``MAX_QUERY_RANK_NOISE`` against the documents' graph (timed and checked once, then stored)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from retr.retrieval.artifacts import cache_home
+from retr.retrieval.backends import chooser, sample_texts
+from retr.retrieval.backends.export import EMBEDDING
+from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE, Graph, graph_info, query_rank_noise
+from retr.retrieval.backends.holder import ExportedModel
+from retr.retrieval.backends.platform import Platform
+from retr.retrieval.backends.registry import BACKENDS, base_of
+from retr.retrieval.errors import RetrError
+from retr.retrieval.tokens import Tokens, prefixed
+
+logger = logging.getLogger(__name__)
+
+QUERY_THREADS = 1  # inference threads of a query graph of its own
+
+
+class QueryGraphs:
+    """The query graph of one model. ``documents``: the documents' graph (None: torch encodes queries too);
+    ``given``: the query backend asked for (None: choose); ``backend``: the documents' backend (what a query takes
+    where nothing is given and nothing else is chosen); ``run(graph, token rows)``: their vectors through a graph."""
+
+    def __init__(self, exported: ExportedModel, tokens: Tokens, documents: Graph | None, *, given: str | None,
+                 backend: str, query_prompt: str, platform: Platform,
+                 run: Callable[[Graph, list], np.ndarray]):
+        self.exported = exported
+        self.tokens = tokens
+        self.documents = documents
+        self.given = given
+        self.backend = backend
+        self.query_prompt = query_prompt
+        self.platform = platform
+        self._run = run
+
+    @functools.cached_property
+    def graph(self) -> Graph | None:
+        """The graph queries go through: the query backend's (its base graph where calibrated: a query has no
+        corpus to calibrate on), or the document graph when that one is refused or the same."""
+        if self.given is None and self.documents is not None:
+            choice = self.choice
+            graph = self.candidates.get(choice.backend) if choice is not None else None
+            if graph is not None:
+                return graph
+        wanted = base_of(self.given or self.backend).name
+        if self.documents is None or wanted in (self.documents.variant, "torch"):
+            return self.documents
+        try:
+            # one thread: a short query gains nothing from a second (onnx-int8: 4.56 ms with one, 4.85 with two),
+            # and concurrent queries (a server's) then run side by side on the cores: 480 against 294 queries/s
+            return self.exported.open(wanted, threads=QUERY_THREADS) or self.documents
+        except RetrError as e:  # e.g. int8 too far from torch for this model: queries take the document graph
+            logger.warning("query backend %s refused (%s): queries use the %s graph", wanted, e,
+                           self.documents.variant)
+            return self.documents
+
+    @functools.cached_property
+    def candidates(self) -> dict[str, Graph]:
+        """The graphs a query could take without exporting anything: the documents' graph, and every other
+        uncalibrated backend's graph this machine can run that is already in the cache (one thread each)."""
+        found = {self.documents.variant: self.documents}
+        kept, _ = chooser.prune(self.platform, [b for name, b in BACKENDS.items() if name != self.documents.variant
+                                                and b.exported and not b.calibrated and b.supports(EMBEDDING)])
+        for b in kept:
+            try:
+                graph = self.exported.find(b, threads=QUERY_THREADS)
+            except RetrError:  # refused here before: not a candidate
+                graph = None
+            if graph is not None:
+                found[b.name] = graph
+        return found
+
+    def seconds(self, graph: Graph) -> float:
+        """Seconds per lone query through ``graph`` (retr's sample questions, one at a time; bounded)."""
+        rows = self.tokens.ids(prefixed(self.query_prompt, sample_texts.questions()[:8]))
+        feeds = [{"input_ids": np.asarray([r], dtype=np.int64), "attention_mask": np.ones((1, len(r)), np.int64)}
+                 for r in rows]
+        return chooser.time_per_unit(lambda: [graph.runner(f) for f in feeds], len(feeds), budget_s=0.5)
+
+    @functools.cached_property
+    def _noise_sample(self) -> tuple[list, np.ndarray, np.ndarray]:
+        """retr's fixed questions (token ids), their vectors through the documents' graph one at a time, and its
+        fixed passages through that graph: what every query candidate is compared on (made once per encoder)."""
+        questions = self.tokens.ids(prefixed(self.query_prompt, sample_texts.questions()))
+        docs = self._run(self.documents, self.tokens.ids(prefixed(
+            self.tokens.document_prompt, sample_texts.passages() + sample_texts.long_passages())))
+        return questions, np.concatenate([self._run(self.documents, [r]) for r in questions]), docs
+
+    def noise(self, graph: Graph) -> float:
+        """Ranking noise ``graph``'s query vectors add against the documents' graph's (``graphs.query_rank_noise``):
+        retr's fixed questions, one at a time, against its fixed passages as the documents' graph encodes them."""
+        questions, base, docs = self._noise_sample
+        got = np.concatenate([self._run(graph, [r]) for r in questions])
+        return query_rank_noise(base, got, docs)
+
+    @functools.cached_property
+    def choice(self) -> chooser.Choice | None:
+        """Which graph a lone query is fastest through on this machine, among ``candidates`` (each passed its
+        agreement check when it was made, and passes the ranking-noise check against the documents' graph here):
+        timed and checked once, then stored per model, candidates, CPU and library versions. None: one candidate
+        only (nothing to choose), or a query backend was given."""
+        if self.given is not None or self.documents is None or len(self.candidates) < 2:
+            return None
+        stored = chooser.ChoiceStore(cache_home()).get(self._choice_key())
+        if stored is not None and stored.backend in self.candidates:
+            return stored
+        return self.time_candidates()
+
+    def _choice_key(self) -> str:
+        ids = [self.exported.identity(g).key for g in self.candidates.values()]
+        ids.append(f"max_query_rank_noise={MAX_QUERY_RANK_NOISE}")  # choices made before (or to another bar): again
+        return chooser.choice_key(self.exported.model_hash, chooser.QUERIES, ids, self.platform)
+
+    def time_candidates(self) -> chooser.Choice:
+        """Time every query candidate and measure its ranking noise against the documents' graph now, choose among
+        those within ``MAX_QUERY_RANK_NOISE``, and store the choice (what ``choice`` reads)."""
+        timings = [self._timing(name, g) for name, g in self.candidates.items()]
+        choice = chooser.choose(chooser.QUERIES, timings, self.documents.variant)
+        logger.info("queries: %s (%s)", choice.backend, choice.why)
+        chooser.ChoiceStore(cache_home()).put(self._choice_key(), choice, model_hash=self.exported.model_hash,
+                                              cpu=self.platform.cpu)
+        return choice
+
+    def _timing(self, name: str, graph: Graph) -> chooser.Timing:
+        """One query candidate, timed and (unless it is the documents' own graph) checked for ranking noise."""
+        seconds = self.seconds(graph)
+        if graph is self.documents:
+            return chooser.Timing(name, seconds)
+        noise = self.noise(graph)
+        if noise > MAX_QUERY_RANK_NOISE:
+            return chooser.Timing(name, seconds, passed=False, rank_noise=noise,
+                                  why=f"ranking noise {noise:.4f} > {MAX_QUERY_RANK_NOISE}")
+        return chooser.Timing(name, seconds, rank_noise=noise)
+
+    def describe(self) -> dict:
+        """How queries are encoded (resolves the query graph if it is not resolved yet), with the measured choice
+        where there was one."""
+        info = graph_info(self.graph)
+        choice = self.choice if self.given is None and self.documents is not None else None
+        return {**info, "chosen": choice.to_dict()} if choice is not None else info
+
+
+__all__ = ["QUERY_THREADS", "QueryGraphs"]
