@@ -574,6 +574,28 @@ def test_one_tokenisation_gives_a_corpus_its_ids_and_its_untruncated_lengths(tin
     assert [t.tolist() for t in plan.tokens] == [t.tolist() for t in want] and max(map(len, want)) == 12
 
 
+def test_without_a_tokenizer_json_the_torch_tokenizer_gives_the_same_tokens(tiny_bi_encoder, tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_bi_encoder, bare)
+    removed = list(bare.rglob("tokenizer.json"))
+    for f in removed:
+        f.unlink()
+    shutil.copy(tiny_bi_encoder.parent / "bert" / "vocab.txt", bare)  # a slow tokenizer's vocabulary, as it is kept
+    cfg = {"backend": "torch", "max_length": 12, "doc_prompt": "passage: "}
+    fast = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), **cfg)).tokens
+    slow = BiEncoder(EncoderConfig(model=str(bare), **cfg)).tokens  # tokenises through the torch model's tokenizer
+    assert removed and fast.fast and not slow.fast
+    texts = [" ".join(TEXTS) * 2, "tea", "", TEXTS[1]]
+    assert [list(x) for x in slow.ids(texts)] == [list(x) for x in fast.ids(texts)]
+    np.testing.assert_array_equal(slow.token_counts(texts), fast.token_counts(texts))
+    assert slow.token_offsets(texts) == fast.token_offsets(texts)
+    assert slow.truncation(texts) == fast.truncation(texts) and fast.truncation(texts)["truncated"] == 2
+    ids, counts = slow.counted(texts)  # no single tokenisation gives both here
+    assert counts is None and [list(x) for x in ids] == [list(x) for x in fast.ids(texts)]
+
+
 def test_a_first_run_on_an_empty_home_starts_no_vendor_telemetry_and_prints_each_line_once(tiny_bi_encoder,
                                                                                             tiny_dataset, tmp_path):
     """Issue 41 case 27: importing OpenVINO starts its telemetry, which on a fresh HOME writes ~/intel and logs
