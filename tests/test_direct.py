@@ -186,7 +186,8 @@ def test_a_static_int8_graph_is_calibrated_from_the_built_graph_without_torch(ti
     assert out.stdout.strip().splitlines()[-1] == "[]"
     (folder,) = [f for f in (cache / "onnx").iterdir() if "int8" in f.name]
     meta = json.loads((folder / "manifest.json").read_text())
-    assert meta["source"] == "weights" and meta["checked_against"] == "a numpy forward pass of its weights"
+    # checked against the built graph in fp32, itself checked against the numpy pass (seconds, not ~20)
+    assert meta["source"] == "weights" and meta["checked_against"].startswith("its graph built from the weights in fp32")
     assert meta["check_cosine"] >= registry.BACKENDS["openvino-int8"].floor(EMBEDDING)
     import openvino as ov
 

@@ -282,6 +282,8 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
             _export_fp32(model, model_hash, kind, graph)
         else:
             graph, reference = built.model, built.reference
+            if calibration is not None:  # int8's checks against the fp32 built graph: seconds, not the numpy pass's
+                reference, against = built.quick_reference(max_length)
         if calibration is not None:
             logger.info("calibrating static int8 on retr's fixed sample of %d texts (once per model)",
                         len(calibration.rows))
