@@ -324,14 +324,12 @@ class Built:
     model: object  # openvino.Model
     reference: NumpyBert
 
-    def quick_reference(self, max_length: int) -> tuple[object, str]:
+    def quick_reference(self, max_length: int, verify) -> tuple[object, str]:
         """A faster reference for the checks of a graph quantised from this one: the built graph compiled in fp32
-        where it agrees with the numpy pass (cosine >= ``QUICK_REFERENCE_FLOOR`` on ``export.CHECK_TEXTS``), else
-        the numpy pass; and what it is, for the graph's manifest."""
-        from retr.retrieval.backends.export import verify_embedding
-
+        where it agrees with the numpy pass (``verify``: ``export.verify_embedding``, cosine >=
+        ``QUICK_REFERENCE_FLOOR``), else the numpy pass; and what it is, for the graph's manifest."""
         compiled = CompiledReference(self.model, self.reference)
-        agreement = verify_embedding(compiled, self.reference, max_length)
+        agreement = verify(compiled, self.reference, max_length)
         if agreement >= QUICK_REFERENCE_FLOOR:
             return compiled, (f"its graph built from the weights in fp32 (cosine {agreement:.6f} to a numpy forward "
                               "pass of its weights)")

@@ -283,7 +283,7 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
         else:
             graph, reference = built.model, built.reference
             if calibration is not None:  # int8's checks against the fp32 built graph: seconds, not the numpy pass's
-                reference, against = built.quick_reference(max_length)
+                reference, against = built.quick_reference(max_length, kind.verify)
         if calibration is not None:
             logger.info("calibrating static int8 on retr's fixed sample of %d texts (once per model)",
                         len(calibration.rows))
