@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from retr.cli import options
+from retr.cli import doctor_rerank, options
 
 
 def add_parser(sub) -> None:
@@ -19,6 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("--export", action="store_true",
                    help="also make (export, calibrate) every candidate graph not yet in the cache, timing what "
                         "each costs, so that every candidate is timed (needs torch; slow)")
+    doctor_rerank.add_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)
 
@@ -145,8 +146,13 @@ def _print(r: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     report = _report(args)
+    rerank = doctor_rerank.report(args)
+    if rerank is not None:
+        report["rerank"] = rerank
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         _print(report)
+        if rerank is not None:
+            doctor_rerank.print_report(rerank)
     return 0

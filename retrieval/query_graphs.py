@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from retr.retrieval.tokens import Tokens, prefixed
 logger = logging.getLogger(__name__)
 
 QUERY_THREADS = 1  # inference threads of a query graph of its own
+ONE_STREAM = ":one-stream"  # a candidate's name suffix: the documents' OpenVINO graph as one stream of all threads
 
 
 class QueryGraphs:
@@ -65,9 +67,13 @@ class QueryGraphs:
 
     @functools.cached_property
     def candidates(self) -> dict[str, Graph]:
-        """The graphs a query could take without exporting anything: the documents' graph, and every other
-        uncalibrated backend's graph this machine can run that is already in the cache (one thread each)."""
+        """The graphs a query could take without exporting anything: the documents' graph, the same graph as one
+        stream over all its threads (``one_stream``), and every other uncalibrated backend's graph this machine can
+        run that is already in the cache (one thread each)."""
         found = {self.documents.variant: self.documents}
+        one_stream = self.one_stream()
+        if one_stream is not None:
+            found[self.documents.variant + ONE_STREAM] = one_stream
         kept, _ = chooser.prune(self.platform, [b for name, b in BACKENDS.items() if name != self.documents.variant
                                                 and b.exported and not b.calibrated and b.supports(EMBEDDING)])
         for b in kept:
@@ -78,6 +84,14 @@ class QueryGraphs:
             if graph is not None:
                 found[b.name] = graph
         return found
+
+    def one_stream(self) -> Graph | None:
+        """The documents' OpenVINO graph compiled as one stream over all its threads (the same file: nothing to
+        make or check against torch again), where it runs several streams; else None."""
+        runner = self.documents.runner
+        if getattr(runner, "one_stream", None) is None or runner.parallel < 2:
+            return None
+        return replace(self.documents, runner=runner.one_stream())
 
     def seconds(self, graph: Graph) -> float:
         """Seconds per lone query through ``graph`` (retr's sample questions, one at a time; bounded)."""
@@ -116,7 +130,7 @@ class QueryGraphs:
         return self.time_candidates()
 
     def _choice_key(self) -> str:
-        ids = [self.exported.identity(g).key for g in self.candidates.values()]
+        ids = [f"{name}={self.exported.identity(g).key}" for name, g in self.candidates.items()]
         ids.append(f"max_query_rank_noise={MAX_QUERY_RANK_NOISE}")  # choices made before (or to another bar): again
         return chooser.choice_key(self.exported.model_hash, chooser.QUERIES, ids, self.platform)
 
@@ -149,4 +163,4 @@ class QueryGraphs:
         return {**info, "chosen": choice.to_dict()} if choice is not None else info
 
 
-__all__ = ["QUERY_THREADS", "QueryGraphs"]
+__all__ = ["ONE_STREAM", "QUERY_THREADS", "QueryGraphs"]

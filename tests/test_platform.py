@@ -129,6 +129,8 @@ def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
     from retr.retrieval.query_graphs import QueryGraphs
 
+    monkeypatch.setattr(QueryGraphs, "one_stream", lambda self: None)  # graphs of other files alone here
+
     cfg = EncoderConfig(model=str(tiny_bi_encoder))
     enc = BiEncoder(cfg)
     assert enc.query_graphs.choice is None and enc.query_graph is enc.graph  # one candidate: nothing timed
@@ -160,6 +162,8 @@ def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast
     from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE, load_or_export, query_rank_noise
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
     from retr.retrieval.query_graphs import QueryGraphs
+
+    monkeypatch.setattr(QueryGraphs, "one_stream", lambda self: None)  # graphs of other files alone here
 
     base = np.eye(4, dtype=np.float32)[:2]
     docs = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
@@ -213,3 +217,31 @@ def test_a_graph_identity_is_one_value_naming_backend_calibration_export_and_pre
     assert c.key == f"openvino-int8@abcdef0123456789/export{EXPORT_GENERATION}/bf16"
     assert GraphId("h" * 64, "torch", None).key == "torch"
     assert len({g.key, c.key, replace(g, precision="fp32").key, replace(g, generation=EXPORT_GENERATION - 1).key}) == 4
+
+
+def test_the_documents_graph_as_one_stream_is_a_query_candidate_timed_and_checked(tiny_bi_encoder, monkeypatch):
+    """With two or more streams, the documents' OpenVINO graph compiled as one stream over all its threads is a
+    query candidate (the same file: nothing made): timed, checked for ranking noise like any other, chosen where
+    faster; its vectors are the documents' graph's."""
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+    from retr.retrieval.query_graphs import ONE_STREAM, QueryGraphs
+
+    cfg = EncoderConfig(model=str(tiny_bi_encoder))
+    enc = BiEncoder(cfg)
+    if enc.graph.runner.parallel < 2:
+        pytest.skip("one core: the documents' graph runs one stream already")
+    name = "openvino" + ONE_STREAM
+    assert set(enc.query_graphs.candidates) == {"openvino", name}
+    one = enc.query_graphs.candidates[name]
+    assert one.path == enc.graph.path and one.runner.parallel == 1 and one.runner._model is enc.graph.runner._model
+    timed = []
+    monkeypatch.setattr(QueryGraphs, "seconds",
+                        lambda self, g: timed.append(g.runner.parallel) or (0.001 if g.runner.parallel == 1 else 0.004))
+    fresh = BiEncoder(cfg)
+    assert fresh.query_graph.runner.parallel == 1 and sorted(timed) == [1, enc.graph.runner.parallel]
+    chosen = fresh.describe_queries()["chosen"]
+    assert chosen["backend"] == name
+    noise = {c["backend"]: c.get("rank_noise") for c in chosen["candidates"]}
+    assert noise["openvino"] is None and 0 <= noise[name] < 1e-3  # the same graph: no noise to speak of
+    q = ["wolves in the forest", "solar panels on roofs"]
+    np.testing.assert_allclose(fresh.encode_queries(q), enc.encode(q), atol=1e-3)

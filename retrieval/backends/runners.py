@@ -70,16 +70,19 @@ class OpenVinoRunner:
     search threads) run side by side on the streams: 246 against 150 queries/s on 2 cores, for 7.6 against 6.2 ms
     for a lone query (MiniLM bf16, measured). Documents and queries go through the same compiled graph."""
 
-    def __init__(self, path: Path, threads: int, precision: str = "fp32"):
+    def __init__(self, path: Path, threads: int, precision: str = "fp32", streams: int | None = None,
+                 model=None):
         vendor_telemetry_off()
         import openvino as ov
 
         self.precision = precision
-        self._model = ov.Core().read_model(str(path))  # kept: the folder may be renamed once verified
+        # kept: the folder may be renamed once verified; ``model``: another runner's, shared (``one_stream``)
+        self._model = model if model is not None else ov.Core().read_model(str(path))
+        self._path = path
         self._precision_hint = "bf16" if "bf16" in precision else "f32"
         self._compiled = None  # compiled on first use: a search whose queries take another graph never pays it
         self._threads = threads
-        self.parallel = max(1, threads)  # streams, one thread each
+        self.parallel = max(1, streams or threads)  # streams (default: one thread each)
         # OpenVINO pins its streams' threads to cores counted from the first: two processes of one stream each (two
         # Ray actors on two cores) then share core 0 and run at half speed (measured: 15.8 s against 7.5 s for the
         # same work). Pinning is left on only for a runner that has every core of the machine to itself.
@@ -88,6 +91,13 @@ class OpenVinoRunner:
         self._idle = queue.SimpleQueue()  # infer requests for single calls, created up to ``parallel``
         self._made = 0
         self._lock = threading.Lock()  # compiling, and one batch run at a time
+
+    def one_stream(self) -> OpenVinoRunner:
+        """The same model compiled as one stream over all of this runner's threads: for a lone query, the cores
+        work on it together (MiniLM bf16, 2 AVX-512 EPYC cores: ~2.6 against ~5.2 ms a query through two streams),
+        where concurrent queries then wait for each other. A query candidate the chooser times
+        (``retrieval.query_graphs``); the model is shared, not read again."""
+        return OpenVinoRunner(self._path, self._threads, self.precision, streams=1, model=self._model)
 
     @property
     def compiled(self):
