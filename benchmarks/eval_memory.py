@@ -60,7 +60,7 @@ def fill_cache(folder: Path, base: np.ndarray, work: Path) -> tuple[Path, int]:
     encoder = BiEncoder(EncoderConfig())
     texts = index_texts(encoder, corpus, IndexConfig().passages)
     key = embedding_key(encoder.model_hash, texts.sha256, encoder.max_length,
-                        encoder.planner.graph_id(len(texts.texts)), encoder.prompts.document)
+                        encoder.planner.graph_id(texts.texts), encoder.prompts.document)
     vectors = make_vectors(base, len(corpus), work / f"vectors-{len(corpus)}.npy")
     cache = EmbeddingCache()
     cache.save(key, vectors, {"model": encoder.model_id, "model_hash": encoder.model_hash, "backend": encoder.backend,

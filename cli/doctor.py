@@ -16,6 +16,9 @@ def add_parser(sub) -> None:
     options.add_backend_arg(p)
     p.add_argument("--docs", type=options.positive_int, default=1000,
                    help="corpus size the first-run cost and the int8 calibration break-even are given for")
+    p.add_argument("--doc-tokens", type=options.positive_int, default=200,
+                   help="tokens per document (after truncation) the per-document speeds and the first-run cost are "
+                        "given for (SciFact's documents: ~240 at 256; NPL's ~40)")
     p.add_argument("--export", action="store_true",
                    help="also make (export, calibrate) every candidate graph not yet in the cache, timing what "
                         "each costs, so that every candidate is timed (needs torch; slow)")
@@ -74,12 +77,12 @@ def _report(args: argparse.Namespace) -> dict:
                    "rank_noise": timed[name].rank_noise if name in timed else None,
                    "passed": timed[name].passed if name in timed else True}
                   for name, g in queries.candidates.items()]
-    base_s = enc.planner.doc_seconds(enc.graph)
-    documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000}}
+    base_s = enc.planner.doc_seconds(enc.graph, args.doc_tokens)
+    documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000, "doc_tokens": args.doc_tokens}}
     if backend.calibrated and backend in kept:
         calibrated = enc.exported.find(backend, enc.planner.calibration)
         if calibrated is not None:
-            brk = chooser.calibration_pays(args.docs, base_s, platform, enc.planner.doc_seconds(calibrated),
+            brk = chooser.calibration_pays(args.docs, base_s, platform, enc.planner.doc_seconds(calibrated, args.doc_tokens),
                                            _made_seconds(calibrated))
         else:
             brk = chooser.calibration_pays(args.docs, base_s, platform)
@@ -128,7 +131,7 @@ def _print(r: dict) -> None:
         print(f"  {c['backend']:<18} {c['ms_per_query']:8.2f}{made}{noise}")
     print(f"  chosen: {r['queries']['chosen']} - {r['queries']['why']}")
     d = r["documents"]
-    print(f"documents (ms per document): {d['base']['backend']} {d['base']['ms_per_doc']:.1f}"
+    print(f"documents (ms per document of {d['base']['doc_tokens']} tokens): {d['base']['backend']} {d['base']['ms_per_doc']:.1f}"
           + (f", {d['int8']['backend']} {1000 * d['int8']['int8_s']:.1f}"
              f" ({'measured' if d['int8']['measured'] else 'assumed'})" if "int8" in d else ""))
     print(f"  chosen: {d['chosen']} - {d['why']}")

@@ -194,7 +194,7 @@ def pseudo_run(corpus: Corpus, encoder: BiEncoder, cut: list[PseudoQuery], fetch
         spliced[rows] = encoder.encode_like(texts, graph) if graph else encoder.encode(texts)
         cache = EmbeddingCache(where / "cache")
         cache.save(embedding_key(encoder.model_hash, short.sha256, encoder.max_length,
-                                 encoder.planner.graph_id(len(short)), encoder.prompts.document), spliced,
+                                 encoder.planner.graph_id([d.full_text() for d in short.docs]), encoder.prompts.document), spliced,
                    {"graph": graph})
         build_index(short, where / "index", IndexConfig(encoder=encoder.config, bm25=BM25Config()), encoder=encoder,
                     cache=cache)

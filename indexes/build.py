@@ -104,7 +104,7 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
     cache = cache or EmbeddingCache()
     texts = texts or IndexTexts([d.full_text() for d in corpus.docs], corpus.sha256)
     key = embedding_key(encoder.model_hash, texts.sha256, encoder.max_length,
-                        encoder.planner.graph_id(len(texts.texts)), encoder.prompts.document)
+                        encoder.planner.graph_id(texts.texts), encoder.prompts.document)
     if use_cache:
         hit = cache.load(key, len(texts.texts), encoder.dim)
         if hit is not None:
@@ -341,7 +341,7 @@ def cached_index(name: str, corpus: Corpus, encoder: BiEncoder, cfg: IndexConfig
     shards = [{"shards": cfg.shards}] if cfg.shards > 1 else []
     # the graph is named for the number of texts it encodes: passages, where their number decides it
     texts = index_texts(encoder, corpus, cfg.passages) if cfg.passages and encoder.planner.size_matters else None
-    graph_id = encoder.planner.graph_id(len(texts.texts) if texts is not None else len(corpus))
+    graph_id = encoder.planner.graph_id(texts.texts if texts is not None else [d.full_text() for d in corpus.docs])
     raw = json.dumps([corpus.sha256, encoder.model_hash, encoder.max_length, graph_id,
                       asdict(cfg.dense),
                       asdict(bm25), *prompts, *passages, *shards], sort_keys=True)

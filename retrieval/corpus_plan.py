@@ -63,7 +63,8 @@ class CorpusPlanner:
         self.min_docs = min_docs
         self.token_budget = token_budget
         self.platform = platform
-        self._choices: dict[int, CorpusChoice] = {}  # per corpus size: the break is timed once
+        self._choices: dict[tuple[int, int], CorpusChoice] = {}  # per corpus size: the break is timed once
+        self._tokenized: tuple | None = None  # the last texts' (key, ids, untruncated counts): keyed, then planned
 
     @functools.cached_property
     def corpus_backend(self) -> str:
@@ -82,32 +83,40 @@ class CorpusPlanner:
         return self.graph is not None and get_backend(self.configured).calibrated \
             and self.corpus_backend == self.backend
 
-    def choice(self, docs: int) -> CorpusChoice:
-        """Whether a corpus of ``docs`` documents goes through the calibrated graph: at least ``min_docs`` of
-        them, a CPU where int8 runs, and a calibration that pays for them (``calibration_break``; RETR_INT8_DOT=1:
-        int8 whatever it costs). Decided once per size."""
-        if docs not in self._choices:
-            self._choices[docs] = self._choose(docs)
-        return self._choices[docs]
+    def _tokens(self, texts: list[str]) -> tuple[list, np.ndarray | None]:
+        """``Tokens.counted`` of ``texts`` (document prompt applied), kept for the same texts asked again: a build
+        names the graph (``graph_id``) before it plans the encoding (``plan``), and tokenises once."""
+        key = (len(texts), hash(tuple(texts)))
+        if self._tokenized is None or self._tokenized[0] != key:
+            self._tokenized = (key, *self.tokens.counted(texts))
+        return self._tokenized[1], self._tokenized[2]
 
-    def _choose(self, docs: int) -> CorpusChoice:
-        if self.graph is None or not (get_backend(self.configured).calibrated and docs >= self.min_docs
-                                      and self.corpus_backend == self.backend):
+    def choice(self, texts: list[str]) -> CorpusChoice:
+        """Whether ``texts`` (a corpus, document prompt applied) go through the calibrated graph: at least
+        ``min_docs`` of them, a CPU where int8 runs, and a calibration that pays for their tokens
+        (``calibration_break``; RETR_INT8_DOT=1: int8 whatever it costs). Decided once per corpus size."""
+        if self.graph is None or not (self.size_matters and len(texts) >= self.min_docs):
             return CorpusChoice(False)
         if self.platform.int8_forced:  # RETR_INT8_DOT=1: int8 whatever it costs (tests, benchmarks)
             return CorpusChoice(True)
-        brk = self.calibration_break(docs)
-        return CorpusChoice(brk.pays, brk.to_dict())
+        tokens = sum(len(r) for r in self._tokens(texts)[0])  # what the graph will run: truncated
+        key = (len(texts), tokens)
+        if key not in self._choices:
+            brk = self.calibration_break(len(texts), tokens)
+            self._choices[key] = CorpusChoice(brk.pays, brk.to_dict())
+        return self._choices[key]
 
-    def graph_id(self, docs: int) -> str:
-        """What names the graph a corpus of ``docs`` documents goes through (``choice``), for cache keys: the
-        backend; for the calibrated graph the sample it is calibrated on (another retr sample, another graph,
-        other vectors); for an exported one how it was exported (``graphs.EXPORT_GENERATION``) and the precision
-        it computes in on this CPU (bf16 or fp32: a cache shared by machines of both kinds holds both vectors)."""
+    def graph_id(self, texts: list[str]) -> str:
+        """What names the graph ``texts`` (a corpus, before the document prompt) go through (``choice``), for
+        cache keys: the backend; for the calibrated graph the sample it is calibrated on (another retr sample,
+        another graph, other vectors); for an exported one how it was exported (``graphs.EXPORT_GENERATION``) and
+        the precision it computes in on this CPU (bf16 or fp32: a cache shared by machines of both kinds holds
+        both vectors)."""
         if self.graph is None:
             return self.exported.identity(None).key
         # another export procedure or another precision: other graphs, other vectors
-        if self.corpus_backend == self.backend and self.choice(docs).calibrated:
+        if self.corpus_backend == self.backend \
+                and self.choice(prefixed(self.tokens.document_prompt, texts)).calibrated:
             return GraphId(self.exported.model_hash, self.backend, EXPORT_GENERATION, self.graph.precision,
                            self.calibration.digest).key
         return GraphId(self.exported.model_hash, self.graph.variant, EXPORT_GENERATION, self.graph.precision).key
@@ -117,35 +126,42 @@ class CorpusPlanner:
         with their truncation where the same tokenisation measures it."""
         if self.graph is None:
             return CorpusPlan(texts, None, None)
-        tok, counts = self.tokens.counted(texts)  # the ids and the untruncated lengths from one tokenisation
+        tok, counts = self._tokens(texts)  # the ids and the untruncated lengths from one tokenisation
         truncation = self.tokens.truncation_of(counts) if counts is not None else None
-        chosen = self.choice(len(texts))
+        chosen = self.choice(texts)
         graph = (self.calibrated_graph or self.graph) if chosen.calibrated else self.graph
         return CorpusPlan(texts, graph, tok, truncation, chosen.measured)
 
-    def doc_seconds(self, graph: Graph) -> float:
-        """Seconds per document of ``graph`` on retr's sample passages, in a short bounded run."""
-        rows = self.tokens.ids(prefixed(self.tokens.document_prompt, sample_texts.passages()[:16]))
+    def token_seconds(self, graph: Graph) -> float:
+        """Seconds per token of ``graph`` on retr's sample passages, short and joined ones (22 to ~250 tokens), in
+        a short bounded run: a corpus's documents cost about their token count times this."""
+        rows = self.tokens.ids(prefixed(self.tokens.document_prompt,
+                                        sample_texts.passages()[:16] + sample_texts.long_passages()[:4]))
         out = np.empty((len(rows), graph.dim), dtype=np.float32)
         return chooser.time_per_unit(lambda: run_sorted(graph.runner, rows, self.token_budget, out),
-                                     len(rows), min_rounds=1)
+                                     sum(len(r) for r in rows), min_rounds=1)
 
-    def calibration_break(self, docs: int) -> chooser.Break:
-        """Whether ``docs`` documents pay for calibrating the static int8 graph: the base graph timed here; the
-        int8 graph timed here too where it is already calibrated (then it costs nothing more), else assumed from
-        the platform (``chooser.calibration_pays``). Said in an info line."""
-        base_s = self.doc_seconds(self.graph)
+    def doc_seconds(self, graph: Graph, tokens_per_doc: float) -> float:
+        """Seconds per document of ``tokens_per_doc`` tokens through ``graph`` (``token_seconds``)."""
+        return self.token_seconds(graph) * tokens_per_doc
+
+    def calibration_break(self, docs: int, tokens: int) -> chooser.Break:
+        """Whether ``docs`` documents of ``tokens`` tokens in all pay for calibrating the static int8 graph: the
+        base graph timed here per token; the int8 graph timed here too where it is already calibrated (then it
+        costs nothing more), else assumed from the platform (``chooser.calibration_pays``). Said in an info line."""
+        per_doc = tokens / max(1, docs)
+        base_s = self.doc_seconds(self.graph, per_doc)
         cached = self.exported.find(self.configured, self.calibration)
         if cached is not None:
             self.__dict__["calibrated_graph"] = cached
-            brk = chooser.calibration_pays(docs, base_s, self.platform, self.doc_seconds(cached), 0.0)
+            brk = chooser.calibration_pays(docs, base_s, self.platform, self.doc_seconds(cached, per_doc), 0.0)
         else:
             brk = chooser.calibration_pays(docs, base_s, self.platform)
-        logger.info("%s for %d documents: base graph %.1f ms/doc, int8 %.1f ms/doc (%s), calibration %.0f s: %s",
-                    self.configured, docs, brk.base_s * 1000, brk.int8_s * 1000,
+        logger.info("%s for %d documents (%.0f tokens each): base graph %.1f ms/doc, int8 %.1f ms/doc (%s), "
+                    "calibration %.0f s: %s", self.configured, docs, per_doc, brk.base_s * 1000, brk.int8_s * 1000,
                     "measured" if brk.measured else "assumed", brk.calibration_s,
                     "int8" if brk.pays else f"the base graph (int8 pays from ~{brk.to_dict()['break_even_docs']} "
-                    "documents)")
+                    "documents like these)")
         return brk
 
     @functools.cached_property

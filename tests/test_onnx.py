@@ -357,11 +357,11 @@ def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_not
     encoded = enc.encode_corpus(corpus)
     assert encoded.graph["backend"] == "openvino" and calls == []
     np.testing.assert_array_equal(encoded.embeddings, enc.encode(corpus))
-    base_id = enc.planner.graph_id(len(corpus))  # embedding cache keys name the graph the corpus really went through
+    base_id = enc.planner.graph_id(corpus)  # embedding cache keys name the graph the corpus really went through
     assert base_id.startswith("openvino/") and calls == []
     other = "0" if enc.graph.precision == "bf16" else "1"  # the same graph computing in the other precision
     monkeypatch.setenv("RETR_BF16", other)
-    assert BiEncoder(EncoderConfig(model=str(tiny_bi_encoder))).planner.graph_id(len(corpus)) not in ("", base_id)
+    assert BiEncoder(EncoderConfig(model=str(tiny_bi_encoder))).planner.graph_id(corpus) not in ("", base_id)
     monkeypatch.delenv("RETR_BF16")
     r = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="openvino-int8", max_length=64))
     base = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="openvino", max_length=64))
@@ -372,8 +372,8 @@ def test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_not
     monkeypatch.setenv("RETR_INT8_DOT", "1")  # a CPU with them: the int8 graph, calibrated
     on_vnni = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     assert on_vnni.encode_corpus(corpus).graph["backend"] == DEFAULT and calls == [1]
-    assert on_vnni.planner.graph_id(len(corpus)) != base_id
-    assert on_vnni.planner.graph_id(len(corpus)).startswith(f"{DEFAULT}@")
+    assert on_vnni.planner.graph_id(corpus) != base_id
+    assert on_vnni.planner.graph_id(corpus).startswith(f"{DEFAULT}@")
 
 
 def test_where_int8_runs_a_corpus_the_base_graph_encodes_is_keyed_by_the_base_graph(tiny_bi_encoder, monkeypatch):
@@ -390,14 +390,15 @@ def test_where_int8_runs_a_corpus_the_base_graph_encodes_is_keyed_by_the_base_gr
     base_id = enc.exported.identity(enc.graph).key
     assert base_id.startswith("openvino/")
     small = enc.encode_corpus(corpus[:10])  # under calibration_min_docs: the base graph, and named so
-    assert small.graph["backend"] == "openvino" and enc.planner.graph_id(10) == base_id
-    assert enc.planner.graph_id(len(corpus)).startswith(f"{DEFAULT}@") and calls == []  # naming calibrates nothing
+    assert small.graph["backend"] == "openvino" and enc.planner.graph_id(corpus[:10]) == base_id
+    assert enc.planner.graph_id(corpus).startswith(f"{DEFAULT}@") and calls == []  # naming calibrates nothing
     timed = []
     speeds = {"openvino": 0.02, "openvino-int8": 0.01}
-    monkeypatch.setattr(CorpusPlanner, "doc_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
+    monkeypatch.setattr(CorpusPlanner, "doc_seconds",
+                        lambda self, g, tokens: timed.append(g.variant) or speeds[g.variant])
     measured = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     measured.__dict__["platform"] = Platform.of({"avx2", "avx512f", "avx512_vnni"})  # int8 dot products, not forced
-    assert measured.planner.graph_id(len(corpus)) == base_id  # keyed before encoding, as a build does
+    assert measured.planner.graph_id(corpus) == base_id  # keyed before encoding, as a build does
     encoded = measured.encode_corpus(corpus)  # 40 documents save far less than the assumed calibration costs
     assert encoded.graph["backend"] == "openvino" and encoded.graph["chosen"]["pays"] is False
     assert timed == ["openvino"] and calls == []

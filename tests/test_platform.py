@@ -194,7 +194,7 @@ def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the
     entries["openvino-int8"] = replace(entries["openvino-int8"], convert=lambda *a: calls.append(1) or convert(*a))
     monkeypatch.setattr(registry, "BACKENDS", MappingProxyType(entries))
     speeds = {"openvino": 0.02, "openvino-int8": 0.01}
-    monkeypatch.setattr(CorpusPlanner, "doc_seconds", lambda self, g: speeds[g.variant])
+    monkeypatch.setattr(CorpusPlanner, "doc_seconds", lambda self, g, tokens: speeds[g.variant])
     corpus = [f"document {i} about wolves and forests number {i}" for i in range(40)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     enc.__dict__["platform"] = VNNI  # an AVX-512 VNNI CPU: static int8 is a candidate, its cost assumed
@@ -245,3 +245,24 @@ def test_the_documents_graph_as_one_stream_is_a_query_candidate_timed_and_checke
     assert noise["openvino"] is None and 0 <= noise[name] < 1e-3  # the same graph: no noise to speak of
     q = ["wolves in the forest", "solar panels on roofs"]
     np.testing.assert_allclose(fresh.encode_queries(q), enc.encode(q), atol=1e-3)
+
+
+def test_the_calibration_break_counts_the_corpus_tokens_not_only_its_documents(tiny_bi_encoder, monkeypatch):
+    """Two corpora of as many documents: short ones save less than the calibration costs, long ones more (the
+    sample's per-token time times the tokens the graph will run: SciFact's ~240 a document, NPL's ~40)."""
+    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    monkeypatch.delenv("RETR_INT8_DOT")
+    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: 0.05)  # base graph, per token (fake)
+    short = [f"wolves {i}" for i in range(40)]
+    long = [f"document {i} " + "about wolves and forests and the rivers between them " * 6 for i in range(40)]
+    decided = {}
+    for name, corpus in (("short", short), ("long", long)):
+        enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+        enc.__dict__["platform"] = VNNI
+        choice = enc.planner.choice(corpus)
+        tokens = sum(len(r) for r in enc.tokens.ids(corpus))
+        assert choice.measured["base_s"] * 40 == pytest.approx(0.05 * tokens)
+        decided[name] = choice.calibrated
+    assert decided == {"short": False, "long": True}
