@@ -282,12 +282,14 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
             _export_fp32(model, model_hash, kind, graph)
         else:
             graph, reference = built.model, built.reference
-            if calibration is not None:  # int8's checks against the fp32 built graph: seconds, not the numpy pass's
-                reference, against = built.quick_reference(max_length, kind.verify)
         if calibration is not None:
             logger.info("calibrating static int8 on retr's fixed sample of %d texts (once per model)",
                         len(calibration.rows))
         backend.convert(graph, final, calibration)
+        if built is not None and calibration is not None:
+            # int8's checks against the fp32 built graph (seconds, not the numpy pass's ~20), compiled only now:
+            # not held in memory beside the quantiser's work
+            reference, against = built.quick_reference(max_length, kind.verify)
         del graph, built  # a built model's constants: written, not needed in memory
         runner = _runner(backend, final, threads)
         check = kind.verify(runner, reference, max_length)
