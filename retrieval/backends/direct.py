@@ -223,19 +223,15 @@ def _layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.n
     return (x - mu) / np.sqrt(var + eps) * g + b
 
 
-class NumpyBert:
-    """The same bi-encoder as a plain numpy forward pass in float32 (BERT as transformers computes it, then the
-    pooling and normalisation), with the model's own tokenizer: what a built graph is checked against, in place of
-    torch. Its two methods are what ``export.verify_embedding`` and ``export.rank_noise`` ask of a reference."""
+class Feeder:
+    """Texts tokenised as the encoder tokenises them (``batching.fast_tokenizer``), truncated to a max length and
+    padded: (B, L) int64 input ids and mask. A reference's ``feed``, kept apart from any weights."""
 
-    def __init__(self, spec: BertSpec, weights: dict[str, np.ndarray], tokenizer_dir: Path):
-        self.spec, self.w = spec, weights
+    def __init__(self, tokenizer_dir: Path):
         self._dir = tokenizer_dir
         self._ids: dict[int, batching.FastIds] = {}  # the model's truncating tokenizer, per max length asked for
 
-    def feed(self, texts: list[str], max_length: int) -> dict[str, np.ndarray]:
-        """``texts`` tokenised as the encoder tokenises them (``batching.fast_tokenizer``), truncated to
-        ``max_length`` and padded: (B, L) int64 input ids and mask."""
+    def __call__(self, texts: list[str], max_length: int) -> dict[str, np.ndarray]:
         if max_length not in self._ids:
             self._ids[max_length] = batching.fast_tokenizer(self._dir, max_length)
         rows = self._ids[max_length](texts)
@@ -243,6 +239,16 @@ class NumpyBert:
         width = int(lengths.max())
         return {"input_ids": batching.padded(rows, np.arange(len(rows)), width, lengths),
                 "attention_mask": batching.attention_mask(lengths, width)}
+
+
+class NumpyBert:
+    """The same bi-encoder as a plain numpy forward pass in float32 (BERT as transformers computes it, then the
+    pooling and normalisation), with the model's own tokenizer: what a built graph is checked against, in place of
+    torch. Its two methods are what ``export.verify_embedding`` and ``export.rank_noise`` ask of a reference."""
+
+    def __init__(self, spec: BertSpec, weights: dict[str, np.ndarray], tokenizer_dir: Path):
+        self.spec, self.w = spec, weights
+        self.feed = Feeder(tokenizer_dir)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """(B, L) ids and mask (a ``feed``) -> (B, D) float32, L2-normalised."""
@@ -298,7 +304,7 @@ class CompiledReference:
 
         self._compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
         self._request = self._compiled.create_infer_request()
-        self.feed = numpy_reference.feed
+        self.feed = numpy_reference.feed  # the tokenizer alone: the numpy weights are not held
         self.dim = numpy_reference.spec.hidden
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
