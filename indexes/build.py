@@ -118,6 +118,7 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
     executor = executor or ExecutorConfig()
     encoded = EXECUTORS[executor.name](encoder, texts.texts, executor)
     seconds = time.perf_counter() - t0
+    encoder.planner.release()  # the int8 graph and the token ids: not needed by what follows (searching)
     # recorded with the vectors: measured by the encoding's own tokenisation, else (torch) by counting tokens now
     truncation = encoded.truncation or encoder.tokens.truncation(texts.texts)
     if use_cache:
