@@ -22,7 +22,8 @@ from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
 from retr.retrieval.backends.batching import run_sorted
 from retr.retrieval.backends.export import SCORING, Calibration
-from retr.retrieval.backends.graphs import Graph, find_cached
+from retr.retrieval.backends.graphs import Graph
+from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import Platform
 from retr.retrieval.backends.registry import BACKENDS, CE_MAX_RANK_NOISE
 from retr.retrieval.errors import RetrError
@@ -57,7 +58,7 @@ def pair_noise(base: np.ndarray, got: np.ndarray) -> float:
 @dataclass
 class PairGraphs:
     """A cross-encoder's candidate graphs and the measured choice among them."""
-    model_hash: str
+    exported: ExportedModel  # the cross-encoder's graphs: found and named through it
     base: Graph  # the configured backend's graph: the reference of the noise check, and the fallback
     pair_ids: Callable[[str, list[str]], tuple[list, list]]  # (query, texts) -> (input ids, token type ids)
     depth: int
@@ -80,8 +81,7 @@ class PairGraphs:
         kept, _ = chooser.prune(self.platform, others)
         for b in kept:
             try:
-                graph = find_cached(self.model_hash, b, SCORING, cache_home(),
-                                    calibration=self.calibration() if b.calibrated and self.calibration else None)
+                graph = self.exported.find(b, self.calibration() if b.calibrated and self.calibration else None)
             except RetrError as e:  # refused here before: not a candidate
                 logger.debug("cross-encoder candidate %s not used: %s", b.name, e)
                 graph = None
@@ -102,8 +102,12 @@ class PairGraphs:
         got = [self.score(graph, q, d) for q, d in sample_pairs(self.depth, NOISE_QUESTIONS)]
         return pair_noise(self._base_scores, got)
 
+    @property
+    def model_hash(self) -> str:
+        return self.exported.model_hash
+
     def key(self) -> str:
-        ids = [g.identity(self.model_hash).key for g in self.candidates.values()]
+        ids = [self.exported.identity(g).key for g in self.candidates.values()]
         ids += [f"depth={self.depth}", f"max_length={self.max_length}", f"max_rank_noise={CE_MAX_RANK_NOISE}"]
         return chooser.choice_key(self.model_hash, chooser.PAIRS, ids, self.platform)
 

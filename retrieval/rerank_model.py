@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import sample_texts
 from retr.retrieval.backends.batching import fast_pair_tokenizer
 from retr.retrieval.backends.chooser import Choice
 from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
-from retr.retrieval.backends.graphs import Graph, graph_info, open_graph
+from retr.retrieval.backends.graphs import Graph, graph_info
+from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import this_platform
 from retr.retrieval.backends.quiet import quiet_third_party
 from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND, get_backend, on_this_cpu
@@ -166,15 +166,17 @@ class CrossEncoderReranker:
         self.graph: Graph | None = None
         self.choice: Choice | None = None  # how the graph was chosen, where it was measured
         self.pair_graphs: PairGraphs | None = None
+        # its graphs: opened, found and named as the bi-encoder's are (the torch model loaded only to export)
+        self.exported = ExportedModel(self.ref, SCORING, self.max_length, lambda: self.model,
+                                      use_cache_alone=self._fast_pairs is not None)
         if config.device == "cpu":
             platform = this_platform()
             backend = on_this_cpu(get_backend(config.backend or DEFAULT_RERANK_BACKEND, SCORING), SCORING, platform)
             calibration = self._calibration() if backend.calibrated else None
-            self.graph = open_graph(lambda: self.model, self.ref.hash, backend.name, self.max_length, cache_home(),
-                                    SCORING, use_cache_alone=self._fast_pairs is not None, calibration=calibration)
+            self.graph = self.exported.open(backend.name, calibration)
             if self.graph is not None:
                 # the configured graph and the model's other cached graphs, timed on one query's pairs
-                self.pair_graphs = PairGraphs(self.ref.hash, self.graph, self._pair_ids, config.depth,
+                self.pair_graphs = PairGraphs(self.exported, self.graph, self._pair_ids, config.depth,
                                               self.max_length, config.token_budget, platform, self._calibration)
                 if config.backend is None:
                     self.graph, self.choice = self.pair_graphs.chosen()
