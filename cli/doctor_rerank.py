@@ -12,34 +12,60 @@ from retr.cli import options
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rerank", default=None, metavar="MODEL",
                    help="also time a cross-encoder's graphs (folder or hub id) on one query's pairs at "
-                        "--rerank-depth; with --export, every graph this machine can run is made first")
+                        "--rerank-depth; with --export, every graph this machine can run is made first (default: none)")
     p.add_argument("--rerank-depth", type=options.positive_int, default=None,
                    help="pairs per query the cross-encoder's graphs are timed on (default: the rerank depth)")
+
+
+def candidates() -> tuple[list, list[tuple[str, str]]]:
+    """The cross-encoder backends this machine can run, and why each other one cannot (``chooser.prune``)."""
+    from retr.retrieval.backends import chooser
+    from retr.retrieval.backends.export import SCORING
+    from retr.retrieval.backends.platform import this_platform
+    from retr.retrieval.backends.registry import BACKENDS
+
+    return chooser.prune(this_platform(), [b for b in BACKENDS.values() if b.exported and b.supports(SCORING)])
+
+
+def make_graphs(model: str, depth: int) -> tuple[dict[str, float], dict[str, str]]:
+    """Make (export, calibrate, check) every cross-encoder graph of ``model`` this machine can run and that is not
+    in the cache yet: the seconds each took, and why each refused one was refused."""
+    from retr.retrieval.errors import RetrError
+    from retr.retrieval.rerank_model import CrossEncoderReranker, RerankConfig
+
+    made, refused = {}, {}
+    for b in candidates()[0]:
+        t0 = time.perf_counter()
+        try:
+            CrossEncoderReranker(RerankConfig(model=model, depth=depth, backend=b.name, corpus_check=False))
+            made[b.name] = time.perf_counter() - t0
+        except RetrError as e:  # disagrees with torch, or too noisy: not a candidate
+            refused[b.name] = str(e)
+    return made, refused
+
+
+def choose_now(model: str, depth: int):
+    """The choice among ``model``'s cached graphs at ``depth``, timed now and stored (None: one graph only)."""
+    from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND
+    from retr.retrieval.rerank_model import CrossEncoderReranker, RerankConfig
+
+    base = CrossEncoderReranker(RerankConfig(model=model, depth=depth, backend=DEFAULT_RERANK_BACKEND,
+                                             corpus_check=False))
+    if base.pair_graphs is None or len(base.pair_graphs.candidates) < 2:
+        return None
+    return base.pair_graphs.time_all()
 
 
 def report(args: argparse.Namespace) -> dict | None:
     """The cross-encoder section of the doctor's report (None without ``--rerank``)."""
     if not args.rerank:
         return None
-    from retr.retrieval.backends import chooser
-    from retr.retrieval.backends.export import SCORING
-    from retr.retrieval.backends.platform import this_platform
-    from retr.retrieval.backends.registry import BACKENDS, DEFAULT_RERANK_BACKEND
-    from retr.retrieval.errors import RetrError
+    from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND
     from retr.retrieval.rerank_model import DEFAULT_RERANK_DEPTH, CrossEncoderReranker, RerankConfig
 
     depth = args.rerank_depth or DEFAULT_RERANK_DEPTH
-    kept, pruned = chooser.prune(this_platform(), [b for b in BACKENDS.values() if b.exported
-                                                   and b.supports(SCORING)])
-    made, refused = {}, {}
-    if args.export:
-        for b in kept:
-            t0 = time.perf_counter()
-            try:
-                CrossEncoderReranker(RerankConfig(model=args.rerank, depth=depth, backend=b.name, corpus_check=False))
-                made[b.name] = time.perf_counter() - t0
-            except RetrError as e:  # disagrees with torch, or too noisy: not a candidate
-                refused[b.name] = str(e)
+    kept, pruned = candidates()
+    made, refused = make_graphs(args.rerank, depth) if args.export else ({}, {})
     base = CrossEncoderReranker(RerankConfig(model=args.rerank, depth=depth, backend=DEFAULT_RERANK_BACKEND,
                                              corpus_check=False))
     if base.pair_graphs is None:

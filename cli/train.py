@@ -115,6 +115,10 @@ def add_parser(sub) -> None:
     _add_precision(t, ce)
     _add_freeze(t, ce)
     _add_common(t, ce, "BERT folder (default: the bundled MiniLM + a new head)")
+    t.add_argument("--no-graphs", dest="graphs", action="store_false",
+                   help="do not make and time this machine's inference graphs of the new cross-encoder after "
+                        "training (`retr doctor --rerank OUT --export` does it later; a search then takes the "
+                        "openvino graph until they exist)")
     t.set_defaults(run=run_cross_encoder)
 
 
@@ -149,6 +153,15 @@ def run_cross_encoder(args: argparse.Namespace) -> int:
     m = train_cross_encoder(Path(args.out), cfg, load_dataset(args.dataset, args.split), resume=args.resume)
     print(f"cross-encoder written to {args.out}: dev nDCG@10 first stage {m['dev_ndcg@10_first_stage']:.4f}, "
           f"reranked {m['dev_ndcg@10']:.4f} ({m['train_lists']} lists, {m['train_seconds']:.0f} s)")
+    if args.graphs:  # the graphs a search will choose among on this machine, made now that torch is loaded
+        from retr.cli.doctor_rerank import choose_now, make_graphs
+        from retr.retrieval.rerank_model import DEFAULT_RERANK_DEPTH
+
+        made, refused = make_graphs(args.out, DEFAULT_RERANK_DEPTH)
+        choice = choose_now(args.out, DEFAULT_RERANK_DEPTH)
+        print(f"graphs made for this machine: {', '.join(made) or 'none'}"
+              + (f" (refused: {', '.join(refused)})" if refused else "")
+              + (f"; reranking takes {choice.backend}: {choice.why}" if choice is not None else ""))
     return 0
 
 
