@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
 from retr.retrieval.backends.batching import run_sorted
 from retr.retrieval.backends.export import Calibration
@@ -152,19 +153,36 @@ class CorpusPlanner:
         base graph timed here per token; the int8 graph timed here too where it is already calibrated (then it
         costs nothing more), else assumed from the platform (``chooser.calibration_pays``). Said in an info line."""
         per_doc = tokens / max(1, docs)
-        base_s = self.doc_seconds(self.graph, per_doc)
         cached = self.exported.find(self.configured, self.calibration)
         if cached is not None:
             self.__dict__["calibrated_graph"] = cached
-            brk = chooser.calibration_pays(docs, base_s, self.platform, self.doc_seconds(cached, per_doc), 0.0)
+            base_t, int8_t = self._measured_per_token(cached)
+            brk = chooser.calibration_pays(docs, base_t * per_doc, self.platform, int8_t * per_doc, 0.0)
         else:
-            brk = chooser.calibration_pays(docs, base_s, self.platform)
+            brk = chooser.calibration_pays(docs, self.doc_seconds(self.graph, per_doc), self.platform)
         logger.info("%s for %d documents (%.0f tokens each): base graph %.1f ms/doc, int8 %.1f ms/doc (%s), "
                     "calibration %.0f s: %s", self.configured, docs, per_doc, brk.base_s * 1000, brk.int8_s * 1000,
                     "measured" if brk.measured else "assumed", brk.calibration_s,
                     "int8" if brk.pays else f"the base graph (int8 pays from ~{brk.to_dict()['break_even_docs']} "
                     "documents like these)")
         return brk
+
+    def _measured_per_token(self, calibrated: Graph) -> tuple[float, float]:
+        """Seconds per token of the base graph and of the calibrated one, timed once per model, graphs, CPU and
+        library versions and then read from the choice store: a property of the machine, not of the corpus, so a
+        later corpus pays no timing (~2 s on 2 cores, the base graph compiled only to be timed)."""
+        ids = [self.exported.identity(self.graph).key, self.exported.identity(calibrated).key, "per-token"]
+        key = chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
+        store = chooser.ChoiceStore(cache_home())
+        stored = store.get(key)
+        timed = {t.backend: t.seconds for t in stored.timings} if stored is not None else {}
+        if {self.graph.variant, calibrated.variant} <= set(timed) and None not in timed.values():
+            return timed[self.graph.variant], timed[calibrated.variant]
+        base_t, int8_t = self.token_seconds(self.graph), self.token_seconds(calibrated)
+        timings = [chooser.Timing(self.graph.variant, base_t), chooser.Timing(calibrated.variant, int8_t)]
+        store.put(key, chooser.choose(chooser.DOCUMENTS, timings, self.graph.variant),
+                  model_hash=self.exported.model_hash, cpu=self.platform.cpu, unit_note="seconds per token")
+        return base_t, int8_t
 
     @functools.cached_property
     def calibration(self) -> Calibration:

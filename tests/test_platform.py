@@ -266,3 +266,28 @@ def test_the_calibration_break_counts_the_corpus_tokens_not_only_its_documents(t
         assert choice.measured["base_s"] * 40 == pytest.approx(0.05 * tokens)
         decided[name] = choice.calibrated
     assert decided == {"short": False, "long": True}
+
+
+def test_with_the_int8_graph_made_a_later_corpus_reads_the_stored_per_token_speeds(tiny_bi_encoder, monkeypatch):
+    """The base and int8 graphs' per-token speeds are the machine's, not the corpus's: timed once, stored, and read
+    for the next corpus (no timing, no base graph compiled just to time it)."""
+    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    monkeypatch.delenv("RETR_INT8_DOT")
+    timed = []
+    speeds = {"openvino": 0.05, "openvino-int8": 0.01}
+    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
+    cfg = EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30)
+    first = BiEncoder(cfg)
+    first.__dict__["platform"] = VNNI
+    assert first.planner.calibrated_graph is not None  # made (calibrated) here, as a first large corpus would
+    corpus = [f"document {i} about wolves and forests" for i in range(40)]
+    assert first.planner.choice(corpus).calibrated and sorted(timed) == ["openvino", "openvino-int8"]
+    timed.clear()
+    later = BiEncoder(cfg)
+    later.__dict__["platform"] = VNNI
+    other = [f"note {i} on rivers" for i in range(50)]
+    choice = later.planner.choice(other)
+    assert choice.calibrated and choice.measured["measured"] and timed == []
+    assert choice.measured["int8_s"] == pytest.approx(0.01 * sum(len(r) for r in later.tokens.ids(other)) / 50)
