@@ -251,8 +251,10 @@ def test_ids_only_encoding_gives_the_full_encodings_ids_and_falls_back_without_i
 def test_queries_share_the_document_graph_unless_another_query_backend_is_chosen(tiny_bi_encoder, tmp_path):
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
     docs = enc.encode(TEXTS)
-    np.testing.assert_array_equal(enc.encode_queries(TEXTS), docs)  # the default: one graph, one compiled model
-    assert enc.query_graph is enc.graph and enc.describe_queries()["backend"] == "openvino"
+    # the default: the documents' graph, or the same model compiled as one stream where that was timed faster
+    np.testing.assert_allclose(enc.encode_queries(TEXTS), docs, atol=1e-6)
+    assert enc.query_graph.path == enc.graph.path and enc.query_graph.runner._model is enc.graph.runner._model
+    assert enc.describe_queries()["backend"] == "openvino"
     int8 = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino", query_backend="onnx-int8"))
     q = int8.encode_queries(TEXTS)
     info = int8.describe_queries()
@@ -271,7 +273,7 @@ def test_concurrent_single_calls_run_on_their_own_requests_and_agree(tiny_bi_enc
     from concurrent.futures import ThreadPoolExecutor
 
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
-    runner = enc.graph.runner
+    runner = enc.query_graph.runner  # the documents' graph, or the same model as one stream (timed faster)
     alone = [enc.encode_query(t) for t in TEXTS * 4]
     with ThreadPoolExecutor(4) as pool:  # more callers than streams: they wait for a request, never share one
         together = list(pool.map(enc.encode_query, TEXTS * 4))
