@@ -242,7 +242,7 @@ def test_the_documents_graph_as_one_stream_is_a_query_candidate_timed_and_checke
     chosen = fresh.describe_queries()["chosen"]
     assert chosen["backend"] == name
     noise = {c["backend"]: c.get("rank_noise") for c in chosen["candidates"]}
-    assert noise["openvino"] is None and 0 <= noise[name] < 1e-3  # the same graph: no noise to speak of
+    assert noise["openvino"] is None and noise[name] is None  # the same file and precision: not checked
     q = ["wolves in the forest", "solar panels on roofs"]
     np.testing.assert_allclose(fresh.encode_queries(q), enc.encode(q), atol=1e-3)
 
