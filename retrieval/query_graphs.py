@@ -124,8 +124,8 @@ class QueryGraphs:
         only (nothing to choose), or a query backend was given."""
         if self.given is not None or self.documents is None or len(self.candidates) < 2:
             return None
-        stored = chooser.ChoiceStore(cache_home()).get(self._choice_key())
-        if stored is not None and stored.backend in self.candidates:
+        stored = chooser.ChoiceStore(cache_home()).get(self._choice_key(), among=self.candidates)
+        if stored is not None:
             return stored
         return self.time_candidates()
 
@@ -146,17 +146,10 @@ class QueryGraphs:
 
     def _timing(self, name: str, graph: Graph) -> chooser.Timing:
         """One query candidate, timed and (unless it is the documents' own graph) checked for ranking noise."""
-        seconds = self.seconds(graph)
-        if graph is self.documents or (graph.path == self.documents.path
-                                       and graph.precision == self.documents.precision):
-            # the documents' graph, or the same file in the same precision on another number of streams
-            # (``one_stream``): the same arithmetic, nothing to check (the check's sample costs a first run ~3.5 s)
-            return chooser.Timing(name, seconds)
-        noise = self.noise(graph)
-        if noise > MAX_QUERY_RANK_NOISE:
-            return chooser.Timing(name, seconds, passed=False, rank_noise=noise,
-                                  why=f"ranking noise {noise:.4f} > {MAX_QUERY_RANK_NOISE}")
-        return chooser.Timing(name, seconds, rank_noise=noise)
+        # the documents' graph itself, or its file in its precision on another number of streams (``one_stream``):
+        # the same arithmetic, nothing to check (the check's sample costs a first run ~3.5 s)
+        same = graph.path == self.documents.path and graph.precision == self.documents.precision
+        return chooser.checked(name, self.seconds(graph), None if same else self.noise(graph), MAX_QUERY_RANK_NOISE)
 
     def describe(self) -> dict:
         """How queries are encoded (resolves the query graph if it is not resolved yet), with the measured choice

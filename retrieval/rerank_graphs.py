@@ -112,14 +112,8 @@ class PairGraphs:
         return chooser.choice_key(self.model_hash, chooser.PAIRS, ids, self.platform)
 
     def timing(self, name: str, graph: Graph) -> chooser.Timing:
-        seconds = self.seconds(graph)
-        if graph is self.base:
-            return chooser.Timing(name, seconds)
-        noise = self.noise(graph)
-        if noise > CE_MAX_RANK_NOISE:
-            return chooser.Timing(name, seconds, passed=False, rank_noise=noise,
-                                  why=f"ranking noise {noise:.4f} > {CE_MAX_RANK_NOISE}")
-        return chooser.Timing(name, seconds, rank_noise=noise)
+        noise = None if graph is self.base else self.noise(graph)
+        return chooser.checked(name, self.seconds(graph), noise, CE_MAX_RANK_NOISE)
 
     def time_all(self) -> chooser.Choice:
         """Time and check every candidate now, choose, and store the choice."""
@@ -133,8 +127,8 @@ class PairGraphs:
         """The stored choice, else one measured now; None where the configured graph is the only candidate."""
         if len(self.candidates) < 2:
             return None
-        stored = chooser.ChoiceStore(cache_home()).get(self.key())
-        if stored is not None and stored.backend in self.candidates:
+        stored = chooser.ChoiceStore(cache_home()).get(self.key(), among=self.candidates)
+        if stored is not None:
             return stored
         return self.time_all()
 

@@ -95,6 +95,16 @@ def prune(platform: Platform, backends: Sequence) -> tuple[list, list[tuple[str,
     return kept, pruned
 
 
+def checked(backend: str, seconds: float, noise: float | None, bound: float) -> Timing:
+    """A timed candidate with its ranking noise against the reference graph (None: it is that graph, or computes
+    as it does: nothing to check): failed where the noise is over ``bound``."""
+    if noise is None:
+        return Timing(backend, seconds)
+    if noise > bound:
+        return Timing(backend, seconds, passed=False, rank_noise=noise, why=f"ranking noise {noise:.4f} > {bound}")
+    return Timing(backend, seconds, rank_noise=noise)
+
+
 def choose(role: str, timings: Sequence[Timing], fallback: str, pruned: Sequence[tuple[str, str]] = ()) -> Choice:
     """The fastest timed candidate that passed its checks; ``fallback`` (with the reason) when none did. Ties go
     to the earlier candidate (the configured backend comes first)."""
@@ -186,11 +196,14 @@ class ChoiceStore:
     def _path(self, key: str) -> Path:
         return self.root / "choices" / f"{key}.json"
 
-    def get(self, key: str) -> Choice | None:
+    def get(self, key: str, among=None) -> Choice | None:
+        """The choice stored under ``key``; None where there is none, it is unreadable, or (``among``: the
+        candidates there are now) it chose a candidate no longer among them."""
         try:
-            return Choice.from_dict(json.loads(self._path(key).read_text()))
+            choice = Choice.from_dict(json.loads(self._path(key).read_text()))
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        return choice if among is None or choice.backend in among else None
 
     def put(self, key: str, choice: Choice, **info) -> None:
         try:
@@ -201,4 +214,4 @@ class ChoiceStore:
 
 
 __all__ = ["DOCUMENTS", "PAIRS", "QUERIES", "Break", "Choice", "ChoiceStore", "Timing", "calibration_pays",
-           "choice_key", "choose", "prune", "time_per_unit"]
+           "checked", "choice_key", "choose", "prune", "time_per_unit"]
