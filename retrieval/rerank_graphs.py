@@ -21,7 +21,7 @@ import numpy as np
 from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
 from retr.retrieval.backends.batching import run_sorted
-from retr.retrieval.backends.export import SCORING, Calibration
+from retr.retrieval.backends.export import SCORING, Calibration, pair_noise
 from retr.retrieval.backends.graphs import Graph
 from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import Platform
@@ -46,13 +46,6 @@ def score_pairs(graph: Graph, ids: list, types: list, token_budget: int) -> np.n
     ``token_budget`` padded tokens, balanced over the runner's parallel streams (OpenVINO: one per core)."""
     return run_sorted(graph.runner, ids, token_budget, np.empty(len(ids), dtype=np.float32),
                       extra_rows={"token_type_ids": types}, parts=graph.runner.parallel)
-
-
-def pair_noise(base: np.ndarray, got: np.ndarray) -> float:
-    """std(candidate score - base score) / std(base score), per query, averaged: how far a candidate's scores move
-    against the spread that orders a query's documents (``export.score_noise``'s measure, against a graph)."""
-    ratios = [float((g - b).std() / max(float(b.std()), 1e-12)) for b, g in zip(base, got, strict=True)]
-    return float(np.mean(ratios))
 
 
 @dataclass
@@ -137,4 +130,4 @@ class PairGraphs:
         return (self.candidates[choice.backend] if choice is not None else self.base), choice
 
 
-__all__ = ["NOISE_QUESTIONS", "PairGraphs", "pair_noise", "sample_pairs", "score_pairs"]
+__all__ = ["NOISE_QUESTIONS", "PairGraphs", "sample_pairs", "score_pairs"]

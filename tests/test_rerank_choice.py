@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from retr.retrieval.backends import chooser
+from retr.retrieval.backends.export import pair_noise
 from retr.retrieval.backends.platform import Platform
 from retr.retrieval.backends.registry import CE_MAX_RANK_NOISE
-from retr.retrieval.rerank_graphs import PairGraphs, pair_noise, sample_pairs
+from retr.retrieval.rerank_graphs import PairGraphs, sample_pairs
 from retr.retrieval.rerank_model import CrossEncoderReranker, RerankConfig
 
 

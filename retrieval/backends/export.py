@@ -390,6 +390,13 @@ def rank_noise(runner, reference, max_length: int) -> float:
 NOISE_QUESTIONS = 8  # cross-encoders: questions scored against every sample passage (torch is the slow side)
 
 
+def pair_noise(reference: list[np.ndarray], got: list[np.ndarray]) -> float:
+    """std(score - reference score) / std(reference score) per query, averaged: how far a graph's scores of each
+    query's documents move against the spread that orders them (a model scoring all alike: no spread, refused)."""
+    return float(np.mean([float((g - r).std() / max(float(r.std()), 1e-12))
+                          for r, g in zip(reference, got, strict=True)]))
+
+
 def score_noise(runner, ce_model, max_length: int) -> float:
     """``rank_noise`` for a cross-encoder: the first ``NOISE_QUESTIONS`` of retr's fixed questions, each scored
     against every fixed passage and joined passage by torch and by the graph; the mean over questions of
@@ -399,7 +406,7 @@ def score_noise(runner, ce_model, max_length: int) -> float:
 
     docs = sample_texts.passages() + sample_texts.long_passages()
     questions = sample_texts.questions()[:NOISE_QUESTIONS]
-    ratios = []
+    refs, gots = [], []
     for q in questions:
         pairs = [(q, d) for d in docs]
         ref = ce_logits(ce_model, pairs)
@@ -407,8 +414,9 @@ def score_noise(runner, ce_model, max_length: int) -> float:
                                  return_token_type_ids=True)
         got = run_sorted(runner, enc["input_ids"], 16 * max_length, np.empty_like(ref),  # ~16 pairs a batch
                          extra_rows={"token_type_ids": enc["token_type_ids"]})
-        ratios.append((got - ref).std() / max(float(ref.std()), 1e-12))  # a model scoring all alike: refused
-    return float(np.mean(ratios))
+        refs.append(ref)
+        gots.append(got)
+    return pair_noise(refs, gots)
 
 
 def embedding_dim(runner) -> int:
