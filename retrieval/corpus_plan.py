@@ -96,7 +96,7 @@ class CorpusPlanner:
         """Whether ``texts`` (a corpus, document prompt applied) go through the calibrated graph: at least
         ``min_docs`` of them, a CPU where int8 runs, and a calibration that pays for their tokens
         (``calibration_break``; RETR_INT8_DOT=1: int8 whatever it costs). Decided once per corpus size."""
-        if self.graph is None or not (self.size_matters and len(texts) >= self.min_docs):
+        if not self.size_matters or len(texts) < self.min_docs:
             return CorpusChoice(False)
         if self.platform.int8_forced:  # RETR_INT8_DOT=1: int8 whatever it costs (tests, benchmarks)
             return CorpusChoice(True)
@@ -116,8 +116,7 @@ class CorpusPlanner:
         if self.graph is None:
             return self.exported.identity(None).key
         # another export procedure or another precision: other graphs, other vectors
-        if self.corpus_backend == self.backend \
-                and self.choice(prefixed(self.tokens.document_prompt, texts)).calibrated:
+        if self.choice(prefixed(self.tokens.document_prompt, texts)).calibrated:  # only where int8 runs here
             return GraphId(self.exported.model_hash, self.backend, EXPORT_GENERATION, self.graph.precision,
                            self.calibration.digest).key
         return GraphId(self.exported.model_hash, self.graph.variant, EXPORT_GENERATION, self.graph.precision).key

@@ -241,6 +241,13 @@ class Feeder:
                 "attention_mask": batching.attention_mask(lengths, width)}
 
 
+def _one_at_a_time(reference, texts: list[str], max_length: int, dim: int) -> np.ndarray:
+    """A reference's normalised embeddings of ``texts``, one text at a time (no padding in the reference): its
+    ``feed`` then its ``forward``."""
+    out = [reference.forward(**reference.feed([t], max_length)) for t in texts]
+    return np.concatenate(out) if out else np.zeros((0, dim), dtype=np.float32)
+
+
 class NumpyBert:
     """The same bi-encoder as a plain numpy forward pass in float32 (BERT as transformers computes it, then the
     pooling and normalisation), with the model's own tokenizer: what a built graph is checked against, in place of
@@ -285,9 +292,7 @@ class NumpyBert:
         return e.astype(np.float32)
 
     def embed(self, texts: list[str], max_length: int) -> np.ndarray:
-        """Normalised embeddings of ``texts``, one text at a time (no padding in the reference)."""
-        out = [self.forward(**self.feed([t], max_length)) for t in texts]
-        return np.concatenate(out) if out else np.zeros((0, self.spec.hidden), dtype=np.float32)
+        return _one_at_a_time(self, texts, max_length, self.spec.hidden)
 
 
 class CompiledReference:
@@ -315,9 +320,7 @@ class CompiledReference:
         return self.forward(**feeds)
 
     def embed(self, texts: list[str], max_length: int) -> np.ndarray:
-        """Normalised embeddings of ``texts``, one text at a time (no padding in the reference)."""
-        out = [self.forward(**self.feed([t], max_length)) for t in texts]
-        return np.concatenate(out) if out else np.zeros((0, self.dim), dtype=np.float32)
+        return _one_at_a_time(self, texts, max_length, self.dim)
 
 
 # the least cosine of the fp32-compiled built graph to the numpy pass for it to stand in as the reference
