@@ -31,6 +31,18 @@ def _other_corpus_ce(tiny_cross_encoder, tmp_path):
     (ce / "retr_manifest.json").write_text(json.dumps({"interpolation": 0.6, "corpus_sha256": "0" * 64}))
     return ce
 
+def _indexed(tiny_cross_encoder, tiny_bi_encoder, tmp_path, rerank: bool = False, queries=None, qrels=None):
+    """The long-document collection written as BEIR, a cross-encoder trained on another corpus, and the
+    collection indexed (with ``retr index --rerank``: its check made and stored beside the index)."""
+    folder = write_beir(tmp_path / "long", _long_docs(), queries or {"q1": "solar"}, qrels or {"q1": {"L1": 1}})
+    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
+    idx = tmp_path / "idx"
+    extra = ["--rerank", str(ce), *CE_ARGS] if rerank else []
+    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
+                 "--max-length", "64", *extra]) == 0
+    return folder, ce, idx
+
+
 
 def _source(idx, ce) -> str:
     """The weight source a fresh searcher gives ``ce`` on ``idx``."""
@@ -43,11 +55,7 @@ def _source(idx, ce) -> str:
 
 def test_index_rerank_stores_the_check_beside_the_index_and_a_copy_keeps_it(tiny_cross_encoder, tiny_bi_encoder,
                                                                             tmp_path, capsys, monkeypatch, caplog):
-    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
-    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
-    idx = tmp_path / "idx"
-    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
-                 "--max-length", "64", "--rerank", str(ce), *CE_ARGS]) == 0
+    folder, ce, idx = _indexed(tiny_cross_encoder, tiny_bi_encoder, tmp_path, rerank=True)
     assert f"{ce} on {idx}: reranker weight" in capsys.readouterr().out
     stored = list((idx / INDEX_CHECKS).glob("*.json"))
     assert len(stored) == 1 and "gain_low" in json.loads(stored[0].read_text())
@@ -81,11 +89,7 @@ def test_index_rerank_stores_the_check_beside_the_index_and_a_copy_keeps_it(tiny
 
 def test_check_reranker_stores_beside_the_index_and_a_symlinked_folder_is_not_followed(
         tiny_cross_encoder, tiny_bi_encoder, tmp_path, capsys, monkeypatch, caplog):
-    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
-    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
-    idx = tmp_path / "idx"
-    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
-                 "--max-length", "64"]) == 0
+    folder, ce, idx = _indexed(tiny_cross_encoder, tiny_bi_encoder, tmp_path)
     assert not (idx / INDEX_CHECKS).exists()
     assert main(["check-reranker", str(idx), str(ce), *CE_ARGS]) == 0
     assert "(checked)" in capsys.readouterr().out
@@ -105,11 +109,7 @@ def test_check_reranker_stores_beside_the_index_and_a_symlinked_folder_is_not_fo
 
 def test_a_stored_check_survives_new_generations_and_is_not_used_for_their_corpus(
         tiny_cross_encoder, tiny_bi_encoder, tmp_path, capsys):
-    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
-    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
-    idx = tmp_path / "idx"
-    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
-                 "--max-length", "64", "--rerank", str(ce), *CE_ARGS]) == 0
+    folder, ce, idx = _indexed(tiny_cross_encoder, tiny_bi_encoder, tmp_path, rerank=True)
     stored = list((idx / INDEX_CHECKS).glob("*.json"))
     assert len(stored) == 1 and _source(idx, ce) == "checked"
     added = tmp_path / "new.jsonl"
@@ -123,11 +123,7 @@ def test_a_stored_check_survives_new_generations_and_is_not_used_for_their_corpu
 def test_a_reopened_searcher_takes_the_check_stored_for_its_new_corpus(tiny_cross_encoder, tiny_bi_encoder, tmp_path):
     from retr.retrieval.rerank_check import CorpusCheck
 
-    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
-    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
-    idx = tmp_path / "idx"
-    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
-                 "--max-length", "64", "--rerank", str(ce), *CE_ARGS]) == 0
+    folder, ce, idx = _indexed(tiny_cross_encoder, tiny_bi_encoder, tmp_path, rerank=True)
     s = Searcher(idx, rerank=RerankConfig(model=str(ce), depth=5, max_length=32))
     try:
         assert s._factory.rerank_weight(s.reranker(str(ce))).source == "checked"
@@ -172,12 +168,9 @@ def test_eval_index_stores_the_check_it_runs_beside_the_index_and_reads_it_there
         tiny_cross_encoder, tiny_bi_encoder, tmp_path, monkeypatch):
     from retr.eval.report import EvalReport
 
-    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar panels", "q2": "wolves in the tundra"},
-                        {"q1": {"L1": 1}, "q2": {"L5": 1}})
-    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
-    idx = tmp_path / "idx"
-    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
-                 "--max-length", "64"]) == 0
+    folder, ce, idx = _indexed(tiny_cross_encoder, tiny_bi_encoder, tmp_path,
+                               queries={"q1": "solar panels", "q2": "wolves in the tundra"},
+                               qrels={"q1": {"L1": 1}, "q2": {"L5": 1}})
     assert not (idx / INDEX_CHECKS).exists()
 
     def evaluate(out) -> dict:
@@ -217,11 +210,7 @@ def test_serve_stores_the_check_it_runs_beside_the_index_and_reads_it_there_next
 
     from .serving import Server
 
-    folder = write_beir(tmp_path / "long", _long_docs(), {"q1": "solar"}, {"q1": {"L1": 1}})
-    ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
-    idx = tmp_path / "idx"
-    assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
-                 "--max-length", "64"]) == 0
+    folder, ce, idx = _indexed(tiny_cross_encoder, tiny_bi_encoder, tmp_path)
     cfg = ServeConfig(encoder=EncoderConfig(), rerank=RerankConfig(model=str(ce), max_length=32, depth=5))
     built = _spy_builds(monkeypatch)
     Server(idx, cfg).stop()  # the check is run when the server starts
