@@ -44,33 +44,41 @@ def make_graphs(model: str, depth: int) -> tuple[dict[str, float], dict[str, str
     return made, refused
 
 
-def choose_now(model: str, depth: int):
-    """The choice among ``model``'s cached graphs at ``depth``, timed now and stored (None: one graph only)."""
+def _configured(model: str, depth: int):
+    """The cross-encoder on its configured graph (``DEFAULT_RERANK_BACKEND``): the reference the others are timed
+    and checked against."""
     from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND
     from retr.retrieval.rerank_model import CrossEncoderReranker, RerankConfig
 
-    base = CrossEncoderReranker(RerankConfig(model=model, depth=depth, backend=DEFAULT_RERANK_BACKEND,
+    return CrossEncoderReranker(RerankConfig(model=model, depth=depth, backend=DEFAULT_RERANK_BACKEND,
                                              corpus_check=False))
+
+
+def _time_now(base):
+    """``base``'s candidates timed now and the choice stored (None: one graph only, or torch)."""
     if base.pair_graphs is None or len(base.pair_graphs.candidates) < 2:
         return None
     return base.pair_graphs.time_all()
+
+
+def choose_now(model: str, depth: int):
+    """The choice among ``model``'s cached graphs at ``depth``, timed now and stored (None: one graph only)."""
+    return _time_now(_configured(model, depth))
 
 
 def report(args: argparse.Namespace) -> dict | None:
     """The cross-encoder section of the doctor's report (None without ``--rerank``)."""
     if not args.rerank:
         return None
-    from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND
-    from retr.retrieval.rerank_model import DEFAULT_RERANK_DEPTH, CrossEncoderReranker, RerankConfig
+    from retr.retrieval.rerank_model import DEFAULT_RERANK_DEPTH
 
     depth = args.rerank_depth or DEFAULT_RERANK_DEPTH
     kept, pruned = candidates()
     made, refused = make_graphs(args.rerank, depth) if args.export else ({}, {})
-    base = CrossEncoderReranker(RerankConfig(model=args.rerank, depth=depth, backend=DEFAULT_RERANK_BACKEND,
-                                             corpus_check=False))
+    base = _configured(args.rerank, depth)
     if base.pair_graphs is None:
         return {"model": args.rerank, "chosen": "torch", "why": "no exported graph here: torch scores"}
-    choice = base.pair_graphs.time_all() if len(base.pair_graphs.candidates) > 1 else None
+    choice = _time_now(base)
     if choice is None:
         seconds = base.pair_graphs.seconds(base.graph)
         rows = [{"backend": base.graph.variant, "ms_per_query": seconds * 1000, "rank_noise": None, "passed": True}]
