@@ -288,10 +288,10 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
         backend.convert(graph, final, calibration)
         if calibration is not None:
             release_memory()  # the quantiser's working memory, before the graphs the checks compile
-        if built is not None and calibration is not None:
-            # int8's checks against the fp32 built graph (seconds, not the numpy pass's ~20), compiled only now:
-            # not held in memory beside the quantiser's work
-            reference, against = built.quick_reference(max_length, kind.verify)
+            if built is not None:
+                # int8's checks against the fp32 built graph (seconds, not the numpy pass's ~20), compiled only
+                # now: not held in memory beside the quantiser's work
+                reference, against = built.quick_reference(max_length, kind.verify)
         del graph, built  # a built model's constants: written, not needed in memory
         # a calibrated graph is checked through a one-stream runner, dropped after: the checks' activations on
         # two streams, beside the references, put a first `retr eval` of SciFact over 1 GB (the encoding's runner
@@ -335,7 +335,8 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
     if calibration is not None:
         runner = _runner(backend, folder / backend.file, threads)
     logger.info("%s (%s) verified against %s: %s %.6f", backend.name, precision, against, kind.measure, check)
-    # the verified runner is the one returned (its weights are in memory / mapped from files renamed, not removed)
+    # the verified runner is the one returned (its weights are in memory / mapped from files renamed, not removed),
+    # except a calibrated graph's, checked on one stream and opened again above for the encoding's streams
     return Graph(runner, folder / backend.file, backend, check, dim, precision,
                  calibration.digest if calibration else None, noise)
 
