@@ -12,9 +12,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from retr.retrieval import defaults
 from retr.retrieval.types import Qrels, Run
 
-DEFAULT_K_VALUES: tuple[int, ...] = (1, 3, 5, 10, 100, 1000)
+DEFAULT_K_VALUES: tuple[int, ...] = defaults.K_VALUES
 MRR_CUTOFF = 10
 
 

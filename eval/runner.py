@@ -23,6 +23,7 @@ from retr.indexes.dense import DenseIndexConfig
 from retr.indexes.executors import ExecutorConfig
 from retr.indexes.folder import IndexFolder
 from retr.indexes.manifest import IndexManifest
+from retr.retrieval import defaults
 from retr.retrieval.artifacts import versions
 from retr.retrieval.bm25 import BM25Config
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
@@ -35,7 +36,7 @@ from retr.retrieval.types import Hit, Qrels, Run
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PIPELINES = ("bm25", "dense", "hybrid")
+DEFAULT_PIPELINES = defaults.PIPELINES
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class EvalConfig:
     shards: int = 1  # > 1: the index is that many shards, each query fanned out and merged
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # where a new index's documents are encoded
     ignore_identical_ids: bool = False
-    warmup: int = 5
+    warmup: int = defaults.WARMUP
     use_cache: bool = True
 
     def __post_init__(self) -> None:

@@ -30,6 +30,7 @@ from retr.indexes.folder import INDEX_KIND
 from retr.indexes.generations import collect, new_generation, recover_swap
 from retr.indexes.manifest import INDEX_FORMAT_VERSION, is_index_folder, write_manifest
 from retr.indexes.shards import SHARD_DIR, SHARD_PARTITION, SHARDED_KIND, open_index
+from retr.retrieval import defaults
 from retr.retrieval.artifacts import MANIFEST, atomic_dir, cache_home, checksums, new_manifest, writer_lock
 from retr.retrieval.bm25 import BM25_DIR, BM25Config
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
@@ -44,9 +45,9 @@ class IndexConfig:
     dense: DenseIndexConfig = field(default_factory=DenseIndexConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     bm25: BM25Config | None = None
-    use_cache: bool = True
+    use_cache: bool = defaults.USE_CACHE
     passages: PassageConfig | None = None  # None: one vector per document (cut at the encoder's max length)
-    shards: int = 1  # > 1: documents partitioned by a stable hash of their id into this many indexes
+    shards: int = defaults.SHARDS  # > 1: documents partitioned by a stable hash of their id into this many indexes
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # where the documents are encoded
 
     def __post_init__(self) -> None:

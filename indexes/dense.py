@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import check_int
 
@@ -27,7 +28,7 @@ LOSSY_KINDS = ("ivfpq",)
 
 @dataclass(frozen=True)
 class DenseIndexConfig:
-    kind: str = "flat"
+    kind: str = defaults.DENSE_KIND
     # HNSW
     hnsw_m: int = 32
     ef_construction: int = 200

@@ -11,16 +11,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from retr.indexes.ray_encode import encode_on_ray  # imports Ray only when it runs
+from retr.retrieval import defaults
 from retr.retrieval.encoder import BiEncoder, CorpusEncoding
 from retr.retrieval.errors import RetrError
 
 
 @dataclass(frozen=True)
 class ExecutorConfig:
-    name: str = "local"  # a key of EXECUTORS
+    name: str = defaults.EXECUTOR  # a key of EXECUTORS
     # ray: the cluster to join ("auto", or HOST:PORT of its head); None: a Ray started on this machine for the build
     address: str | None = None
-    actors: int = 2  # ray: encoder actors (each loads the graph once)
+    actors: int = defaults.RAY_ACTORS  # ray: encoder actors (each loads the graph once)
     cpus_per_actor: int = 1  # ray: CPUs each actor reserves; its inference threads
     batches_per_task: int = 4  # ray: encoding batches per Ray Data batch (a task to an actor)
 

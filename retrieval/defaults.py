@@ -1,9 +1,8 @@
-"""The defaults the Python API's signatures show (``retr.Index``, ``retr.evaluate``), in a module that imports
-nothing: `import retr`, which every `retr` command runs first, then loads neither numpy nor the search stack.
-
-Each value is its config's (the comment names it); those configs live in modules that import numpy, the backends
-and the pipelines. tests/test_api.py checks every default of the API's signatures against its config's, so a default
-changed in its config and not here fails there."""
+"""The defaults the Python API's signatures show (``retr.Index``, ``retr.evaluate``) and the configs they come
+from, in one module that imports nothing: `import retr`, which every `retr` command runs first, then loads neither
+numpy nor the search stack. The configs (the comment beside each value names its) take their defaults from here,
+except the backend registry's, a layer below, which ``BACKEND`` repeats; tests/test_api.py checks every default of
+the API's signatures against its config's."""
 
 from __future__ import annotations
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
 from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.types import Hit, Run, trec_sorted
 
 # the default: chosen on SciFact's dev split (20% of train, seed 42; nDCG@10 minmax 0.7565, zscore 0.7505, RRF 0.7377)
 # and checked zero-shot by benchmarks/fusion_study.py (see the README's "Fusion" section)
-DEFAULT_FUSION = "minmax"
+DEFAULT_FUSION = defaults.FUSION
 
 
 def _ranked(scores: dict[str, float], k: int) -> list[Hit]:

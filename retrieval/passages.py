@@ -16,9 +16,10 @@ from functools import cached_property
 
 import numpy as np
 
+from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
 
-DEFAULT_AGGREGATE = "maxp"
+DEFAULT_AGGREGATE = defaults.AGGREGATE
 AGGREGATES = ("maxp", "firstp", "sum")
 SENTENCE_END = frozenset(".!?;")
 

@@ -31,14 +31,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 
+from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
 from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS
 from retr.retrieval.passages import AGGREGATES
 from retr.retrieval.pipeline import FIRST_STAGES
 from retr.retrieval.types import check_choice, check_int, has_searchable_text, shown
 
-DEFAULT_MODE = "hybrid"
-DEFAULT_K = 10
+DEFAULT_MODE = defaults.MODE
+DEFAULT_K = defaults.K
 MAX_K = 10_000  # more hits than any page or run file needs; FAISS and the fusion allocate k per query
 MAX_FILTER_FIELDS = 64
 MAX_QUERY_CHARS = 100_000  # a whole document pasted as a query still fits; the service bounds it tighter
