@@ -104,7 +104,9 @@ class CorpusPlanner:
         key = (len(texts), tokens)
         if key not in self._choices:
             brk = self.calibration_break(len(texts), tokens)
-            self._choices[key] = CorpusChoice(brk.pays, brk.to_dict())
+            self._choices[key] = CorpusChoice(False, {"docs": len(texts), "pays": False, "measured": False,
+                                                      "int8_prior": self.platform.int8_prior}) \
+                if brk is None else CorpusChoice(brk.pays, brk.to_dict())
         return self._choices[key]
 
     def graph_id(self, texts: list[str]) -> str:
@@ -147,23 +149,32 @@ class CorpusPlanner:
         """Seconds per document of ``tokens_per_doc`` tokens through ``graph`` (``token_seconds``)."""
         return self.token_seconds(graph) * tokens_per_doc
 
-    def calibration_break(self, docs: int, tokens: int) -> chooser.Break:
+    def calibration_break(self, docs: int, tokens: int) -> chooser.Break | None:
         """Whether ``docs`` documents of ``tokens`` tokens in all pay for calibrating the static int8 graph: the
         base graph timed here per token; the int8 graph timed here too where it is already calibrated (then it
-        costs nothing more), else assumed from the platform (``chooser.calibration_pays``). Said in an info line."""
+        costs nothing more), else assumed from the platform (``chooser.calibration_pays``). None, with nothing
+        timed, where int8 is not made yet and assumed no faster here (``Platform.int8_prior`` <= 1: AMX): no
+        corpus could pay, so timing the base graph (~1.5 s of a first run) would decide nothing. Said in an info
+        line."""
         per_doc = tokens / max(1, docs)
         cached = self.exported.find(self.configured, self.calibration)
         if cached is not None:
             self.__dict__["calibrated_graph"] = cached
             base_t, int8_t = self._measured_per_token(cached)
             brk = chooser.calibration_pays(docs, base_t * per_doc, self.platform, int8_t * per_doc, 0.0)
+        elif self.platform.int8_prior <= 1:
+            logger.info("%s for %d documents: int8 is assumed no faster than the base graph on this CPU (x%.2f "
+                        "until measured: `retr doctor --export` makes and times it): the base graph", self.configured,
+                        docs, self.platform.int8_prior)
+            return None
         else:
             brk = chooser.calibration_pays(docs, self.doc_seconds(self.graph, per_doc), self.platform)
+        even = brk.to_dict()["break_even_docs"]
         logger.info("%s for %d documents (%.0f tokens each): base graph %.1f ms/doc, int8 %.1f ms/doc (%s), "
                     "calibration %.0f s: %s", self.configured, docs, per_doc, brk.base_s * 1000, brk.int8_s * 1000,
                     "measured" if brk.measured else "assumed", brk.calibration_s,
-                    "int8" if brk.pays else f"the base graph (int8 pays from ~{brk.to_dict()['break_even_docs']} "
-                    "documents like these)")
+                    "int8" if brk.pays else f"the base graph (int8 pays from ~{even} documents like these)"
+                    if even is not None else "the base graph (int8 is no faster here)")
         return brk
 
     def _measured_per_token(self, calibrated: Graph) -> tuple[float, float]:

@@ -291,3 +291,29 @@ def test_with_the_int8_graph_made_a_later_corpus_reads_the_stored_per_token_spee
     choice = later.planner.choice(other)
     assert choice.calibrated and choice.measured["measured"] and timed == []
     assert choice.measured["int8_s"] == pytest.approx(0.01 * sum(len(r) for r in later.tokens.ids(other)) / 50)
+
+
+def test_where_int8_is_assumed_no_faster_nothing_is_timed_until_the_int8_graph_exists(tiny_bi_encoder, monkeypatch):
+    """On AMX (int8 assumed x0.97 of the base graph) no corpus could pay for a calibration: the base graph encodes
+    and nothing is timed on a first run. Once the int8 graph is made (`retr doctor --export`), both graphs are
+    timed and the measured speeds decide, whatever the prior said."""
+    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    monkeypatch.delenv("RETR_INT8_DOT")
+    timed = []
+    speeds = {"openvino": 0.05, "openvino-int8": 0.01}  # measured here: int8 faster after all
+    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
+    cfg = EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30)
+    corpus = [f"document {i} about wolves and forests and rivers" * 3 for i in range(5000)]
+    first = BiEncoder(cfg)
+    first.__dict__["platform"] = AMX
+    assert AMX.int8_prior <= 1 < VNNI.int8_prior
+    choice = first.planner.choice(corpus)
+    assert not choice.calibrated and timed == []
+    assert choice.measured == {"docs": 5000, "pays": False, "measured": False, "int8_prior": AMX.int8_prior}
+    assert first.planner.calibrated_graph is not None  # made, as `retr doctor --export` would
+    later = BiEncoder(cfg)
+    later.__dict__["platform"] = AMX
+    measured = later.planner.choice(corpus)
+    assert measured.calibrated and measured.measured["measured"] and sorted(timed) == ["openvino", "openvino-int8"]

@@ -586,3 +586,48 @@ def test_training_without_the_train_extra_says_what_to_install(tiny_train, tiny_
     with pytest.raises(RetrError, match=r"pip install 'retr\[train\]'"):  # the Python API refuses alike
         train_bi_encoder(tmp_path / "bi", _cfg(tiny_bi_encoder.parent / "bert"),
                          dataset=load_dataset(str(tiny_train), "train", download=False))
+
+
+def test_training_a_cross_encoder_makes_this_machines_graphs_and_stores_which_one_reranks(
+        tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path, capsys, monkeypatch):
+    """After training, `retr train cross-encoder` makes every cross-encoder graph this machine can run and stores
+    the measured choice among them, so that the first search with the new model times nothing; ``--no-graphs``
+    makes none (a search then finds the configured graph alone)."""
+    import retr.cli.doctor_rerank as doctor_rerank
+    from retr.cli.main import main
+    from retr.retrieval.backends.registry import DEFAULT_RERANK_BACKEND
+    from retr.retrieval.rerank_graphs import PairGraphs
+    from retr.retrieval.rerank_model import DEFAULT_RERANK_DEPTH, CrossEncoderReranker, RerankConfig
+
+    def train(out: str, *extra: str) -> str:
+        assert main(["train", "cross-encoder", "--dataset", str(tiny_train), "--base", str(tiny_cross_encoder),
+                     "--first-stage-model", str(tiny_bi_encoder), "--out", str(tmp_path / out), "--epochs", "1",
+                     "--batch-size", "4", "--max-length", "32", "--max-steps", "2", "--num-negatives", "2",
+                     *extra]) == 0
+        return capsys.readouterr().out
+
+    def search_side(out: str) -> CrossEncoderReranker:
+        return CrossEncoderReranker(RerankConfig(model=str(tmp_path / out), depth=DEFAULT_RERANK_DEPTH,
+                                                 corpus_check=False))
+
+    timed, results = [], {}
+    real_seconds, real_make = PairGraphs.seconds, doctor_rerank.make_graphs
+    monkeypatch.setattr(PairGraphs, "seconds", lambda self, graph: timed.append(graph.variant)
+                        or real_seconds(self, graph))
+    monkeypatch.setattr(doctor_rerank, "make_graphs", lambda *a: results.setdefault("graphs", real_make(*a)))
+
+    assert "graphs made" not in train("plain", "--no-graphs") and not results and not timed
+    plain = search_side("plain")
+    assert set(plain.pair_graphs.candidates) == {DEFAULT_RERANK_BACKEND} and plain.choice is None and not timed
+
+    printed = train("made")
+    made, refused = results["graphs"]
+    # every graph this machine can run was made or refused with a reason, and each made one was timed
+    assert set(made) | set(refused) == {b.name for b in doctor_rerank.candidates()[0]}
+    assert len(made) > 1 and DEFAULT_RERANK_BACKEND in made and sorted(timed) == sorted(made), (timed, made)
+    assert all(refused.values())
+    timed.clear()
+    reranker = search_side("made")
+    assert set(reranker.pair_graphs.candidates) == set(made)
+    assert reranker.choice is not None and not reranker.choice.measured and not timed  # read back, not timed
+    assert reranker.backend == reranker.choice.backend and f"reranking takes {reranker.backend}: " in printed
