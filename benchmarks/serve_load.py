@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     import retr
 
     results: dict = {"dataset": ds.name, "mode": args.mode, "k": args.k, "index": str(folder), "label": args.label,
-                     "retr": str(Path(retr.__file__).resolve().parent.parent), "cpu": cpu(),
+                     # the retr package served (an older checkout's is a namespace package: no __file__)
+                     "retr": str(Path(next(iter(retr.__path__))).resolve()), "cpu": cpu(),
                      "load_average": os.getloadavg(), "levels": []}
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "retr.cli.main", "-q", "serve", str(folder), "--port", str(port)],

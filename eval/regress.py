@@ -167,13 +167,28 @@ def _model_spec(name: str | None, models: Path | None) -> str | None:
     return name
 
 
+def graphs_of(group: Sequence[Expected]) -> tuple[str, str]:
+    """The documents' and the queries' backends a group of entries was measured with: its options' where they name
+    them; else the graphs its CPU kind's figures went through (kind ending in ``+int8``: the calibrated default for
+    documents; any other: that default's base graph), with queries through the documents' base graph. Pinned, not
+    measured: this machine's measured choices depend on which graphs its cache holds (an AMX Xeon with the int8
+    graph made takes it for documents, 8% faster there, and the onnx-int8 graph for queries), and a figure is only
+    comparable through the graphs it was measured with."""
+    from retr.retrieval.backends.registry import DEFAULT_BACKEND, base_of
+
+    options = group[0].options
+    kind = next((e.cpu for e in group if e.cpu is not None), None)
+    documents = options.get("backend") or (DEFAULT_BACKEND if kind is None or kind.endswith("+int8")
+                                           else base_of(DEFAULT_BACKEND).name)
+    return documents, options.get("query_backend") or base_of(documents).name
+
+
 def measure(entries: Sequence[Expected], datasets: Path | None = None, download: bool = False,
             models: Path | None = None) -> list[Outcome]:
     """Run one eval per (dataset, options) group and read every entry's metric from it."""
     from retr.eval.data import load_dataset
     from retr.eval.runner import EvalConfig, run_eval
     from retr.indexes.dense import DenseIndexConfig
-    from retr.retrieval.backends.registry import DEFAULT_BACKEND
     from retr.retrieval.bm25 import BM25Config
     from retr.retrieval.encoder import EncoderConfig
     from retr.retrieval.models import ModelRef
@@ -197,10 +212,10 @@ def measure(entries: Sequence[Expected], datasets: Path | None = None, download:
         o = group[0].options
         ks = sorted({int(e.metric.rsplit("@", 1)[1]) for e in group if "@" in e.metric} | {10})
         pipe_defaults = PipelineConfig()
+        documents, queries = graphs_of(group)
         cfg = EvalConfig(
             pipelines=parse_pipelines(",".join(dict.fromkeys(e.pipeline for e in group))), k_values=tuple(ks),
-            encoder=EncoderConfig(model=model, backend=o.get("backend", DEFAULT_BACKEND),
-                                  query_backend=o.get("query_backend")),
+            encoder=EncoderConfig(model=model, backend=documents, query_backend=queries),
             dense=DenseIndexConfig(kind=o.get("kind", "flat")), bm25=BM25Config(),
             pipeline=PipelineConfig(fusion=o.get("fusion", pipe_defaults.fusion),
                                     fusion_depth=int(o.get("fusion_depth", pipe_defaults.fusion_depth))),

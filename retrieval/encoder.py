@@ -44,10 +44,9 @@ class EncoderConfig:
     device: str = "cpu"
     backend: str = DEFAULT_BACKEND  # a name in retr.retrieval.backends.registry.BACKENDS
     calibration_min_docs: int = 1000  # calibrated backends: smaller corpora are encoded by the base graph
-    # queries: None = the documents' backend (its base graph, bf16 where native, when it is calibrated: queries
-    # then lose nothing to int8, and share the documents' compiled graph). onnx-int8 encodes a lone query faster
-    # (MiniLM: 3.85 against 7.48 ms, speed section 2) but adds the most ranking noise of any graph (README, "int8
-    # and its check")
+    # queries: None = the fastest lone-query graph on this machine among those in the cache that add no more
+    # ranking noise than graphs.MAX_QUERY_RANK_NOISE against the documents' graph (retrieval.query_graphs: timed
+    # and checked once, then stored); a name pins it (a calibrated backend's queries take its base graph)
     query_backend: str | None = None
     # text put before every query / document; None: the model's own (sentence-transformers' ``prompts``)
     query_prompt: str | None = None

@@ -157,3 +157,31 @@ def test_trained_models_are_named_under_a_models_folder_and_reranked_figures_che
     path.write_text(_toml(entries[1:]))
     assert main(["regress", str(path), "--models", str(models)]) == 2
     assert "needs a reranker" in capsys.readouterr().err
+
+
+def test_a_figure_is_measured_through_the_graphs_it_was_measured_with_not_this_machines_choice(tiny_dataset,
+                                                                                                 monkeypatch):
+    """Which graphs encode documents and queries is measured per machine and depends on its cache; an expected
+    figure is measured again through the graphs its kind names (documents: the calibrated default where the kind
+    ends in +int8, else its base graph; queries: the documents' base graph), or those its options name."""
+    import retr.eval.runner as runner
+    from retr.eval.regress import Expected, graphs_of, measure
+
+    def group(cpu, **options):
+        return [Expected("d", "bm25", "NDCG@10", 0.5, 0.1, options=options),
+                Expected("d", "dense", "NDCG@10", 0.5, 0.1, options=options, cpu=cpu)]
+
+    assert graphs_of(group("bf16")) == ("openvino", "openvino") == graphs_of(group("fp32"))
+    assert graphs_of(group("bf16+int8")) == ("openvino-int8", "openvino") == graphs_of(group("fp32+int8"))
+    assert graphs_of(group("bf16", backend="onnx")) == ("onnx", "onnx")
+    assert graphs_of(group("bf16+int8", query_backend="onnx-int8")) == ("openvino-int8", "onnx-int8")
+    seen = []
+
+    def fake_eval(ds, cfg):
+        seen.append((cfg.encoder.backend, cfg.encoder.query_backend))
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(runner, "run_eval", fake_eval)
+    with pytest.raises(RuntimeError, match="stop"):
+        measure([Expected(str(tiny_dataset), "dense", "NDCG@10", 0.5, 0.1, cpu="bf16")])
+    assert seen == [("openvino", "openvino")]
