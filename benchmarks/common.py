@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -63,8 +64,12 @@ def table(title: str, header: list[str], rows: list[list]) -> str:
 def cpu() -> str:
     """The CPU figures were measured on, as a result file and a report name it: its model name and cores (the
     ``Platform`` retr resolves, so a result and retr's own choices name the same CPU)."""
-    from retr.retrieval.backends.platform import this_platform
-
+    try:
+        from retr.retrieval.backends.platform import this_platform
+    except ImportError:  # an older checkout measured beside this one (PYTHONPATH): the model name as it is read
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), platform.processor())
+        return f"{model}, {os.cpu_count()} cores"
     here = this_platform()
     return f"{here.cpu}, {here.cores} cores"
 

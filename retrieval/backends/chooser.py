@@ -36,6 +36,12 @@ MIN_ROUNDS = 3
 # MiniLM on 2 cores of an AVX-512 BF16/VNNI EPYC without AMX (19 s when it was quantised from torch's export)
 CALIBRATION_PRIOR_S = 12.0
 RUNTIME_MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
+# a graph that adds ranking noise (another precision or runtime than the reference) is taken only where it is more
+# than this much faster than the fastest that adds none: within it, the timings of a shared machine move as much
+# (the same two document graphs timed twice on an AMX Xeon: int8 26% slower, then 8% faster), and issue 39 asks the
+# default to be within 10% of the fastest graph. On that Xeon, int8 documents 8% faster and onnx-int8 queries cost
+# hybrid nDCG@10 0.0014 on SciFact, 0.0047 after reranking.
+NOISE_FREE_MARGIN = 0.10
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,13 @@ def choose(role: str, timings: Sequence[Timing], fallback: str, pruned: Sequence
         return Choice(role, fallback, "no candidate was timed and passed: the configured graph", tuple(timings),
                       tuple(pruned))
     best = min(ok, key=lambda t: t.seconds)
+    exact = [t for t in ok if t.rank_noise is None]  # computes as the reference does: adds no ranking noise
+    if best.rank_noise is not None and exact:
+        closest = min(exact, key=lambda t: t.seconds)
+        if not faster_enough(closest.seconds, best.seconds):
+            why = (f"{closest.ms:.2f} {UNITS[role]}, within {NOISE_FREE_MARGIN:.0%} of the fastest ({best.backend}, "
+                   f"{best.ms:.2f}), and adds no ranking noise")
+            return Choice(role, closest.backend, why, tuple(timings), tuple(pruned))
     others = [t for t in ok if t is not best]
     why = f"fastest of {len(ok)} passing candidate(s): {best.ms:.2f} {UNITS[role]}"
     if others:
@@ -122,6 +135,12 @@ def choose(role: str, timings: Sequence[Timing], fallback: str, pruned: Sequence
     if failed:
         why += f"; failed their checks: {', '.join(failed)}"
     return Choice(role, best.backend, why, tuple(timings), tuple(pruned))
+
+
+def faster_enough(exact_s: float, noisy_s: float) -> bool:
+    """Whether a graph that adds ranking noise, at ``noisy_s`` seconds a unit, is worth taking over one that adds
+    none at ``exact_s``: more than ``NOISE_FREE_MARGIN`` faster."""
+    return exact_s > noisy_s * (1 + NOISE_FREE_MARGIN)
 
 
 def time_per_unit(run: Callable[[], object], units: int, budget_s: float = BUDGET_S,
@@ -155,12 +174,14 @@ class Break:
 
     @property
     def pays(self) -> bool:
-        return self.saving_s > self.calibration_s
+        """int8 saves more than its calibration costs, and is fast enough to be worth its ranking noise
+        (``faster_enough``)."""
+        return faster_enough(self.base_s, self.int8_s) and self.saving_s > self.calibration_s
 
     @property
     def break_even_docs(self) -> float:
         gain = self.base_s - self.int8_s
-        return self.calibration_s / gain if gain > 0 else float("inf")
+        return self.calibration_s / gain if gain > 0 and faster_enough(self.base_s, self.int8_s) else float("inf")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "saving_s": self.saving_s, "pays": self.pays,
@@ -182,8 +203,9 @@ def calibration_pays(docs: int, base_s: float, platform: Platform, int8_s: float
 def choice_key(model_hash: str, role: str, graph_ids: Sequence[str], platform: Platform) -> str:
     """What a stored choice is valid for: the model, the role, every candidate's graph identity, the CPU model
     string and the library versions. Any of them changes: time again."""
-    raw = json.dumps([model_hash, role, sorted(graph_ids), platform.cpu, platform.precision, versions()],
-                     sort_keys=True)
+    # the rule a choice was made by is part of it: choices made with another margin are made again
+    raw = json.dumps([model_hash, role, sorted(graph_ids), platform.cpu, platform.precision, versions(),
+                      f"noise_free_margin={NOISE_FREE_MARGIN}"], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
@@ -213,5 +235,5 @@ class ChoiceStore:
             logger.debug("choice not stored: %s", e)
 
 
-__all__ = ["DOCUMENTS", "PAIRS", "QUERIES", "Break", "Choice", "ChoiceStore", "Timing", "calibration_pays",
-           "checked", "choice_key", "choose", "prune", "time_per_unit"]
+__all__ = ["DOCUMENTS", "NOISE_FREE_MARGIN", "PAIRS", "QUERIES", "Break", "Choice", "ChoiceStore", "Timing",
+           "calibration_pays", "checked", "choice_key", "choose", "faster_enough", "prune", "time_per_unit"]
