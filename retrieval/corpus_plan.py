@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,16 +135,29 @@ class CorpusPlanner:
         graph = (self.calibrated_graph or self.graph) if chosen.calibrated else self.graph
         return CorpusPlan(texts, graph, tok, truncation, chosen.measured)
 
-    def token_seconds(self, graph: Graph) -> float:
-        """Seconds per token of ``graph`` on retr's sample passages, short and joined ones (~6,500 tokens with
-        MiniLM: batches enough to keep every stream busy, as a corpus does; a handful of passages ran one stream
-        and measured 4x the time per token), in a short bounded run: a corpus's documents cost about their token
-        count times this."""
-        rows = self.tokens.ids(prefixed(self.tokens.document_prompt,
+    def _sample_rows(self) -> list:
+        """retr's sample passages, short and joined ones, as token ids (~6,500 tokens with MiniLM: batches enough
+        to keep every stream busy, as a corpus does; a handful of passages ran one stream and measured 4x the time
+        per token)."""
+        return self.tokens.ids(prefixed(self.tokens.document_prompt,
                                         sample_texts.passages() + sample_texts.long_passages()))
+
+    def _encode_sample(self, graph: Graph, rows: list) -> Callable[[], object]:
         out = np.empty((len(rows), graph.dim), dtype=np.float32)
-        return chooser.time_per_unit(lambda: run_sorted(graph.runner, rows, self.token_budget, out),
-                                     sum(len(r) for r in rows), min_rounds=1)
+        return lambda: run_sorted(graph.runner, rows, self.token_budget, out)
+
+    def token_seconds(self, graph: Graph) -> float:
+        """Seconds per token of ``graph`` on retr's sample passages (``_sample_rows``), in a short bounded run: a
+        corpus's documents cost about their token count times this."""
+        rows = self._sample_rows()
+        return chooser.time_per_unit(self._encode_sample(graph, rows), sum(len(r) for r in rows), min_rounds=1)
+
+    def tokens_seconds_alternating(self, graphs: list[Graph]) -> list[float]:
+        """``token_seconds`` of each of ``graphs``, timed in alternation (``chooser.time_alternating``): their
+        ratio is what decides, and a shared machine drifts between two runs timed one after the other."""
+        rows = self._sample_rows()
+        return chooser.time_alternating([self._encode_sample(g, rows) for g in graphs], sum(len(r) for r in rows),
+                                        budget_s=2 * chooser.BUDGET_S, min_rounds=2)
 
     def doc_seconds(self, graph: Graph, tokens_per_doc: float) -> float:
         """Seconds per document of ``tokens_per_doc`` tokens through ``graph`` (``token_seconds``)."""
@@ -188,7 +202,7 @@ class CorpusPlanner:
         timed = {t.backend: t.seconds for t in stored.timings} if stored is not None else {}
         if {self.graph.variant, calibrated.variant} <= set(timed) and None not in timed.values():
             return timed[self.graph.variant], timed[calibrated.variant]
-        base_t, int8_t = self.token_seconds(self.graph), self.token_seconds(calibrated)
+        base_t, int8_t = self.tokens_seconds_alternating([self.graph, calibrated])
         timings = [chooser.Timing(self.graph.variant, base_t), chooser.Timing(calibrated.variant, int8_t)]
         store.put(key, chooser.choose(chooser.DOCUMENTS, timings, self.graph.variant),
                   model_hash=self.exported.model_hash, cpu=self.platform.cpu, unit_note="seconds per token")

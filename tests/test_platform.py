@@ -269,6 +269,18 @@ def test_the_documents_graph_as_one_stream_is_a_query_candidate_timed_and_checke
     np.testing.assert_allclose(fresh.encode_queries(q), enc.encode(q), atol=1e-3)
 
 
+def _fake_token_speeds(monkeypatch, speeds: dict[str, float], timed: list) -> None:
+    """Per-token speeds of the document graphs, timed alone or in alternation (fake, recorded in ``timed``)."""
+    from retr.retrieval.corpus_plan import CorpusPlanner
+
+    def seconds(self, graph):
+        timed.append(graph.variant)
+        return speeds[graph.variant]
+
+    monkeypatch.setattr(CorpusPlanner, "token_seconds", seconds)
+    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating", lambda self, gs: [seconds(self, g) for g in gs])
+
+
 def test_the_calibration_break_counts_the_corpus_tokens_not_only_its_documents(tiny_bi_encoder, monkeypatch):
     """Two corpora of as many documents: short ones save less than the calibration costs, long ones more (the
     sample's per-token time times the tokens the graph will run: SciFact's ~240 a document, NPL's ~40)."""
@@ -293,13 +305,12 @@ def test_the_calibration_break_counts_the_corpus_tokens_not_only_its_documents(t
 def test_with_the_int8_graph_made_a_later_corpus_reads_the_stored_per_token_speeds(tiny_bi_encoder, monkeypatch):
     """The base and int8 graphs' per-token speeds are the machine's, not the corpus's: timed once, stored, and read
     for the next corpus (no timing, no base graph compiled just to time it)."""
-    from retr.retrieval.corpus_plan import CorpusPlanner
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     monkeypatch.delenv("RETR_INT8_DOT")
     timed = []
     speeds = {"openvino": 0.05, "openvino-int8": 0.01}
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
+    _fake_token_speeds(monkeypatch, speeds, timed)
     cfg = EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30)
     first = BiEncoder(cfg)
     first.__dict__["platform"] = VNNI
@@ -319,13 +330,12 @@ def test_where_int8_is_assumed_no_faster_nothing_is_timed_until_the_int8_graph_e
     """On AMX (int8 assumed x0.97 of the base graph) no corpus could pay for a calibration: the base graph encodes
     and nothing is timed on a first run. Once the int8 graph is made (`retr doctor --export`), both graphs are
     timed and the measured speeds decide, whatever the prior said."""
-    from retr.retrieval.corpus_plan import CorpusPlanner
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     monkeypatch.delenv("RETR_INT8_DOT")
     timed = []
     speeds = {"openvino": 0.05, "openvino-int8": 0.01}  # measured here: int8 faster after all
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
+    _fake_token_speeds(monkeypatch, speeds, timed)
     cfg = EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30)
     corpus = [f"document {i} about wolves and forests and rivers" * 3 for i in range(5000)]
     first = BiEncoder(cfg)
@@ -339,3 +349,42 @@ def test_where_int8_is_assumed_no_faster_nothing_is_timed_until_the_int8_graph_e
     later.__dict__["platform"] = AMX
     measured = later.planner.choice(corpus)
     assert measured.calibrated and measured.measured["measured"] and sorted(timed) == ["openvino", "openvino-int8"]
+
+
+def test_alternating_timing_puts_a_machines_drift_on_both_sides(monkeypatch):
+    """Two equal runs on a machine that slows down run after run: timed one after the other, the second looks
+    slower; in alternation, with the order reversed every other round, they come out equal."""
+    clock = {"t": 0.0, "calls": 0}
+
+    def run():  # each call takes longer than the one before it (a machine slowing down)
+        clock["calls"] += 1
+        clock["t"] += clock["calls"]
+
+    monkeypatch.setattr(chooser.time, "perf_counter", lambda: clock["t"])
+    first = chooser.time_per_unit(run, 1, budget_s=0, min_rounds=4)
+    second = chooser.time_per_unit(run, 1, budget_s=0, min_rounds=4)
+    assert second > 1.5 * first  # one after the other: the drift reads as a difference
+    a, b = chooser.time_alternating([run, run], 1, budget_s=0, min_rounds=4)
+    assert a == b
+
+
+def test_where_queries_go_through_another_compiled_graph_the_documents_one_is_dropped_until_needed(tiny_bi_encoder,
+                                                                                                    monkeypatch):
+    """A search holds one compiled graph: once queries take the one-stream graph, the documents' two-stream
+    compiled model is dropped, and compiled again when documents are encoded later (the same vectors)."""
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+    from retr.retrieval.query_graphs import ONE_STREAM, QueryGraphs
+
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
+    if enc.graph.runner.parallel < 2:
+        pytest.skip("one core: the documents' graph runs one stream already")
+    docs = ["wolves in the forest", "solar panels on roofs", "rivers between mountains"]
+    before = enc.encode(docs)
+    assert enc.graph.runner._compiled is not None
+    monkeypatch.setattr(QueryGraphs, "seconds", lambda self, g: 0.001 if g.runner.parallel == 1 else 0.004)
+    assert enc.query_graph is enc.query_graphs.candidates[enc.graph.variant + ONE_STREAM]
+    assert enc.graph.runner._compiled is None  # dropped
+    q = enc.encode_queries(["wolves"])
+    assert enc.graph.runner._compiled is None  # queries never compile it again
+    np.testing.assert_allclose(enc.encode(docs), before, atol=1e-5)  # compiled again on use: the same vectors
+    assert enc.graph.runner._compiled is not None and q.shape == (1, enc.dim)
