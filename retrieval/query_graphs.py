@@ -72,12 +72,13 @@ class QueryGraphs:
                            self.documents.variant)
             return self.documents
 
-    def _release_documents(self, chosen: Graph) -> None:
-        """Where queries go through another compiled graph than the documents' (``chosen``), drop the documents'
-        compiled model: a search then holds one (MiniLM bf16 on an AMX Xeon: `retr eval`'s peak 595 against 573 MB
-        with both). Documents encoded later compile it again (~1 s)."""
+    def _release_documents(self, chosen: Graph | None) -> None:
+        """Where queries go through another compiled graph than the documents' (``chosen``; None: while the
+        candidates are timed, before the next one is compiled), drop the documents' compiled model: a search then
+        holds one, and never two at once (MiniLM bf16 on an AMX Xeon: `retr eval`'s peak 593 MiB with both, 573
+        before the one-stream candidate). Documents encoded later compile it again (~1 s)."""
         release = getattr(self.documents.runner, "release", None)
-        if chosen.runner is not self.documents.runner and release is not None:
+        if (chosen is None or chosen.runner is not self.documents.runner) and release is not None:
             release()
             release_memory()
 
@@ -153,7 +154,13 @@ class QueryGraphs:
     def time_candidates(self) -> chooser.Choice:
         """Time every query candidate and measure its ranking noise against the documents' graph now, choose among
         those within ``MAX_QUERY_RANK_NOISE``, and store the choice (what ``choice`` reads)."""
-        timings = [self._timing(name, g) for name, g in self.candidates.items()]
+        if any(not self._same(g) for g in self.candidates.values()):
+            _ = self._noise_sample  # the documents' graph's vectors, taken before its compiled model is dropped
+        timings = []
+        for name, graph in self.candidates.items():
+            timings.append(self._timing(name, graph))
+            if graph is self.documents:  # timed: dropped before another is compiled (compiled again if chosen)
+                self._release_documents(None)
         choice = chooser.choose(chooser.QUERIES, timings, self.documents.variant)
         logger.info("queries: %s (%s)", choice.backend, choice.why)
         chooser.ChoiceStore(cache_home()).put(self._choice_key(), choice, model_hash=self.exported.model_hash,
@@ -164,8 +171,12 @@ class QueryGraphs:
         """One query candidate, timed and (unless it is the documents' own graph) checked for ranking noise."""
         # the documents' graph itself, or its file in its precision on another number of streams (``one_stream``):
         # the same arithmetic, nothing to check (the check's sample costs a first run ~3.5 s)
-        same = graph.path == self.documents.path and graph.precision == self.documents.precision
-        return chooser.checked(name, self.seconds(graph), None if same else self.noise(graph), MAX_QUERY_RANK_NOISE)
+        return chooser.checked(name, self.seconds(graph), None if self._same(graph) else self.noise(graph),
+                               MAX_QUERY_RANK_NOISE)
+
+    def _same(self, graph: Graph) -> bool:
+        """``graph`` computes as the documents' graph does: the same file in the same precision (``one_stream``)."""
+        return graph.path == self.documents.path and graph.precision == self.documents.precision
 
     def describe(self) -> dict:
         """How queries are encoded (resolves the query graph if it is not resolved yet), with the measured choice
