@@ -171,8 +171,8 @@ def graphs_of(group: Sequence[Expected]) -> tuple[str, str]:
     """The documents' and the queries' backends a group of entries was measured with: its options' where they name
     them; else the graphs its CPU kind's figures went through (kind ending in ``+int8``: the calibrated default for
     documents; any other: that default's base graph), with queries through the documents' base graph. Pinned, not
-    measured: this machine's measured choices depend on which graphs its cache holds (an AMX Xeon with the int8
-    graph made takes it for documents, 8% faster there, and the onnx-int8 graph for queries), and a figure is only
+    measured: this machine's measured choices depend on which graphs its cache holds (an AMX Xeon whose cache held
+    the int8 and onnx-int8 graphs took them, and 13 of its 30 "bf16" figures drifted), and a figure is only
     comparable through the graphs it was measured with."""
     from retr.retrieval.backends.registry import DEFAULT_BACKEND, base_of
 
