@@ -195,7 +195,7 @@ class CorpusPlanner:
         """Seconds per token of the base graph and of the calibrated one, timed once per model, graphs, CPU and
         library versions and then read from the choice store: a property of the machine, not of the corpus, so a
         later corpus pays no timing (~2 s on 2 cores, the base graph compiled only to be timed)."""
-        ids = [self.exported.identity(self.graph).key, self.exported.identity(calibrated).key, "per-token"]
+        ids = [self.exported.identity(self.graph).key, self.exported.identity(calibrated).key, "per-token, alternating"]
         key = chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
         store = chooser.ChoiceStore(cache_home())
         stored = store.get(key)
