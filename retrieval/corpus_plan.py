@@ -25,6 +25,12 @@ from retr.retrieval.tokens import Tokens, prefixed
 
 logger = logging.getLogger(__name__)
 
+# timing the base and int8 document graphs against each other: once per model, graphs, CPU and versions (then
+# stored), so it may take longer than one candidate's timing. On an AMX Xeon whose two graphs encode SciFact within
+# ~5% of each other, 1.6 s of alternation read int8 30% faster once and 3% faster another time; rounds of ~0.4 s
+# each vary by 10-15% there
+PER_TOKEN_BUDGET_S = 4.0
+
 
 @dataclass(frozen=True)
 class CorpusPlan:
@@ -157,7 +163,7 @@ class CorpusPlanner:
         ratio is what decides, and a shared machine drifts between two runs timed one after the other."""
         rows = self._sample_rows()
         return chooser.time_alternating([self._encode_sample(g, rows) for g in graphs], sum(len(r) for r in rows),
-                                        budget_s=2 * chooser.BUDGET_S, min_rounds=2)
+                                        budget_s=PER_TOKEN_BUDGET_S, min_rounds=4)
 
     def doc_seconds(self, graph: Graph, tokens_per_doc: float) -> float:
         """Seconds per document of ``tokens_per_doc`` tokens through ``graph`` (``token_seconds``)."""
@@ -195,7 +201,8 @@ class CorpusPlanner:
         """Seconds per token of the base graph and of the calibrated one, timed once per model, graphs, CPU and
         library versions and then read from the choice store: a property of the machine, not of the corpus, so a
         later corpus pays no timing (~2 s on 2 cores, the base graph compiled only to be timed)."""
-        ids = [self.exported.identity(self.graph).key, self.exported.identity(calibrated).key, "per-token, alternating"]
+        ids = [self.exported.identity(self.graph).key, self.exported.identity(calibrated).key,
+               f"per-token, alternating, {PER_TOKEN_BUDGET_S} s"]
         key = chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
         store = chooser.ChoiceStore(cache_home())
         stored = store.get(key)
