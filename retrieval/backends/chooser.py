@@ -146,17 +146,8 @@ def faster_enough(exact_s: float, noisy_s: float) -> bool:
 def time_per_unit(run: Callable[[], object], units: int, budget_s: float = BUDGET_S,
                   min_rounds: int = MIN_ROUNDS) -> float:
     """Median seconds per unit of ``run()`` (which does ``units`` units of work), after one warm-up call, over at
-    least ``min_rounds`` rounds and at most about ``budget_s`` seconds."""
-    run()  # warm-up: compilation, first allocations
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_rounds or time.perf_counter() - start < budget_s:
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 200:
-            break
-    return statistics.median(times) / max(1, units)
+    least ``min_rounds`` rounds and at most about ``budget_s`` seconds (``time_alternating`` of one run)."""
+    return time_alternating([run], units, budget_s, min_rounds)[0]
 
 
 def time_alternating(runs: Sequence[Callable[[], object]], units: int, budget_s: float = BUDGET_S,
@@ -167,7 +158,7 @@ def time_alternating(runs: Sequence[Callable[[], object]], units: int, budget_s:
     quarter from one second to the next (the same two document graphs timed one after the other on an AMX Xeon:
     int8 26% slower, 8% faster, 22% faster); alternating puts the drift on both sides of a comparison."""
     for run in runs:
-        run()
+        run()  # warm-up: compilation, first allocations
     times: list[list[float]] = [[] for _ in runs]
     start = time.perf_counter()
     rounds = 0
