@@ -78,9 +78,8 @@ class QueryGraphs:
         holds one, and never two at once (MiniLM bf16 on an AMX Xeon: `retr eval`'s peak 593 MiB with both, 573
         before the one-stream candidate). Documents encoded later compile it again (~1 s)."""
         release = getattr(self.documents.runner, "release", None)
-        if (chosen is None or chosen.runner is not self.documents.runner) and release is not None:
-            release()
-            release_memory()
+        if (chosen is None or chosen.runner is not self.documents.runner) and release is not None and release():
+            release_memory()  # once: not again where the timing already dropped it
 
     @functools.cached_property
     def candidates(self) -> dict[str, Graph]:

@@ -99,15 +99,17 @@ class OpenVinoRunner:
         (``retrieval.query_graphs``); the model is shared, not read again."""
         return OpenVinoRunner(self._path, self._threads, self.precision, streams=1, model=self._model)
 
-    def release(self) -> None:
+    def release(self) -> bool:
         """Drop the compiled model and its requests, compiled again on next use: for a documents' graph whose
         queries go through another graph (`retr eval` on an AMX Xeon: peak 593 -> 493 MiB, with the freed heap
-        handed back)."""
+        handed back). Whether there was one to drop."""
         with self._lock:
+            held = self._compiled is not None
             self._compiled = None
             self._queue = None
             self._idle = queue.SimpleQueue()
             self._made = 0
+            return held
 
     @property
     def compiled(self):
