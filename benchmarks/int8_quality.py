@@ -3,11 +3,12 @@
     python benchmarks/int8_quality.py --model DIR [--dataset ../shared/datasets/scifact]
                                       [--out benchmarks/results/int8-quality-<model>.json]
 
-Five `retr eval --pipelines dense,hybrid` runs of the same model, each in its own process: documents and queries
+Six `retr eval --pipelines dense,hybrid` runs of the same model, each in its own process: documents and queries
 in bf16 (`--backend openvino --query-backend openvino`, the reference), the defaults (documents through the
-model's static int8 graph, queries in bf16), feed-forward-only static int8 documents with bf16 queries, and each
+model's static int8 graph, queries in bf16), feed-forward-only static int8 documents with bf16 queries, each
 of the two int8 document graphs with the dynamic int8 ONNX query graph (full static int8 documents with int8
-queries: the defaults before 2026-12-04). For each: nDCG@10, its difference to bf16 with its standard error, the
+queries: the defaults before 2026-12-04), and bf16 documents with the dynamic int8 query graph (what a query takes
+where the chooser finds it fastest). ``--only`` runs some of them beside bf16. For each: nDCG@10, its difference to bf16 with its standard error, the
 paired t-test and randomization p over the queries (per dataset, and pooled over several), and the ranking noise
 each graph adds on retr's fixed sample (the figure retr's check refuses a graph on).
 """
@@ -29,7 +30,7 @@ def configs() -> dict[str, tuple[str, str]]:
     from retr.retrieval.backends.registry import DEFAULT_BACKEND, base_of
 
     pairs = [("openvino", "openvino"), ("openvino-int8", "openvino-int8"), ("openvino-int8-ffn", "openvino-int8-ffn"),
-             ("openvino-int8-ffn", "onnx-int8"), ("openvino-int8", "onnx-int8")]
+             ("openvino-int8-ffn", "onnx-int8"), ("openvino-int8", "onnx-int8"), ("openvino", "onnx-int8")]
     out = {}
     for docs, queries in pairs:
         name = f"{docs} documents, {'bf16' if base_of(queries).name == 'openvino' else queries} queries"
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", default=str(Path(__file__).resolve().parents[2] / "shared/datasets/scifact"),
                     help="one dataset, or several (comma-separated): then also their queries pooled")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default=None, metavar="DOCS:QUERIES[,...]",
+                    help="only these (document backend, query backend) pairs besides bf16, e.g. openvino:onnx-int8")
+    ap.add_argument("--no-noise", action="store_true", help="skip the ranking noise of every graph (it makes them all)")
     args = ap.parse_args(argv)
     # int8's quality on any CPU, here and in the children (retr uses int8 only where the CPU has int8 dot products
     # and no AMX: runners.int8_pays)
@@ -60,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="retr-int8-"))
     reports = {}  # configuration -> dataset -> report
     chosen = configs()
+    if args.only:
+        wanted = {tuple(pair.split(":")) for pair in args.only.split(",")}
+        chosen = {name: pair for name, pair in chosen.items() if name == "bf16" or pair in wanted}
     for name, (docs, queries) in chosen.items():
         path = tmp / f"{len(reports)}.json"
         run_measured("retr", ["eval", "--dataset", args.dataset, "--no-download", "--model", args.model,
@@ -86,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 pooled_b += b
             if len(names) > 1:
                 rows[name].setdefault("pooled", {})[pipe] = _compare(pooled_a, pooled_b)
-    noise = graph_noise(args.model)
+    noise = {} if args.no_noise else graph_noise(args.model)
     for part in names + (["pooled"] if len(names) > 1 else []):
         n = sum(len(ref[ds]["pipelines"]["dense"]["per_query"]) for ds in (names if part == "pooled" else [part]))
         print(f"\n{part} ({n} queries) {'':30s} {'dense':>8s} {'diff':>8s} {'p':>6s} {'hybrid':>8s} {'diff':>8s} "

@@ -232,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6, help="alternating in-process/HTTP passes for the overhead")
     p.add_argument("--index", default=None, help="serve this index folder (built with --bm25) instead of the cached one")
     p.add_argument("--label", default=None, help="a name for this run in the results (e.g. the commit served)")
+    p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for `retr serve` (repeat; e.g. --serve-arg=--query-backend "
+                        "--serve-arg=openvino)")
     p.add_argument("--middleware-only", action="store_true",
                    help="measure only the per-request cost of the ASGI layer (in-process, no server, no search)")
     p.add_argument("--peer-serve-app", default=None,
@@ -266,9 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"dataset": ds.name, "mode": args.mode, "k": args.k, "index": str(folder), "label": args.label,
                      # the retr package served (an older checkout's is a namespace package: no __file__)
                      "retr": str(Path(next(iter(retr.__path__))).resolve()), "cpu": cpu(),
-                     "load_average": os.getloadavg(), "levels": []}
+                     "serve_args": args.serve_arg, "load_average": os.getloadavg(), "levels": []}
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "retr.cli.main", "-q", "serve", str(folder), "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "retr.cli.main", "-q", "serve", str(folder), "--port", str(port),
+                               *args.serve_arg],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     url = f"http://127.0.0.1:{port}"

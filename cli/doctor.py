@@ -90,7 +90,7 @@ def _report(args: argparse.Namespace) -> dict:
         doc_choice = backend.name if brk.pays else enc.graph.variant
         doc_why = (f"int8 saves {brk.saving_s:.1f} s on {args.docs} documents against a calibration of "
                    f"{brk.calibration_s:.1f} s ({'measured' if brk.measured else 'assumed until measured'}; "
-                   f"break-even ~{brk.to_dict()['break_even_docs']} documents)")
+                   f"{brk.break_even_phrase()})")
     else:
         doc_choice = base_of(config.backend).name
         why_pruned = dict(pruned).get(backend.name)

@@ -189,12 +189,10 @@ class CorpusPlanner:
             return None
         else:
             brk = chooser.calibration_pays(docs, self.doc_seconds(self.graph, per_doc), self.platform)
-        even = brk.to_dict()["break_even_docs"]
         logger.info("%s for %d documents (%.0f tokens each): base graph %.1f ms/doc, int8 %.1f ms/doc (%s), "
                     "calibration %.0f s: %s", self.configured, docs, per_doc, brk.base_s * 1000, brk.int8_s * 1000,
                     "measured" if brk.measured else "assumed", brk.calibration_s,
-                    "int8" if brk.pays else f"the base graph (int8 pays from ~{even} documents like these)"
-                    if even is not None else "the base graph (int8 is no faster here)")
+                    "int8" if brk.pays else f"the base graph ({brk.break_even_phrase()})")
         return brk
 
     def _measured_per_token(self, calibrated: Graph) -> tuple[float, float]:

@@ -34,7 +34,8 @@ def test_doctor_prints_the_cpu_the_candidates_the_choice_and_the_first_run_cost(
     assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "500"]) == 0
     text = capsys.readouterr().out
     assert "CPU: " in text and "queries (one alone, ms):" in text and "chosen: openvino" in text
-    assert "openvino-int8" in text and "assumed" in text and "break-even" in text
+    assert "openvino-int8" in text and "assumed" in text
+    assert ("int8 pays from ~" in text or "int8 is no faster here" in text) and "None" not in text
     assert "first run on 500 new documents here" in text
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from retr.retrieval.backends import registry
-from retr.retrieval.backends.export import EMBEDDING, TorchEmbedding, verify_embedding
+from retr.retrieval.backends.export import DYNAMIC_INT8, EMBEDDING, TorchEmbedding, verify_embedding
 from retr.retrieval.backends.graphs import load_or_export
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
@@ -258,7 +258,7 @@ def test_queries_share_the_document_graph_unless_another_query_backend_is_chosen
     int8 = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino", query_backend="onnx-int8"))
     q = int8.encode_queries(TEXTS)
     info = int8.describe_queries()
-    assert info["backend"] == "onnx-int8" and info["precision"] == "int8"
+    assert info["backend"] == "onnx-int8" and info["precision"] == DYNAMIC_INT8
     assert info["check_cosine"] >= 0.985
     assert (q * docs).sum(1).min() >= 0.98  # int8 queries against bf16/fp32 documents: the same space
     assert not np.array_equal(q, docs)  # really another graph
@@ -281,6 +281,44 @@ def test_concurrent_single_calls_run_on_their_own_requests_and_agree(tiny_bi_enc
         np.testing.assert_array_equal(a, b)
     assert 1 <= runner._made <= runner.parallel  # never more requests than streams
     np.testing.assert_allclose(np.vstack(alone[:len(TEXTS)]), enc.encode(TEXTS), atol=1e-6)  # batches: same graph
+
+
+def test_a_single_call_made_while_another_is_on_the_one_stream_takes_the_documents_streams(tiny_bi_encoder):
+    import threading
+
+    from retr.retrieval.backends.runners import OpenVinoRunner
+
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
+    streams = OpenVinoRunner(enc.graph.path, 2, enc.graph.precision)  # two streams, as on a 2-core machine
+    one = streams.one_stream()
+    assert one.parallel == 1 and streams.parallel == 2
+    ids = np.asarray(enc.tokens.ids(["what causes the northern lights"]), dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    alone = one(feeds)
+    overflowed = []
+    real_streams_call = streams.__call__
+    one._overflow = lambda f: overflowed.append(1) or real_streams_call(f)
+    started, release, first = threading.Event(), threading.Event(), []
+    real_infer = one._infer
+
+    def held(f):  # the first call stays in flight until the second one has returned
+        started.set()
+        assert release.wait(30)
+        return real_infer(f)
+
+    one._infer = held
+    worker = threading.Thread(target=lambda: first.append(one(feeds)))
+    worker.start()
+    assert started.wait(30)
+    second = one(feeds)  # made while the first is in flight: the streams, not a wait for the one request
+    release.set()
+    worker.join(30)
+    one._infer = real_infer
+    assert overflowed == [1] and one._active == 0
+    third = one(feeds)  # alone again: the one stream
+    assert overflowed == [1]
+    for got in (first[0], second, third):  # the same file in the same precision: the same vector
+        np.testing.assert_allclose(got, alone, atol=1e-5)
 
 
 def test_a_refused_query_graph_falls_back_to_the_document_graph(tiny_bi_encoder, monkeypatch):
@@ -483,6 +521,36 @@ def test_the_feed_forward_int8_backend_quantises_only_the_feed_forward_matmuls(t
     assert matmuls == matmuls_ffn and 0 < ffn < full  # the same graph, fewer MatMuls fed through int8
     plain = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino")).encode(corpus)
     assert (ffn_emb * plain).sum(1).min() >= 0.97 and not np.array_equal(ffn_emb, full_emb)
+
+
+@pytest.mark.parametrize("kind", ["bi", "ce"])
+def test_dynamic_int8_keeps_the_down_projections_in_fp32_and_quantises_every_other_weight_matmul(
+        kind, tiny_bi_encoder, tiny_cross_encoder, tmp_path):
+    import onnx
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+
+    from retr.retrieval.backends.export import SCORING, down_projections
+    from retr.retrieval.backends.graphs import _export_fp32
+
+    model, graph_kind = ((SentenceTransformer(str(tiny_bi_encoder), device="cpu"), EMBEDDING) if kind == "bi"
+                         else (CrossEncoder(str(tiny_cross_encoder), device="cpu"), SCORING))
+    src = tmp_path / "model.fp32.onnx"
+    _export_fp32(model, "h" * 32, graph_kind, src)
+    fp32 = onnx.load(str(src))
+    inits = {w.name: tuple(w.dims) for w in fp32.graph.initializer}
+    by_weight = [n.name for n in fp32.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    down = down_projections(src)
+    # the tiny BERT (hidden 32, intermediate 37): one feed-forward output per layer (a cross-encoder's head is a Gemm,
+    # not quantised)
+    assert down and all(inits[n.input[1]][0] > inits[n.input[1]][1] for n in fp32.graph.node if n.name in down)
+    assert len(down) == sum(1 for n in fp32.graph.node if n.name in by_weight and "output/dense" in n.name
+                            and "attention" not in n.name)
+    dst = tmp_path / "model.onnx"
+    registry.BACKENDS["onnx-int8"].convert(src, dst, None)
+    nodes = {n.name: n.op_type for n in onnx.load(str(dst)).graph.node}
+    assert all(nodes.get(n) == "MatMul" for n in down)  # left as they were
+    quantised = [n for n in by_weight if n not in down]
+    assert quantised and all(nodes.get(n) != "MatMul" for n in quantised)  # replaced by integer MatMuls
 
 
 @pytest.mark.parametrize("kind", ["bi", "ce"])

@@ -125,6 +125,8 @@ def test_calibration_pays_only_where_the_measured_saving_exceeds_its_cost():
     assert chooser.calibration_pays(100, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=0.0).pays  # already calibrated
     slower = chooser.calibration_pays(10 ** 6, 1 / 52, VNNI, int8_s=1 / 40, calibration_s=0.0)
     assert not slower.pays and slower.to_dict()["break_even_docs"] is None  # int8 slower: never
+    assert slower.break_even_phrase() == "int8 is no faster here"  # not "~None documents"
+    assert small.break_even_phrase() == f"int8 pays from ~{round(small.break_even_docs)} documents"
     prior = chooser.calibration_pays(1000, 1 / 52, AMX)  # not measured: AMX's prior says int8 is no faster
     assert not prior.measured and not prior.pays and prior.int8_s > prior.base_s
 

@@ -198,6 +198,12 @@ class Break:
         gain = self.base_s - self.int8_s
         return self.calibration_s / gain if gain > 0 and faster_enough(self.base_s, self.int8_s) else float("inf")
 
+    def break_even_phrase(self) -> str:
+        """The break-even in words: "int8 pays from ~N documents", or "int8 is no faster here" where no corpus
+        size pays (int8 not faster by more than the margin)."""
+        even = self.break_even_docs
+        return "int8 is no faster here" if even == float("inf") else f"int8 pays from ~{round(even)} documents"
+
     def to_dict(self) -> dict:
         return {**asdict(self), "saving_s": self.saving_s, "pays": self.pays,
                 "break_even_docs": None if self.break_even_docs == float("inf") else round(self.break_even_docs)}

@@ -71,7 +71,7 @@ class OpenVinoRunner:
     for a lone query (MiniLM bf16, measured). Documents and queries go through the same compiled graph."""
 
     def __init__(self, path: Path, threads: int, precision: str = "fp32", streams: int | None = None,
-                 model=None):
+                 model=None, overflow: OpenVinoRunner | None = None):
         vendor_telemetry_off()
         import openvino as ov
 
@@ -91,13 +91,21 @@ class OpenVinoRunner:
         self._idle = queue.SimpleQueue()  # infer requests for single calls, created up to ``parallel``
         self._made = 0
         self._lock = threading.Lock()  # compiling, and one batch run at a time
+        # ``one_stream``'s: the runner a single call takes while another single call is in flight here
+        self._overflow = overflow
+        self._active = 0  # single calls in flight (counted where there is an overflow runner)
+        self._active_lock = threading.Lock()
 
     def one_stream(self) -> OpenVinoRunner:
         """The same model compiled as one stream over all of this runner's threads: for a lone query, the cores
-        work on it together (MiniLM bf16, 2 AVX-512 EPYC cores: ~2.6 against ~5.2 ms a query through two streams),
-        where concurrent queries then wait for each other. A query candidate the chooser times
+        work on it together (MiniLM bf16, 2 AVX-512 EPYC cores: ~2.6 against ~5.2 ms a query through two streams).
+        Concurrent queries would then wait for each other: a single call made while another is in flight takes
+        this runner's streams instead (compiled again where they were released), so that a server under load runs
+        one query per core (`retr serve` on 2 AMX Xeon cores, 32 clients: 150-193 queries/s on the one stream
+        alone, 232-245 on the streams; benchmarks/results/serve-overflow-amx.json). The same file in the same
+        precision: the streams compute what the one stream does. A query candidate the chooser times
         (``retrieval.query_graphs``); the model is shared, not read again."""
-        return OpenVinoRunner(self._path, self._threads, self.precision, streams=1, model=self._model)
+        return OpenVinoRunner(self._path, self._threads, self.precision, streams=1, model=self._model, overflow=self)
 
     def release(self) -> bool:
         """Drop the compiled model and its requests, compiled again on next use: for a documents' graph whose
@@ -135,6 +143,18 @@ class OpenVinoRunner:
         return self.compiled.create_infer_request() if make else self._idle.get()
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        if self._overflow is None:
+            return self._infer(feeds)
+        with self._active_lock:
+            alone = self._active == 0
+            self._active += 1
+        try:
+            return self._infer(feeds) if alone else self._overflow(feeds)
+        finally:
+            with self._active_lock:
+                self._active -= 1
+
+    def _infer(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         request = self._take()
         try:
             request.infer(feeds)
