@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:50s} {d['ndcg@10']:8.4f} {d['diff']:+8.4f} {d['p_rand']:6.3f} "
                   f"{h['ndcg@10']:8.4f} {h['diff']:+8.4f} {h['p_rand']:6.3f}")
     print("ranking noise on retr's sample:", {k: round(v, 4) for k, v in noise.items()})
-    from common import write_result
+    from common import cpu, write_result
 
-    write_result(out, {"model": args.model, "dataset": args.dataset, "configs": chosen, "results": rows,
+    write_result(out, {"model": args.model, "dataset": args.dataset, "cpu": cpu(), "configs": chosen, "results": rows,
                        "rank_noise": noise})
     return 0
 

@@ -223,7 +223,7 @@ def keep_onnx(src: Path, dst: Path, calibration: Calibration | None) -> None:
 # how dynamic int8 graphs are made (``quantize_dynamic_int8``), the precision they name (``DYNAMIC_INT8``): a graph
 # made otherwise is made again. Every weight MatMul in int8 added MiniLM's queries ranking noise 0.0500 against
 # fp32 and cost SciFact hybrid+rerank 0.0039 nDCG@10 (test) and dense 0.0035 (train); with the down-projections
-# kept fp32, 0.036 (docs/studies/query-int8-noise.md)
+# kept fp32: 0.0362, 0.0006 and 0.0018 (docs/studies/measured-choices-amx.md)
 DYNAMIC_INT8 = "int8+fp32-down"
 
 

@@ -99,10 +99,10 @@ class OpenVinoRunner:
     def one_stream(self) -> OpenVinoRunner:
         """The same model compiled as one stream over all of this runner's threads: for a lone query, the cores
         work on it together (MiniLM bf16, 2 AVX-512 EPYC cores: ~2.6 against ~5.2 ms a query through two streams).
-        Concurrent queries would then wait for each other: a single call made while another is in flight takes
-        this runner's streams instead (compiled again where they were released), so that a server under load runs
-        one query per core (`retr serve` on 2 AMX Xeon cores, 32 clients: 150-193 queries/s on the one stream
-        alone, 232-245 on the streams; benchmarks/results/serve-overflow-amx.json). The same file in the same
+        Concurrent queries would then wait for each other: a single call made while another is in flight through
+        the one stream takes this runner's streams instead (compiled again where they were released). `retr serve`
+        on 2 AMX Xeon cores, 32 clients: 188-217 queries/s on the one stream alone, 219-236 with this overflow,
+        252-267 on the streams alone (benchmarks/results/serve-overflow-amx-*.json). The same file in the same
         precision: the streams compute what the one stream does. A query candidate the chooser times
         (``retrieval.query_graphs``); the model is shared, not read again."""
         return OpenVinoRunner(self._path, self._threads, self.precision, streams=1, model=self._model, overflow=self)
