@@ -283,10 +283,15 @@ def test_concurrent_single_calls_run_on_their_own_requests_and_agree(tiny_bi_enc
     np.testing.assert_allclose(np.vstack(alone[:len(TEXTS)]), enc.encode(TEXTS), atol=1e-6)  # batches: same graph
 
 
-def test_a_single_call_made_while_another_is_on_the_one_stream_takes_the_documents_streams(tiny_bi_encoder):
+def test_a_single_call_made_while_another_is_on_the_one_stream_takes_the_documents_streams(tiny_bi_encoder,
+                                                                                          monkeypatch):
     import threading
 
+    from retr.retrieval.backends import runners
     from retr.retrieval.backends.runners import OpenVinoRunner
+
+    clock = [1000.0]
+    monkeypatch.setattr(runners.time, "monotonic", lambda: clock[0])
 
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
     streams = OpenVinoRunner(enc.graph.path, 2, enc.graph.precision)  # two streams, as on a 2-core machine
@@ -315,9 +320,14 @@ def test_a_single_call_made_while_another_is_on_the_one_stream_takes_the_documen
     worker.join(30)
     one._infer = real_infer
     assert overflowed == [1] and one._active == 0
-    third = one(feeds)  # alone again: the one stream
-    assert overflowed == [1]
-    for got in (first[0], second, third):  # the same file in the same precision: the same vector
+    clock[0] += runners.OVERFLOW_HOLD_S / 2
+    third = one(feeds)  # nothing in flight, but soon after an overflow: still the streams (a loaded server's gap)
+    assert overflowed == [1, 1]
+    clock[0] += runners.OVERFLOW_HOLD_S / 2 + 1e-3
+    fourth = one(feeds)  # the hold ran out (a call made alone did not extend it): the one stream again
+    fifth = one(feeds)
+    assert overflowed == [1, 1]
+    for got in (first[0], second, third, fourth, fifth):  # the same file in the same precision: the same vector
         np.testing.assert_allclose(got, alone, atol=1e-5)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,12 @@ class OrtRunner:
         return done
 
 
+# after a single call overflowed from a one-stream runner onto its streams, further calls stay on the streams for
+# this long: a loaded server then runs one query per core throughout, instead of a query on the one stream's every
+# thread with another on a stream beside it (three threads on two cores)
+OVERFLOW_HOLD_S = 0.5
+
+
 class OpenVinoRunner:
     """An OpenVINO model compiled once, for throughput: one stream per thread, each on its own core (no
     synchronisation inside a batch; +20-27% docs/s on 2 cores against one two-thread stream). Batches run
@@ -94,13 +101,15 @@ class OpenVinoRunner:
         # ``one_stream``'s: the runner a single call takes while another single call is in flight here
         self._overflow = overflow
         self._active = 0  # single calls in flight (counted where there is an overflow runner)
+        self._streams_until = 0.0  # time.monotonic() before which single calls take the overflow runner
         self._active_lock = threading.Lock()
 
     def one_stream(self) -> OpenVinoRunner:
         """The same model compiled as one stream over all of this runner's threads: for a lone query, the cores
         work on it together (MiniLM bf16, 2 AVX-512 EPYC cores: ~2.6 against ~5.2 ms a query through two streams).
         Concurrent queries would then wait for each other: a single call made while another is in flight through
-        the one stream takes this runner's streams instead (compiled again where they were released). `retr serve`
+        the one stream takes this runner's streams instead (compiled again where they were released), and so do the
+        calls made within ``OVERFLOW_HOLD_S`` of one that did. `retr serve`
         on 2 AMX Xeon cores, 32 clients: 188-217 queries/s on the one stream alone, 219-236 with this overflow,
         252-267 on the streams alone (benchmarks/results/serve-overflow-amx-*.json). The same file in the same
         precision: the streams compute what the one stream does. A query candidate the chooser times
@@ -146,7 +155,10 @@ class OpenVinoRunner:
         if self._overflow is None:
             return self._infer(feeds)
         with self._active_lock:
-            alone = self._active == 0
+            now = time.monotonic()
+            if self._active:  # another call in flight: this one and those made soon after take the streams
+                self._streams_until = now + OVERFLOW_HOLD_S
+            alone = now >= self._streams_until  # (a lone caller's calls never overlap: the hold then runs out)
             self._active += 1
         try:
             return self._infer(feeds) if alone else self._overflow(feeds)
