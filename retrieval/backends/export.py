@@ -229,8 +229,8 @@ DYNAMIC_INT8 = "int8+fp32-down"
 
 def down_projections(src: Path) -> list[str]:
     """The MatMul nodes of an ONNX graph that multiply by a constant weight with more input than output features:
-    a transformer's feed-forward output (1536 -> 384 in MiniLM) and a cross-encoder's head. Their input follows
-    GELU, whose outliers a dynamic per-tensor int8 scale resolves worst."""
+    a transformer's feed-forward output (1536 -> 384 in MiniLM; a cross-encoder's head is a Gemm, never quantised).
+    Their input follows GELU, whose outliers a dynamic per-tensor int8 scale resolves worst."""
     import onnx
 
     model = onnx.load(str(src), load_external_data=False)  # shapes are in the graph; the weights are not needed
