@@ -109,9 +109,9 @@ class OpenVinoRunner:
         work on it together (MiniLM bf16, 2 AVX-512 EPYC cores: ~2.6 against ~5.2 ms a query through two streams).
         Concurrent queries would then wait for each other: a single call made while another is in flight through
         the one stream takes this runner's streams instead (compiled again where they were released), and so do the
-        calls made within ``OVERFLOW_HOLD_S`` of one that did. `retr serve`
-        on 2 AMX Xeon cores, 32 clients: 188-217 queries/s on the one stream alone, 219-236 with this overflow,
-        252-267 on the streams alone (benchmarks/results/serve-overflow-amx-*.json). The same file in the same
+        calls made within ``OVERFLOW_HOLD_S`` of one that did. `retr serve` on 2 AMX Xeon cores, means of four
+        alternating runs, 1 / 32 clients: 111 / 152 queries/s, against 116 / 122 on the one stream alone and
+        83 / 158 on the streams alone (benchmarks/results/serve-overflow-hold-amx.json). The same file in the same
         precision: the streams compute what the one stream does. A query candidate the chooser times
         (``retrieval.query_graphs``); the model is shared, not read again."""
         return OpenVinoRunner(self._path, self._threads, self.precision, streams=1, model=self._model, overflow=self)
