@@ -20,6 +20,7 @@ from retr.retrieval.backends.graphs import (
     graph_info,
     query_rank_noise,
     release_memory,
+    release_others,
 )
 from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import Platform
@@ -59,6 +60,7 @@ class QueryGraphs:
             graph = self.candidates.get(choice.backend) if choice is not None else None
             if graph is not None:
                 self._release_documents(graph)
+                release_others(self.candidates, graph, self.documents)
                 return graph
         wanted = base_of(self.given or self.backend).name
         if self.documents is None or wanted in (self.documents.variant, "torch"):

@@ -22,7 +22,7 @@ from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
 from retr.retrieval.backends.batching import run_sorted
 from retr.retrieval.backends.export import SCORING, Calibration, pair_noise
-from retr.retrieval.backends.graphs import Graph
+from retr.retrieval.backends.graphs import Graph, release_others
 from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import Platform
 from retr.retrieval.backends.registry import BACKENDS, CE_MAX_RANK_NOISE
@@ -126,8 +126,13 @@ class PairGraphs:
         return self.time_all()
 
     def chosen(self) -> tuple[Graph, chooser.Choice | None]:
+        """The graph that scores pairs, and the choice that took it (None: the only candidate); the other
+        candidates' sessions and compiled models are dropped (``release_others``)."""
         choice = self.choice()
-        return (self.candidates[choice.backend] if choice is not None else self.base), choice
+        graph = self.candidates[choice.backend] if choice is not None else self.base
+        if choice is not None:
+            release_others(self.candidates, graph)
+        return graph, choice
 
 
 __all__ = ["NOISE_QUESTIONS", "PairGraphs", "sample_pairs", "score_pairs"]

@@ -180,6 +180,30 @@ def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored
     assert noise["openvino"] is None and 0 <= noise["onnx"] < 0.05
 
 
+def test_a_query_candidate_not_taken_holds_no_session_once_the_choice_is_made(tiny_bi_encoder, monkeypatch):
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.backends.export import EMBEDDING
+    from retr.retrieval.backends.graphs import load_or_export
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+    from retr.retrieval.query_graphs import QueryGraphs
+
+    monkeypatch.setattr(QueryGraphs, "one_stream", lambda self: None)  # graphs of other files alone here
+    cfg = EncoderConfig(model=str(tiny_bi_encoder))
+    enc = BiEncoder(cfg)
+    load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
+                   cache_home())
+    monkeypatch.setattr(QueryGraphs, "seconds", lambda self, g: {"openvino": 0.001, "onnx": 0.004}[g.variant])
+    timed = BiEncoder(cfg)
+    assert timed.query_graph.variant == "openvino"
+    onnx = timed.query_graphs.candidates["onnx"].runner
+    assert onnx._session is None  # opened to measure its ranking noise, then dropped once not taken
+    again = BiEncoder(cfg)  # the stored choice: the candidate not taken is never opened
+    assert again.query_graph.variant == "openvino" and again.query_graphs.candidates["onnx"].runner._session is None
+    ids = np.asarray(again.tokens.ids(["wolves in the forest"]), dtype=np.int64)
+    vec = again.query_graphs.candidates["onnx"].runner({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    assert vec.shape[0] == 1  # opened on use
+
+
 def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast(tiny_bi_encoder, monkeypatch):
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends.export import EMBEDDING

@@ -631,3 +631,8 @@ def test_training_a_cross_encoder_makes_this_machines_graphs_and_stores_which_on
     assert set(reranker.pair_graphs.candidates) == set(made)
     assert reranker.choice is not None and not reranker.choice.measured and not timed  # read back, not timed
     assert reranker.backend == reranker.choice.backend and f"reranking takes {reranker.backend}: " in printed
+    # the candidates the stored choice did not take were never opened: no session, no compiled model
+    others = [g.runner for name, g in reranker.pair_graphs.candidates.items() if name != reranker.backend]
+    held = [r for r in others if getattr(r, "_compiled", None) is not None or getattr(r, "_session", None) is not None
+            or "session" in vars(r)]  # (an eagerly opened session would be an attribute of its own)
+    assert any(type(r).__name__ == "OrtRunner" for r in others) and not held

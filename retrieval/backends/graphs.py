@@ -213,6 +213,19 @@ def _export_fp32(model, model_hash: str, kind: GraphKind, dst: Path) -> None:
         shutil.copyfile(f, dst.parent / f.name)
 
 
+def release_others(candidates: dict[str, Graph], chosen: Graph, *keep: Graph | None) -> None:
+    """Drop what each candidate graph other than ``chosen`` (and ``keep``) holds, its compiled model or session:
+    made again on next use. Once a choice is made, the graphs timed for it and not taken hold nothing."""
+    held = {id(g.runner) for g in (chosen, *keep) if g is not None}
+    dropped = False
+    for graph in candidates.values():
+        release = getattr(graph.runner, "release", None)
+        if id(graph.runner) not in held and release is not None:
+            dropped = release() or dropped
+    if dropped:
+        release_memory()
+
+
 def release_memory() -> None:
     """Collect what an export left behind and hand the freed heap back to the system (glibc keeps it otherwise:
     measured on a first `retr eval` of SciFact, the export's and NNCF's ~0.9 GB stayed resident through the

@@ -36,20 +36,38 @@ def default_threads() -> int:
 
 class OrtRunner:
     """An ONNX Runtime session with retr's thread policy; batches run one after the other. Safe to call from
-    several threads at once (ONNX Runtime's ``run`` is)."""
+    several threads at once (ONNX Runtime's ``run`` is). The session is made on first use, as an OpenVINO model
+    is compiled on first use: a cached graph that is only a candidate (a stored choice took another) costs nothing
+    (MiniLM's onnx and onnx-int8 sessions, opened by every search once made: +197 MiB and ~0.5 s)."""
 
     parallel = 1  # batches in flight in run_batches
 
     def __init__(self, path: Path, threads: int, precision: str = "fp32"):
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self._path = path
+        self._threads = threads
         self.precision = precision
+        self._session = None
+        self._lock = threading.Lock()
+
+    @property
+    def session(self):
+        with self._lock:
+            if self._session is None:
+                import onnxruntime as ort
+
+                so = ort.SessionOptions()
+                so.intra_op_num_threads = self._threads
+                so.inter_op_num_threads = 1
+                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+                so.log_severity_level = 3
+                self._session = ort.InferenceSession(str(self._path), so, providers=["CPUExecutionProvider"])
+            return self._session
+
+    def release(self) -> bool:
+        """Drop the session (made again on next use). Whether there was one to drop."""
+        with self._lock:
+            held, self._session = self._session is not None, None
+            return held
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         return self.session.run(None, feeds)[0]
