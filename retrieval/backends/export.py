@@ -405,16 +405,17 @@ def rank_noise(runner, reference, max_length: int) -> float:
     for start in range(0, len(order), 16):  # length-sorted batches: little padding
         idx = order[start:start + 16]
         got[idx] = runner(reference.feed([docs[i] for i in idx], max_length))
-    s_ref, s_got = q @ ref.T, q @ got.T
-    return float(((s_got - s_ref).std(axis=1) / s_ref.std(axis=1)).mean())
+    return pair_noise(q @ ref.T, q @ got.T)  # each question's scores of every passage
 
 
 NOISE_QUESTIONS = 8  # cross-encoders: questions scored against every sample passage (torch is the slow side)
 
 
-def pair_noise(reference: list[np.ndarray], got: list[np.ndarray]) -> float:
+def pair_noise(reference, got) -> float:
     """std(score - reference score) / std(reference score) per query, averaged: how far a graph's scores of each
-    query's documents move against the spread that orders them (a model scoring all alike: no spread, refused)."""
+    query's documents move against the spread that orders them (a model scoring all alike: no spread, refused).
+    ``reference`` and ``got``: one row of scores per query (a list of arrays, or a 2-D array). The one formula of
+    every ranking-noise check: documents (``rank_noise``), queries (``graphs.query_rank_noise``), pairs."""
     return float(np.mean([float((g - r).std() / max(float(r.std()), 1e-12))
                           for r, g in zip(reference, got, strict=True)]))
 

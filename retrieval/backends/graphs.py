@@ -26,7 +26,7 @@ from retr.retrieval.artifacts import (
     versions,
     write_json,
 )
-from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind
+from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind, pair_noise
 from retr.retrieval.backends.quiet import vendor_telemetry_off
 from retr.retrieval.backends.registry import BACKENDS, MAX_RANK_NOISE, Backend, get_backend
 from retr.retrieval.backends.runners import RUNTIMES, default_threads
@@ -187,8 +187,7 @@ def query_rank_noise(base_queries, candidate_queries, docs) -> float:
     score) / std(base score). Ranks swap where this noise meets the gaps between scores."""
     import numpy as np
 
-    s_ref, s_got = np.asarray(base_queries) @ np.asarray(docs).T, np.asarray(candidate_queries) @ np.asarray(docs).T
-    return float(((s_got - s_ref).std(axis=1) / np.maximum(s_ref.std(axis=1), 1e-12)).mean())
+    return pair_noise(np.asarray(base_queries) @ np.asarray(docs).T, np.asarray(candidate_queries) @ np.asarray(docs).T)
 
 
 _exports: dict[tuple, Path] = {}  # (model hash, graph kind, its exporter) -> this process's fp32 export of it
