@@ -112,19 +112,11 @@ class QueryGraphs:
         return replace(self.documents, runner=runner.one_stream())
 
     def seconds(self, graph: Graph) -> float:
-        """Seconds per lone query through ``graph`` (``seconds_each`` of one graph)."""
-        return self.seconds_each([graph])[0]
-
-    def seconds_each(self, graphs: list[Graph]) -> list[float]:
-        """Seconds per lone query through each of ``graphs`` (retr's sample questions, one at a time; ~0.5 s a
-        graph), timed in alternation (``chooser.time_alternating``): the fastest two often lie near the margin
-        (one stream and onnx-int8 on an AMX Xeon: 2.09 against 1.94 ms), and a shared machine drifts more than that
-        between two timings made one after the other."""
+        """Seconds per lone query through ``graph`` (retr's sample questions, one at a time; bounded)."""
         rows = self.tokens.ids(prefixed(self.query_prompt, sample_texts.questions()[:8]))
         feeds = [{"input_ids": np.asarray([r], dtype=np.int64), "attention_mask": np.ones((1, len(r)), np.int64)}
                  for r in rows]
-        return chooser.time_alternating([lambda g=g: [g.runner(f) for f in feeds] for g in graphs], len(feeds),
-                                        budget_s=0.5 * len(graphs))
+        return chooser.time_per_unit(lambda: [graph.runner(f) for f in feeds], len(feeds), budget_s=0.5)
 
     @functools.cached_property
     def _noise_sample(self) -> tuple[list, np.ndarray, np.ndarray]:
@@ -165,26 +157,23 @@ class QueryGraphs:
         those within ``MAX_QUERY_RANK_NOISE``, and store the choice (what ``choice`` reads)."""
         if any(not self._same(g) for g in self.candidates.values()):
             _ = self._noise_sample  # the documents' graph's vectors, taken before its compiled model is dropped
-        # the documents' graph alone first, then dropped before another is compiled (compiled again if chosen: a
-        # search holds one compiled graph); every other candidate in alternation
-        timings = [self._timing(self.documents.variant, self.documents, self.seconds(self.documents))]
-        self._release_documents(None)
-        others = [(name, graph) for name, graph in self.candidates.items() if graph is not self.documents]
-        if others:
-            seconds = self.seconds_each([graph for _, graph in others])
-            timings += [self._timing(name, graph, s) for (name, graph), s in zip(others, seconds, strict=True)]
+        timings = []
+        for name, graph in self.candidates.items():
+            timings.append(self._timing(name, graph))
+            if graph is self.documents:  # timed: dropped before another is compiled (compiled again if chosen)
+                self._release_documents(None)
         choice = chooser.choose(chooser.QUERIES, timings, self.documents.variant)
         logger.info("queries: %s (%s)", choice.backend, choice.why)
         chooser.ChoiceStore(cache_home()).put(self._choice_key(), choice, model_hash=self.exported.model_hash,
                                               cpu=self.platform.cpu)
         return choice
 
-    def _timing(self, name: str, graph: Graph, seconds: float) -> chooser.Timing:
-        """One query candidate as timed (``seconds`` a query), checked for ranking noise unless it is the documents'
-        own graph."""
+    def _timing(self, name: str, graph: Graph) -> chooser.Timing:
+        """One query candidate, timed and (unless it is the documents' own graph) checked for ranking noise."""
         # the documents' graph itself, or its file in its precision on another number of streams (``one_stream``):
         # the same arithmetic, nothing to check (the check's sample costs a first run ~3.5 s)
-        return chooser.checked(name, seconds, None if self._same(graph) else self.noise(graph), MAX_QUERY_RANK_NOISE)
+        return chooser.checked(name, self.seconds(graph), None if self._same(graph) else self.noise(graph),
+                               MAX_QUERY_RANK_NOISE)
 
     def _same(self, graph: Graph) -> bool:
         """``graph`` computes as the documents' graph does: the same file in the same precision (``one_stream``)."""

@@ -83,16 +83,9 @@ class PairGraphs:
         return found
 
     def seconds(self, graph: Graph) -> float:
-        """Median seconds per query's ``depth`` pairs through ``graph`` (``seconds_each`` of one graph)."""
-        return self.seconds_each([graph])[0]
-
-    def seconds_each(self, graphs: list[Graph]) -> list[float]:
-        """Median seconds per query's ``depth`` pairs through each of ``graphs`` (a few questions, bounded), timed
-        in alternation (``chooser.time_alternating``): two int8 graphs a few percent apart were chosen either way
-        from one run to the next when timed one after the other (70.7 against 77.6 ms, then 96.8 against 78.2)."""
+        """Median seconds per query's ``depth`` pairs through ``graph`` (a few questions, bounded)."""
         pairs = sample_pairs(self.depth, 4)
-        return chooser.time_alternating([lambda g=g: [self.score(g, q, d) for q, d in pairs] for g in graphs],
-                                        len(pairs), budget_s=chooser.BUDGET_S * len(graphs))
+        return chooser.time_per_unit(lambda: [self.score(graph, q, d) for q, d in pairs], len(pairs))
 
     @functools.cached_property
     def _base_scores(self) -> list[np.ndarray]:
@@ -111,15 +104,14 @@ class PairGraphs:
         ids += [f"depth={self.depth}", f"max_length={self.max_length}", f"max_rank_noise={CE_MAX_RANK_NOISE}"]
         return chooser.choice_key(self.model_hash, chooser.PAIRS, ids, self.platform)
 
-    def timing(self, name: str, graph: Graph, seconds: float) -> chooser.Timing:
+    def timing(self, name: str, graph: Graph) -> chooser.Timing:
         noise = None if graph is self.base else self.noise(graph)
-        return chooser.checked(name, seconds, noise, CE_MAX_RANK_NOISE)
+        return chooser.checked(name, self.seconds(graph), noise, CE_MAX_RANK_NOISE)
 
     def time_all(self) -> chooser.Choice:
-        """Time every candidate now, in alternation, check each, choose, and store the choice."""
-        seconds = self.seconds_each(list(self.candidates.values()))
-        timings = [self.timing(n, g, s) for (n, g), s in zip(self.candidates.items(), seconds, strict=True)]
-        choice = chooser.choose(chooser.PAIRS, timings, self.base.variant)
+        """Time and check every candidate now, choose, and store the choice."""
+        choice = chooser.choose(chooser.PAIRS, [self.timing(n, g) for n, g in self.candidates.items()],
+                                self.base.variant)
         logger.info("cross-encoder pairs at depth %d: %s (%s)", self.depth, choice.backend, choice.why)
         chooser.ChoiceStore(cache_home()).put(self.key(), choice, model_hash=self.model_hash, cpu=self.platform.cpu)
         return choice

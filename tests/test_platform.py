@@ -20,11 +20,6 @@ STATIC = [registry.BACKENDS[n] for n in ("openvino-int8", "openvino-int8-ffn")]
 UNCALIBRATED = [registry.BACKENDS[n] for n in ("openvino", "onnx", "onnx-int8")]
 
 
-def each(seconds):
-    """A fake per-graph timing as the chooser's timing of several graphs in alternation (``seconds_each``)."""
-    return lambda self, graphs: [seconds(self, g) for g in graphs]
-
-
 def test_the_platform_reads_flags_once_into_precision_and_the_expected_score_kind(monkeypatch):
     assert (AVX2.precision, AVX2.static_int8, AVX2.kind) == ("fp32", False, "fp32")
     assert (VNNI.precision, VNNI.static_int8, VNNI.kind) == ("bf16", True, "bf16+int8")
@@ -167,8 +162,7 @@ def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored
                    cache_home())
     speeds = {"openvino": 0.004, "onnx": 0.002}
     timed = []
-    monkeypatch.setattr(QueryGraphs, "seconds_each",
-                        each(lambda self, g: timed.append(g.variant) or speeds[g.variant]))
+    monkeypatch.setattr(QueryGraphs, "seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
     fresh = BiEncoder(cfg)
     assert fresh.query_graph.variant == "onnx" and sorted(timed) == ["onnx", "openvino"]
     chosen = fresh.describe_queries()["chosen"]
@@ -198,8 +192,7 @@ def test_a_query_candidate_not_taken_holds_no_session_once_the_choice_is_made(ti
     enc = BiEncoder(cfg)
     load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
                    cache_home())
-    monkeypatch.setattr(QueryGraphs, "seconds_each",
-                        each(lambda self, g: {"openvino": 0.001, "onnx": 0.004}[g.variant]))
+    monkeypatch.setattr(QueryGraphs, "seconds", lambda self, g: {"openvino": 0.001, "onnx": 0.004}[g.variant])
     timed = BiEncoder(cfg)
     assert timed.query_graph.variant == "openvino"
     onnx = timed.query_graphs.candidates["onnx"].runner
@@ -228,8 +221,7 @@ def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast
     enc = BiEncoder(cfg)
     load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
                    cache_home())
-    monkeypatch.setattr(QueryGraphs, "seconds_each",
-                        each(lambda self, g: {"openvino": 0.004, "onnx": 0.001}[g.variant]))
+    monkeypatch.setattr(QueryGraphs, "seconds", lambda self, g: {"openvino": 0.004, "onnx": 0.001}[g.variant])
     monkeypatch.setattr(QueryGraphs, "noise", lambda self, g: 0.08)  # a fake measurement: over the bar
     fresh = BiEncoder(cfg)
     assert fresh.query_graph.variant == "openvino"
@@ -275,39 +267,6 @@ def test_a_graph_identity_is_one_value_naming_backend_calibration_export_and_pre
     assert len({g.key, c.key, replace(g, precision="fp32").key, replace(g, generation=EXPORT_GENERATION - 1).key}) == 4
 
 
-def test_query_candidates_are_timed_in_alternation_after_the_documents_graph_and_pair_candidates_all_together(
-        tiny_bi_encoder, tiny_cross_encoder, monkeypatch):
-    from retr.retrieval.artifacts import cache_home
-    from retr.retrieval.backends.export import EMBEDDING
-    from retr.retrieval.backends.graphs import load_or_export
-    from retr.retrieval.encoder import BiEncoder, EncoderConfig
-    from retr.retrieval.rerank_model import CrossEncoderReranker, RerankConfig
-
-    calls = []  # the graphs each timing ran side by side
-
-    def alternating(runs, units, budget_s=chooser.BUDGET_S, min_rounds=chooser.MIN_ROUNDS):
-        calls.append(len(runs))
-        return [0.001 * (i + 1) for i in range(len(runs))]
-
-    monkeypatch.setattr(chooser, "time_alternating", alternating)
-    cfg = EncoderConfig(model=str(tiny_bi_encoder))
-    enc = BiEncoder(cfg)
-    load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
-                   cache_home())
-    fresh = BiEncoder(cfg)
-    n = len(fresh.query_graphs.candidates)
-    assert n >= 2 and fresh.query_graph is not None
-    # the documents' graph alone (it is dropped before another is compiled), then every other candidate together
-    assert calls == [1, n - 1]
-    calls.clear()
-    for backend in ("onnx", "openvino"):  # two graphs of the cross-encoder made
-        CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), max_length=64, corpus_check=False,
-                                          backend=backend)).score("q", ["a b", "c"])
-    reranker = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), max_length=64, corpus_check=False))
-    reranker.score("wolves", ["wolves in the forest", "solar panels"])
-    assert len(reranker.pair_graphs.candidates) >= 2 and calls == [len(reranker.pair_graphs.candidates)]
-
-
 def test_the_documents_graph_as_one_stream_is_a_query_candidate_timed_and_checked(tiny_bi_encoder, monkeypatch):
     """With two or more streams, the documents' OpenVINO graph compiled as one stream over all its threads is a
     query candidate (the same file: nothing made): timed, checked for ranking noise like any other, chosen where
@@ -324,8 +283,8 @@ def test_the_documents_graph_as_one_stream_is_a_query_candidate_timed_and_checke
     one = enc.query_graphs.candidates[name]
     assert one.path == enc.graph.path and one.runner.parallel == 1 and one.runner._model is enc.graph.runner._model
     timed = []
-    monkeypatch.setattr(QueryGraphs, "seconds_each", each(
-        lambda self, g: timed.append(g.runner.parallel) or (0.001 if g.runner.parallel == 1 else 0.004)))
+    monkeypatch.setattr(QueryGraphs, "seconds",
+                        lambda self, g: timed.append(g.runner.parallel) or (0.001 if g.runner.parallel == 1 else 0.004))
     fresh = BiEncoder(cfg)
     assert fresh.query_graph.runner.parallel == 1 and sorted(timed) == [1, enc.graph.runner.parallel]
     chosen = fresh.describe_queries()["chosen"]
@@ -448,7 +407,7 @@ def test_where_queries_go_through_another_compiled_graph_the_documents_one_is_dr
     docs = ["wolves in the forest", "solar panels on roofs", "rivers between mountains"]
     before = enc.encode(docs)
     assert enc.graph.runner._compiled is not None
-    monkeypatch.setattr(QueryGraphs, "seconds_each", each(lambda self, g: 0.001 if g.runner.parallel == 1 else 0.004))
+    monkeypatch.setattr(QueryGraphs, "seconds", lambda self, g: 0.001 if g.runner.parallel == 1 else 0.004)
     assert enc.query_graph is enc.query_graphs.candidates[enc.graph.variant + ONE_STREAM]
     assert enc.graph.runner._compiled is None  # dropped
     q = enc.encode_queries(["wolves"])

@@ -14,11 +14,6 @@ from retr.retrieval.rerank_graphs import PairGraphs, sample_pairs
 from retr.retrieval.rerank_model import CrossEncoderReranker, RerankConfig
 
 
-def each(seconds):
-    """A fake per-graph timing as the chooser's timing of several graphs in alternation (``seconds_each``)."""
-    return lambda self, graphs: [seconds(self, g) for g in graphs]
-
-
 def _reranker(model, **options) -> CrossEncoderReranker:
     return CrossEncoderReranker(RerankConfig(model=str(model), max_length=64, corpus_check=False, **options))
 
@@ -30,7 +25,7 @@ def _fake_speeds(monkeypatch, ms: dict[str, float], noise: dict[str, float] | No
         calls.append(graph.variant)
         return ms[graph.variant] / 1000
 
-    monkeypatch.setattr(PairGraphs, "seconds_each", each(seconds))
+    monkeypatch.setattr(PairGraphs, "seconds", seconds)
     if noise is not None:
         monkeypatch.setattr(PairGraphs, "noise", lambda self, graph: noise[graph.variant])
     return calls

@@ -611,9 +611,9 @@ def test_training_a_cross_encoder_makes_this_machines_graphs_and_stores_which_on
                                                  corpus_check=False))
 
     timed, results = [], {}
-    real_each, real_make = PairGraphs.seconds_each, doctor_rerank.make_graphs
-    monkeypatch.setattr(PairGraphs, "seconds_each", lambda self, graphs: timed.extend(g.variant for g in graphs)
-                        or real_each(self, graphs))
+    real_seconds, real_make = PairGraphs.seconds, doctor_rerank.make_graphs
+    monkeypatch.setattr(PairGraphs, "seconds", lambda self, graph: timed.append(graph.variant)
+                        or real_seconds(self, graph))
     monkeypatch.setattr(doctor_rerank, "make_graphs", lambda *a: results.setdefault("graphs", real_make(*a)))
 
     assert "graphs made" not in train("plain", "--no-graphs") and not results and not timed
