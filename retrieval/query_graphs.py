@@ -59,8 +59,9 @@ class QueryGraphs:
             choice = self.choice
             graph = self.candidates.get(choice.backend) if choice is not None else None
             if graph is not None:
-                self._release_documents(graph)
-                release_others(self.candidates, graph, self.documents)
+                # the documents' graph among them, where queries take another compiled graph: a search then holds
+                # one compiled graph (documents encoded later compile theirs again, ~1 s)
+                release_others(self.candidates, graph)
                 return graph
         wanted = base_of(self.given or self.backend).name
         if self.documents is None or wanted in (self.documents.variant, "torch"):
@@ -74,14 +75,13 @@ class QueryGraphs:
                            self.documents.variant)
             return self.documents
 
-    def _release_documents(self, chosen: Graph | None) -> None:
-        """Where queries go through another compiled graph than the documents' (``chosen``; None: while the
-        candidates are timed, before the next one is compiled), drop the documents' compiled model: a search then
-        holds one, and never two at once (MiniLM bf16 on an AMX Xeon: `retr eval`'s peak 593 MiB with both, 573
-        before the one-stream candidate). Documents encoded later compile it again (~1 s)."""
+    def _release_documents(self) -> None:
+        """Drop the documents' compiled model once it is timed, before the next candidate is compiled: a search
+        never holds two at once (MiniLM bf16 on an AMX Xeon: `retr eval`'s peak 593 MiB with both, 573 before the
+        one-stream candidate). Compiled again where it is chosen, or documents are encoded later (~1 s)."""
         release = getattr(self.documents.runner, "release", None)
-        if (chosen is None or chosen.runner is not self.documents.runner) and release is not None and release():
-            release_memory()  # once: not again where the timing already dropped it
+        if release is not None and release():
+            release_memory()
 
     @functools.cached_property
     def candidates(self) -> dict[str, Graph]:
@@ -160,8 +160,8 @@ class QueryGraphs:
         timings = []
         for name, graph in self.candidates.items():
             timings.append(self._timing(name, graph))
-            if graph is self.documents:  # timed: dropped before another is compiled (compiled again if chosen)
-                self._release_documents(None)
+            if graph is self.documents:
+                self._release_documents()
         choice = chooser.choose(chooser.QUERIES, timings, self.documents.variant)
         logger.info("queries: %s (%s)", choice.backend, choice.why)
         chooser.ChoiceStore(cache_home()).put(self._choice_key(), choice, model_hash=self.exported.model_hash,
