@@ -8,9 +8,10 @@ in bf16 (`--backend openvino --query-backend openvino`, the reference), the defa
 model's static int8 graph, queries in bf16), feed-forward-only static int8 documents with bf16 queries, each
 of the two int8 document graphs with the dynamic int8 ONNX query graph (full static int8 documents with int8
 queries: the defaults before 2026-12-04), and bf16 documents with the dynamic int8 query graph (what a query takes
-where the chooser finds it fastest). ``--only`` runs some of them beside bf16. For each: nDCG@10, its difference to bf16 with its standard error, the
-paired t-test and randomization p over the queries (per dataset, and pooled over several), and the ranking noise
-each graph adds on retr's fixed sample (the figure retr's check refuses a graph on).
+where the chooser finds it fastest). ``--only`` runs some of them beside bf16. For each: nDCG@10, its difference
+to bf16 with its standard error, the paired t-test and randomization p over the queries (per dataset, and pooled
+over several), and the ranking noise each graph adds on retr's fixed sample (the figure retr's check refuses a
+graph on; skipped with ``--no-noise``).
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     print("ranking noise on retr's sample:", {k: round(v, 4) for k, v in noise.items()})
     from common import cpu, write_result
 
-    write_result(out, {"model": args.model, "dataset": args.dataset, "cpu": cpu(), "configs": chosen, "results": rows,
-                       "rank_noise": noise})
+    write_result(out, {"model": args.model, "dataset": args.dataset, "cpu": cpu(), "configs": chosen,
+                       "results": rows, "rank_noise": noise})
     return 0
 
 

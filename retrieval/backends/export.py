@@ -239,16 +239,20 @@ def down_projections(src: Path) -> list[str]:
             and len(weights.get(n.input[1], ())) == 2 and weights[n.input[1]][0] > weights[n.input[1]][1]]
 
 
-def quantize_dynamic_int8(src: Path, dst: Path, calibration: Calibration | None) -> None:
-    """Dynamic int8 (per-channel weights, the MatMuls by a weight only: embeddings, norms and the down-projections
-    (``down_projections``) stay fp32)."""
+def dynamic_int8(src: Path, dst: Path, exclude: list[str]) -> None:
+    """``src`` in dynamic int8 at ``dst`` (``src`` kept): per-channel weights, the MatMuls by a weight only
+    (embeddings and norms stay fp32), the nodes named in ``exclude`` left fp32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    exclude = down_projections(src)
     with quiet_third_party("onnxruntime"):
         quantize_dynamic(str(src), str(dst), per_channel=True, op_types_to_quantize=["MatMul"],
                          weight_type=QuantType.QInt8, nodes_to_exclude=exclude,
                          extra_options={"MatMulConstBOnly": True})
+
+
+def quantize_dynamic_int8(src: Path, dst: Path, calibration: Calibration | None) -> None:
+    """The onnx-int8 graph: ``dynamic_int8`` with the down-projections (``down_projections``) in fp32."""
+    dynamic_int8(src, dst, down_projections(src))
     _drop(src)
 
 

@@ -84,9 +84,9 @@ BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
     Backend("openvino", "OpenVINO, bf16 where the CPU has it natively, else fp32", "openvino", "model.xml",
             {"bi": 0.999, "ce": 0.98}, export.to_openvino, native_precision),
     Backend("onnx", "ONNX Runtime fp32", "onnxruntime", "model.onnx", {"bi": 0.9999, "ce": 0.999}, export.keep_onnx),
-    Backend("onnx-int8", "ONNX Runtime, dynamic int8 MatMuls (feed-forward down-projections fp32)", "onnxruntime", "model.onnx",
-            {"bi": 0.985, "ce": CE_INT8_FLOOR}, export.quantize_dynamic_int8, lambda: export.DYNAMIC_INT8,
-            batch_invariant=False),
+    Backend("onnx-int8", "ONNX Runtime, dynamic int8 MatMuls (feed-forward down-projections fp32)", "onnxruntime",
+            "model.onnx", {"bi": 0.985, "ce": CE_INT8_FLOOR}, export.quantize_dynamic_int8,
+            lambda: export.DYNAMIC_INT8, batch_invariant=False),
     Backend("torch", "the torch model itself (sentence-transformers)", "torch"),
 )})
 
