@@ -51,6 +51,9 @@ class OrtRunner:
 
     @property
     def session(self):
+        session = self._session
+        if session is not None:  # every query's path: no lock once made
+            return session
         with self._lock:
             if self._session is None:
                 import onnxruntime as ort
