@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from retr.retrieval.backends import chooser, registry
+from retr.retrieval.backends import platform as platform_mod
 from retr.retrieval.backends.chooser import DOCUMENTS, PAIRS, QUERIES, Timing
-from retr.retrieval.backends.platform import Platform, this_platform
+from retr.retrieval.backends.platform import Platform, this_platform, usable_flags
 
 AVX2 = Platform.of({"avx", "avx2", "fma"}, cpu="AMD EPYC (AVX2 only)")
 VNNI = Platform.of({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}, cpu="AMD EPYC 9R14")  # AVX-512, no AMX
@@ -38,6 +39,29 @@ def test_the_platform_reads_flags_once_into_precision_and_the_expected_score_kin
     p = this_platform()
     assert (p.precision, p.static_int8, p.kind) == ("bf16", True, "bf16+int8")
     assert p.cpu and p.to_dict()["cpu"] == p.cpu
+
+
+def test_what_the_process_may_not_use_is_taken_from_the_flags_and_named_in_the_cpu(monkeypatch):
+    """AMX the kernel refuses, and a ONEDNN_MAX_CPU_ISA ceiling, leave the flags of the CPU that would result;
+    the limit is named in the CPU string, so choices measured under it are stored apart."""
+    asked = []
+    granted = lambda: asked.append(1) or False  # noqa: E731
+    assert usable_flags(AMX.flags, None, granted) == (VNNI.flags, ["AMX not granted by the kernel"])
+    assert usable_flags(VNNI.flags, None, granted) == (VNNI.flags, []) and len(asked) == 1  # no AMX: not asked
+    assert usable_flags(AMX.flags, None, lambda: True) == (AMX.flags, [])
+    assert usable_flags(AMX.flags, "avx512_core_bf16", lambda: True) == (VNNI.flags, ["ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"])
+    flags, _ = usable_flags(AMX.flags, "AVX512_CORE_VNNI", lambda: True)
+    assert Platform.of(flags).kind == "fp32+int8"  # Ice Lake's: no bf16, VNNI
+    flags, _ = usable_flags(AMX.flags | {"avx_vnni"}, "AVX2", lambda: True)
+    assert flags == {"avx2"} and Platform.of(flags).kind == AVX2.kind
+    assert usable_flags(AMX.flags, "ALL", lambda: True) == (AMX.flags, [])
+    assert usable_flags(AVX2.flags, "AVX512_CORE_BF16", lambda: True) == (AVX2.flags, [])  # nothing taken: unnamed
+    monkeypatch.setattr(platform_mod, "_cpuinfo", lambda: (AMX.cpu, AMX.flags))
+    monkeypatch.setattr(platform_mod, "amx_granted", lambda: False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_VNNI")
+    p = this_platform()
+    assert p.cpu == "Intel Xeon 8481C [AMX not granted by the kernel; ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI]"
+    assert (p.amx, p.precision, p.kind) == (False, "fp32", "fp32+int8")
 
 
 @pytest.mark.parametrize("platform,static_kept", [(AVX2, False), (VNNI, True), (AMX, True)])
@@ -414,3 +438,18 @@ def test_where_queries_go_through_another_compiled_graph_the_documents_one_is_dr
     assert enc.graph.runner._compiled is None  # queries never compile it again
     np.testing.assert_allclose(enc.encode(docs), before, atol=1e-5)  # compiled again on use: the same vectors
     assert enc.graph.runner._compiled is not None and q.shape == (1, enc.dim)
+
+
+@pytest.mark.skipif(not (platform_mod._platform.system() == "Linux" and platform_mod._platform.machine() == "x86_64"),
+                    reason="the kernel's AMX grant is a Linux x86-64 request")
+def test_benchmarks_without_amx_makes_the_kernel_refuse_amx_to_the_command_it_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+    launcher = Path(__file__).resolve().parents[1] / "benchmarks" / "without_amx.py"
+    code = ("import ctypes; from retr.retrieval.backends.platform import amx_granted; "
+            "libc = ctypes.CDLL(None, use_errno=True); r = libc.syscall(158, 0x1023, 18); "
+            "print(r, ctypes.get_errno(), amx_granted())")
+    out = subprocess.run([sys.executable, str(launcher), sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out == ["-1", "1", "False"]  # EPERM from the filter, and retr reads the refusal
