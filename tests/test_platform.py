@@ -9,7 +9,7 @@ from types import MappingProxyType
 import numpy as np
 import pytest
 
-from retr.retrieval.backends import chooser, registry
+from retr.retrieval.backends import chooser, registry, timing
 from retr.retrieval.backends import platform as platform_mod
 from retr.retrieval.backends.chooser import DOCUMENTS, PAIRS, QUERIES, Timing
 from retr.retrieval.backends.platform import Platform, this_platform, usable_flags
@@ -410,7 +410,7 @@ def test_alternating_timing_puts_a_machines_drift_on_both_sides(monkeypatch):
         clock["calls"] += 1
         clock["t"] += clock["calls"]
 
-    monkeypatch.setattr(chooser.time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock["t"])
     first = chooser.time_per_unit(run, 1, budget_s=0, min_rounds=4)
     second = chooser.time_per_unit(run, 1, budget_s=0, min_rounds=4)
     assert second > 1.5 * first  # one after the other: the drift reads as a difference
@@ -453,3 +453,49 @@ def test_benchmarks_without_amx_makes_the_kernel_refuse_amx_to_the_command_it_ru
     out = subprocess.run([sys.executable, str(launcher), sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.split()
     assert out == ["-1", "1", "False"]  # EPERM from the filter, and retr reads the refusal
+
+
+def test_bf16_is_taken_only_where_the_probe_measured_it_more_than_the_margin_faster(monkeypatch):
+    from retr.retrieval.backends.precision import PrecisionTiming
+    slow = PrecisionTiming(bf16_ms=19.8, fp32_ms=12.6)  # an AMX Xeon with AMX refused
+    close = PrecisionTiming(bf16_ms=10.0, fp32_ms=10.5)  # within the margin: fp32 adds no noise
+    fast = PrecisionTiming(bf16_ms=4.6, fp32_ms=11.7)  # AMX
+    assert (slow.bf16_pays, close.bf16_pays, fast.bf16_pays) == (False, False, True)
+    no_amx = replace(VNNI, precision_probe=slow)
+    assert (no_amx.precision, no_amx.kind, no_amx.bf16_native) == ("fp32", "fp32+int8", True)
+    assert no_amx.int8_prior > VNNI.int8_prior > 1  # int8 over an fp32 base graph gains more than over bf16
+    assert replace(AMX, precision_probe=fast).precision == "bf16"
+    assert replace(VNNI, precision_probe=slow, bf16_forced=True).precision == "bf16"  # RETR_BF16=1 overrides
+    assert replace(AVX2, precision_probe=fast).precision == "fp32"  # never bf16 without the instructions
+    assert no_amx.to_dict()["precision_probe"]["bf16_pays"] is False
+
+
+def test_the_probe_runs_once_per_cpu_where_bf16_is_native_and_is_read_back_from_the_cache(monkeypatch, tmp_path):
+    from retr.retrieval.backends import precision
+    from retr.retrieval.backends.precision import PrecisionTiming
+    monkeypatch.setenv("RETR_CACHE", str(tmp_path))
+    monkeypatch.delenv("RETR_BF16", raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(platform_mod, "amx_granted", lambda: True)
+    measured = []
+    monkeypatch.setattr(precision, "measure", lambda threads: measured.append(threads) or PrecisionTiming(20.0, 12.0))
+    precision.timing.cache_clear()
+    try:
+        monkeypatch.setattr(platform_mod, "_cpuinfo", lambda: ("test CPU, no AMX", VNNI.flags))
+        assert this_platform().precision == "fp32" and this_platform().precision == "fp32"
+        assert measured == [VNNI.threads] and len(list((tmp_path / "choices").glob("precision-*.json"))) == 1
+        precision.timing.cache_clear()  # another process, the same cache: read back, not measured
+        assert this_platform().precision_probe == PrecisionTiming(20.0, 12.0) and len(measured) == 1
+        monkeypatch.setattr(platform_mod, "_cpuinfo", lambda: ("test CPU, AVX2", AVX2.flags))
+        assert this_platform().precision_probe is None and len(measured) == 1  # no bf16 here: nothing to measure
+        monkeypatch.setattr(platform_mod, "_cpuinfo", lambda: ("test CPU, no AMX", VNNI.flags))
+        monkeypatch.setenv("RETR_BF16", "1")
+        assert this_platform().precision == "bf16" and len(measured) == 1  # forced: not measured
+    finally:
+        precision.timing.cache_clear()
+
+
+def test_the_real_probe_times_both_precisions_of_one_openvino_model():
+    from retr.retrieval.backends import precision
+    t = precision.measure(threads=1)
+    assert t.bf16_ms > 0 and t.fp32_ms > 0 and isinstance(t.bf16_pays, bool)

@@ -3,7 +3,8 @@
 Training precision, the graphs' precision, expected-score filtering and the backend chooser all read one
 ``Platform`` instead of each reading ``/proc/cpuinfo`` again. Flags only say what cannot run (natively) here;
 which graph is fastest is measured on the machine (``backends.chooser``). ``RETR_BF16=0/1`` and
-``RETR_INT8_DOT=0/1`` stay overrides (the figures of another kind of machine, measured on this one).
+``RETR_INT8_DOT=0/1`` stay overrides (the figures of another kind of machine, measured on this one). Whether bf16
+is used where it is native is measured too (``precision``): without AMX it can be slower than fp32.
 
 A flag is only what the CPU has; what a process may use can be less. Two limits are read into the flags:
 AMX needs the kernel to grant tile data (``arch_prctl(ARCH_REQ_XCOMP_PERM)``; containers and older kernels refuse
@@ -21,6 +22,8 @@ import os
 import platform as _platform
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from retr.retrieval.backends import precision as _precision
 
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
@@ -60,6 +63,7 @@ class Platform:
     cores: int = 1
     bf16_forced: bool | None = None  # RETR_BF16
     int8_forced: bool | None = None  # RETR_INT8_DOT
+    precision_probe: _precision.PrecisionTiming | None = None  # bf16 against fp32, measured here (``precision``)
 
     @classmethod
     def of(cls, flags, cpu: str = "simulated", cores: int = 2, bf16_forced: bool | None = None,
@@ -67,9 +71,19 @@ class Platform:
         return cls(cpu, frozenset(flags), max(1, int(cores)), bf16_forced, int8_forced)
 
     @property
+    def bf16_native(self) -> bool:
+        """bf16 instructions here (AVX-512 BF16 or AMX): whether bf16 is a candidate at all."""
+        return not self.flags.isdisjoint(BF16_FLAGS)
+
+    @property
     def bf16(self) -> bool:
-        """bf16 arithmetic natively (AVX-512 BF16 or AMX): training autocast and OpenVINO's precision hint."""
-        return self.bf16_forced if self.bf16_forced is not None else not self.flags.isdisjoint(BF16_FLAGS)
+        """Whether retr computes in bf16 here (training autocast, OpenVINO's precision hint): native bf16 that the
+        probe measured faster than fp32 (``precision``; flags alone where it was not run), or ``RETR_BF16``."""
+        if self.bf16_forced is not None:
+            return self.bf16_forced
+        if self.precision_probe is not None:
+            return self.bf16_native and self.precision_probe.bf16_pays
+        return self.bf16_native
 
     @property
     def int8_dot(self) -> bool:
@@ -95,11 +109,15 @@ class Platform:
     @property
     def int8_prior(self) -> float:
         """Static int8's document throughput over the base graph's, assumed until measured here: 1.44 with int8
-        dot products and no AMX (75 against 52 docs/s, AVX-512 VNNI EPYC, issue 39), 0.97 with AMX (104.5
-        against 107.6, AMX Xeon), 0.85 emulated (19.2 against 22.7, AVX2 EPYC)."""
+        dot products over a bf16 base graph without AMX (75 against 52 docs/s, AVX-512 VNNI EPYC, issue 39), 2.03
+        over an fp32 one (16.0 against 32.5 ms per document, an AMX Xeon with AMX refused, where bf16 measured
+        slower than fp32), 0.97 with AMX (104.5 against 107.6, AMX Xeon), 0.85 emulated (19.2 against 22.7, AVX2
+        EPYC)."""
         if self.int8_forced is not None:
             return 1.44 if self.int8_forced else 0.85
-        return 0.97 if self.amx else 1.44 if self.int8_dot else 0.85
+        if self.amx:
+            return 0.97
+        return (1.44 if self.bf16 else 2.03) if self.int8_dot else 0.85
 
     @property
     def kind(self) -> str:
@@ -118,7 +136,9 @@ class Platform:
 
     def to_dict(self) -> dict:
         return {"cpu": self.cpu, "cores": self.cores, "threads": self.threads, "precision": self.precision,
-                "bf16": self.bf16, "int8_dot": self.int8_dot, "amx": self.amx, "kind": self.kind,
+                "bf16": self.bf16, "bf16_native": self.bf16_native,
+                "precision_probe": self.precision_probe.to_dict() if self.precision_probe else None,
+                "int8_dot": self.int8_dot, "amx": self.amx, "kind": self.kind,
                 "avx512": any(f.startswith("avx512") for f in self.flags), "avx2": "avx2" in self.flags}
 
 
@@ -167,12 +187,17 @@ def usable_flags(flags: frozenset[str], ceiling: str | None, granted) -> tuple[f
 
 def this_platform() -> Platform:
     """This machine: ``/proc/cpuinfo`` (read once per process) less what this process may not use (the kernel's
-    AMX grant, ``ONEDNN_MAX_CPU_ISA``), the core count and the ``RETR_BF16`` / ``RETR_INT8_DOT`` overrides."""
+    AMX grant, ``ONEDNN_MAX_CPU_ISA``), the core count, whether bf16 is faster than fp32 here (measured once per
+    CPU and stored: ``precision.timing``, where bf16 is native and not forced) and the ``RETR_BF16`` /
+    ``RETR_INT8_DOT`` overrides."""
     cpu, flags = _cpuinfo()
     flags, limits = usable_flags(flags, os.environ.get("ONEDNN_MAX_CPU_ISA"), amx_granted)
     if limits:
         cpu = f"{cpu} [{'; '.join(limits)}]"
-    return Platform(cpu, flags, max(1, os.cpu_count() or 1), _forced("RETR_BF16"), _forced("RETR_INT8_DOT"))
+    here = Platform(cpu, flags, max(1, os.cpu_count() or 1), _forced("RETR_BF16"), _forced("RETR_INT8_DOT"))
+    if here.bf16_native and here.bf16_forced is None:
+        here = replace(here, precision_probe=_precision.timing(cpu, here.threads))
+    return here
 
 
 __all__ = ["Platform", "amx_granted", "this_platform", "usable_flags"]

@@ -1,0 +1,112 @@
+"""Whether bf16 is faster than fp32 on this CPU: measured, once per CPU, thread count and OpenVINO version, and
+stored, because a bf16 flag does not say so.
+
+An AMX Xeon runs a transformer's feed-forward matrices ~2.5x faster in bf16 than in fp32; the same Xeon with AMX
+refused (``benchmarks/without_amx.py``), its AVX512_BF16 instructions still there, ran them ~1.8x *slower* in
+bf16, and MiniLM's graph ~2x slower (706-869 against 383 ms for 32x128 tokens). The probe is two of MiniLM's
+feed-forward blocks (384 -> 1536 -> 384, 512 token rows) compiled by OpenVINO in both precisions and timed in
+alternation (~0.5 s in all). bf16 is taken only where it is more than ``NOISE_FREE_MARGIN`` faster: it adds
+ranking noise that fp32 does not.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from retr.retrieval.artifacts import atomic_write_text, cache_home, versions
+from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, time_alternating
+
+logger = logging.getLogger(__name__)
+
+PROBE_ROWS, PROBE_WIDTH, PROBE_FFN, PROBE_LAYERS = 512, 384, 1536, 2
+PROBE_BUDGET_S = 0.1
+PROBE_VERSION = 1  # another probe, other stored measurements
+
+
+@dataclass(frozen=True)
+class PrecisionTiming:
+    """The probe's milliseconds in bf16 and fp32 on this CPU."""
+    bf16_ms: float
+    fp32_ms: float
+
+    @property
+    def bf16_pays(self) -> bool:
+        return self.fp32_ms > self.bf16_ms * (1 + NOISE_FREE_MARGIN)
+
+    def phrase(self) -> str:
+        return (f"bf16 {self.bf16_ms:.1f} ms, fp32 {self.fp32_ms:.1f} ms on two feed-forward blocks: "
+                + ("bf16" if self.bf16_pays else f"fp32 (bf16 not more than {NOISE_FREE_MARGIN:.0%} faster)"))
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "bf16_pays": self.bf16_pays, "margin": NOISE_FREE_MARGIN}
+
+
+def _probe_model():
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    rng = np.random.default_rng(0)
+    x = ops.parameter([PROBE_ROWS, PROBE_WIDTH], ov.Type.f32, name="x")
+    h = x
+    for _ in range(PROBE_LAYERS):
+        up = (rng.standard_normal((PROBE_WIDTH, PROBE_FFN)) * 0.05).astype(np.float32)
+        down = (rng.standard_normal((PROBE_FFN, PROBE_WIDTH)) * 0.05).astype(np.float32)
+        a = ops.gelu(ops.matmul(h, ops.constant(up), False, False), "erf")
+        h = ops.add(h, ops.matmul(a, ops.constant(down), False, False))
+    return ov.Model([h], [x], "retr-precision-probe")
+
+
+def measure(threads: int) -> PrecisionTiming:
+    """The probe, timed now: bf16 and fp32 compiled from one model, alternating."""
+    import openvino as ov
+
+    core = ov.Core()
+    x = np.random.default_rng(1).standard_normal((PROBE_ROWS, PROBE_WIDTH)).astype(np.float32)
+    runs = []
+    for hint in ("bf16", "f32"):
+        request = core.compile_model(_probe_model(), "CPU", {
+            "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+        }).create_infer_request()
+        runs.append(functools.partial(request.infer, {0: x}))
+    bf16_s, fp32_s = time_alternating(runs, 1, budget_s=PROBE_BUDGET_S, min_rounds=3)
+    return PrecisionTiming(bf16_s * 1000, fp32_s * 1000)
+
+
+def _key(cpu: str, threads: int) -> str:
+    ov_version = versions().get("openvino", "not installed")
+    raw = json.dumps([PROBE_VERSION, cpu, threads, ov_version, NOISE_FREE_MARGIN])
+    return "precision-" + hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+@functools.lru_cache(maxsize=8)
+def timing(cpu: str, threads: int) -> PrecisionTiming | None:
+    """This CPU's probe: read from ``$RETR_CACHE/choices`` where it was measured before, else measured now (once
+    per process) and stored. None where OpenVINO cannot run it (not installed, another device): the flags then
+    decide."""
+    path = cache_home() / "choices" / f"{_key(cpu, threads)}.json"
+    try:
+        stored = json.loads(path.read_text())
+        return PrecisionTiming(float(stored["bf16_ms"]), float(stored["fp32_ms"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        measured = measure(threads)
+    except Exception as e:  # noqa: BLE001 - OpenVINO missing or refusing the probe: the flags decide
+        logger.debug("precision probe not run: %s", e)
+        return None
+    logger.info("bf16 or fp32 on this CPU (%s, once): %s", cpu, measured.phrase())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({**measured.to_dict(), "cpu": cpu, "threads": threads}, indent=2) + "\n")
+    except OSError as e:  # a read-only cache: measured again next time
+        logger.debug("precision probe not stored: %s", e)
+    return measured
+
+
+__all__ = ["NOISE_FREE_MARGIN", "PrecisionTiming", "measure", "timing"]
