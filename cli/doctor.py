@@ -77,12 +77,17 @@ def _report(args: argparse.Namespace) -> dict:
                    "rank_noise": timed[name].rank_noise if name in timed else None,
                    "passed": timed[name].passed if name in timed else True}
                   for name, g in queries.candidates.items()]
-    base_s = enc.planner.doc_seconds(enc.graph, args.doc_tokens)
+    calibrated = enc.exported.find(backend, enc.planner.calibration) \
+        if backend.calibrated and backend in kept else None
+    if calibrated is not None:  # the planner's own alternating timing, stored: what `retr index` decides by
+        base_t, int8_t = enc.planner.measured_per_token(calibrated)
+        base_s = base_t * args.doc_tokens
+    else:
+        base_s = enc.planner.doc_seconds(enc.graph, args.doc_tokens)
     documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000, "doc_tokens": args.doc_tokens}}
     if backend.calibrated and backend in kept:
-        calibrated = enc.exported.find(backend, enc.planner.calibration)
         if calibrated is not None:
-            brk = chooser.calibration_pays(args.docs, base_s, platform, enc.planner.doc_seconds(calibrated, args.doc_tokens),
+            brk = chooser.calibration_pays(args.docs, base_s, platform, int8_t * args.doc_tokens,
                                            _made_seconds(calibrated))
         else:
             brk = chooser.calibration_pays(args.docs, base_s, platform)

@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 # ~5% of each other, 1.6 s of alternation read int8 30% faster once and 3% faster another time; rounds of ~0.4 s
 # each vary by 10-15% there
 PER_TOKEN_BUDGET_S = 4.0
+# at least this many alternating rounds within the budget; one round of MiniLM's fp32 and int8 graphs on an AMX
+# Xeon with AMX refused takes ~2 s, so four rounds and a warm-up took 11 s of a corpus's run there (once per model,
+# graphs and CPU, then stored)
+PER_TOKEN_MIN_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,7 @@ class CorpusPlanner:
         ratio is what decides, and a shared machine drifts between two runs timed one after the other."""
         rows = self._sample_rows()
         return chooser.time_alternating([self._encode_sample(g, rows) for g in graphs], sum(len(r) for r in rows),
-                                        budget_s=PER_TOKEN_BUDGET_S, min_rounds=4)
+                                        budget_s=PER_TOKEN_BUDGET_S, min_rounds=PER_TOKEN_MIN_ROUNDS)
 
     def doc_seconds(self, graph: Graph, tokens_per_doc: float) -> float:
         """Seconds per document of ``tokens_per_doc`` tokens through ``graph`` (``token_seconds``)."""
@@ -180,7 +184,7 @@ class CorpusPlanner:
         cached = self.exported.find(self.configured, self.calibration)
         if cached is not None:
             self.__dict__["calibrated_graph"] = cached
-            base_t, int8_t = self._measured_per_token(cached)
+            base_t, int8_t = self.measured_per_token(cached)
             brk = chooser.calibration_pays(docs, base_t * per_doc, self.platform, int8_t * per_doc, 0.0)
         elif self.platform.int8_prior <= 1:
             logger.info("%s for %d documents: int8 is assumed no faster than the base graph on this CPU (x%.2f "
@@ -195,7 +199,7 @@ class CorpusPlanner:
                     "int8" if brk.pays else f"the base graph ({brk.break_even_phrase()})")
         return brk
 
-    def _measured_per_token(self, calibrated: Graph) -> tuple[float, float]:
+    def measured_per_token(self, calibrated: Graph) -> tuple[float, float]:
         """Seconds per token of the base graph and of the calibrated one, timed once per model, graphs, CPU and
         library versions and then read from the choice store: a property of the machine, not of the corpus, so a
         later corpus pays no timing (~2 s on 2 cores, the base graph compiled only to be timed)."""

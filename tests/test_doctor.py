@@ -39,6 +39,25 @@ def test_doctor_prints_the_cpu_the_candidates_the_choice_and_the_first_run_cost(
     assert "first run on 500 new documents here" in text
 
 
+def test_doctor_times_the_documents_graphs_as_the_index_will_and_stores_it(tiny_bi_encoder, capsys, monkeypatch):
+    """With the int8 graph made, doctor's documents figures are the planner's alternating per-token timing, stored:
+    a later `retr index` reads them and times nothing, so what doctor shows is what an index decides by."""
+    from retr.retrieval.backends import chooser
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    monkeypatch.setenv("RETR_INT8_DOT", "1")
+    assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "500", "--doc-tokens", "10", "--export",
+                 "--json"]) == 0
+    docs = json.loads(capsys.readouterr().out)["documents"]
+    assert docs["int8"]["measured"] is True
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
+    calibrated = enc.exported.find("openvino-int8", enc.planner.calibration)
+    monkeypatch.setattr(chooser, "time_alternating", lambda *a, **k: (_ for _ in ()).throw(AssertionError("timed")))
+    base_t, int8_t = enc.planner.measured_per_token(calibrated)
+    assert abs(docs["base"]["ms_per_doc"] - base_t * 10 * 1000) < 1e-9
+    assert abs(docs["int8"]["int8_s"] - int8_t * 10) < 1e-12
+
+
 def test_doctor_shows_each_query_candidates_ranking_noise_beside_its_speed(tiny_bi_encoder, capsys):
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends.export import EMBEDDING
