@@ -478,7 +478,8 @@ def test_the_probe_runs_once_per_cpu_where_bf16_is_native_and_is_read_back_from_
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(platform_mod, "amx_granted", lambda: True)
     measured = []
-    monkeypatch.setattr(precision, "measure", lambda threads: measured.append(threads) or PrecisionTiming(20.0, 12.0))
+    monkeypatch.setattr(precision, "measure_apart",
+                        lambda threads: measured.append(threads) or PrecisionTiming(20.0, 12.0))
     precision.timing.cache_clear()
     try:
         monkeypatch.setattr(platform_mod, "_cpuinfo", lambda: ("test CPU, no AMX", VNNI.flags))
@@ -495,7 +496,8 @@ def test_the_probe_runs_once_per_cpu_where_bf16_is_native_and_is_read_back_from_
         precision.timing.cache_clear()
 
 
-def test_the_real_probe_times_both_precisions_of_one_openvino_model():
+def test_the_real_probe_times_both_precisions_of_one_openvino_model_in_a_child_process(monkeypatch):
     from retr.retrieval.backends import precision
-    t = precision.measure(threads=1)
+    monkeypatch.setattr(precision, "measure", lambda threads: pytest.fail("measured in this process"))
+    t = precision.measure_apart(threads=1)
     assert t.bf16_ms > 0 and t.fp32_ms > 0 and isinstance(t.bf16_pays, bool)
