@@ -5,8 +5,8 @@ An AMX Xeon runs a transformer's feed-forward matrices ~2.5x faster in bf16 than
 refused (``benchmarks/without_amx.py``), its AVX512_BF16 instructions still there, ran them ~1.8x *slower* in
 bf16, and MiniLM's graph ~2x slower (706-869 against 383 ms for 32x128 tokens). The probe is two of MiniLM's
 feed-forward blocks (384 -> 1536 -> 384, 512 token rows) compiled by OpenVINO in both precisions and timed in
-alternation (~0.5 s in all). bf16 is taken only where it is more than ``NOISE_FREE_MARGIN`` faster: it adds
-ranking noise that fp32 does not.
+alternation (~0.4 s; ~0.8 s in the child process it runs in). bf16 is taken only where it is more than
+``NOISE_FREE_MARGIN`` faster: it adds ranking noise that fp32 does not.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from retr.retrieval.artifacts import atomic_write_text, cache_home, versions
+from retr.retrieval.backends.quiet import vendor_telemetry_off
 from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, time_alternating
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ def _probe_model():
 
 def measure(threads: int) -> PrecisionTiming:
     """The probe, timed now: bf16 and fp32 compiled from one model, alternating."""
+    vendor_telemetry_off()
     import openvino as ov
 
     core = ov.Core()
