@@ -126,9 +126,9 @@ def _print(r: dict) -> None:
           f"{'yes' if p['amx'] else 'no'})")
     probe = p.get("precision_probe")
     if probe:
-        print(f"  bf16 or fp32 (measured once here): bf16 {probe['bf16_ms']:.1f} ms, fp32 {probe['fp32_ms']:.1f} ms on "
-              f"two feed-forward blocks: "
-              + ("bf16" if probe["bf16_pays"] else f"fp32, bf16 not more than {probe['margin']:.0%} faster"))
+        verdict = "bf16" if probe["bf16_pays"] else f"fp32, bf16 not more than {probe['margin']:.0%} faster"
+        print(f"  bf16 or fp32 (measured once here): bf16 {probe['bf16_ms']:.1f} ms, fp32 {probe['fp32_ms']:.1f} ms "
+              f"on two feed-forward blocks: {verdict}")
     elif p.get("bf16_native") is False:
         print("  bf16: no native instructions here: fp32")
     print(f"model: {r['model']} ({r.get('model_hash', '')[:12]}), --backend {r['backend']}")

@@ -37,6 +37,12 @@ def test_doctor_prints_the_cpu_the_candidates_the_choice_and_the_first_run_cost(
     assert "openvino-int8" in text and "assumed" in text
     assert ("int8 pays from ~" in text or "int8 is no faster here" in text) and "None" not in text
     assert "first run on 500 new documents here" in text
+    here = this_platform()
+    if here.precision_probe is not None:  # bf16 native here: the probe measured it, and doctor says what it chose
+        assert f"bf16 or fp32 (measured once here): bf16 {here.precision_probe.bf16_ms:.1f} ms" in text
+        assert f"graphs compute in {here.precision};" in text
+    elif not here.bf16_native:
+        assert "bf16: no native instructions here: fp32" in text
 
 
 def test_doctor_times_the_documents_graphs_as_the_index_will_and_stores_it(tiny_bi_encoder, capsys, monkeypatch):

@@ -107,8 +107,8 @@ def _key(cpu: str, threads: int) -> str:
 @functools.lru_cache(maxsize=8)
 def timing(cpu: str, threads: int) -> PrecisionTiming | None:
     """This CPU's probe: read from ``$RETR_CACHE/choices`` where it was measured before, else measured now (in a
-    child process, once per process) and stored. None where OpenVINO cannot run it (not installed, another device): the flags then
-    decide."""
+    child process, once per process) and stored. None where OpenVINO cannot run it (not installed, another
+    device): the flags then decide."""
     path = cache_home() / "choices" / f"{_key(cpu, threads)}.json"
     try:
         stored = json.loads(path.read_text())
