@@ -154,10 +154,10 @@ def section_query_latency(ds, n_queries: int) -> dict:
         peer.append(time.perf_counter() - t0)
     res = {"sentence-transformers + faiss flat": percentiles_ms(peer)}
     for i, child in enumerate(children):
-        name = f"retr (queries: {child['queries_by']}{'' if i else ', default'}, own process) + faiss flat"
-        res[name] = percentiles_ms([s["total"] for s in child["samples"]])
-        res[f"  encode ({child['queries_by']})"] = percentiles_ms([s["encode"] for s in child["samples"]])
-        res[f"  search ({child['queries_by']})"] = percentiles_ms([s["ann"] for s in child["samples"]])
+        label = f"{child['queries_by']}{'' if i else ', default'}"  # the two children may run the same graph
+        res[f"retr (queries: {label}, own process) + faiss flat"] = percentiles_ms([s["total"] for s in child["samples"]])
+        res[f"  encode ({label})"] = percentiles_ms([s["encode"] for s in child["samples"]])
+        res[f"  search ({label})"] = percentiles_ms([s["ann"] for s in child["samples"]])
     rows = [[k, v["p50"], v["p95"]] for k, v in res.items()]
     print(table(f"2. single-query first stage, {len(queries)} SciFact queries, k=10, warm",
                  ["path", "p50 ms", "p95 ms"], rows))
