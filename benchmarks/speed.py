@@ -155,7 +155,8 @@ def section_query_latency(ds, n_queries: int) -> dict:
     res = {"sentence-transformers + faiss flat": percentiles_ms(peer)}
     for i, child in enumerate(children):
         label = f"{child['queries_by']}{'' if i else ', default'}"  # the two children may run the same graph
-        res[f"retr (queries: {label}, own process) + faiss flat"] = percentiles_ms([s["total"] for s in child["samples"]])
+        name = f"retr (queries: {label}, own process) + faiss flat"
+        res[name] = percentiles_ms([s["total"] for s in child["samples"]])
         res[f"  encode ({label})"] = percentiles_ms([s["encode"] for s in child["samples"]])
         res[f"  search ({label})"] = percentiles_ms([s["ann"] for s in child["samples"]])
     rows = [[k, v["p50"], v["p95"]] for k, v in res.items()]
