@@ -23,7 +23,7 @@ from pathlib import Path
 
 from retr.retrieval.artifacts import atomic_write_text, versions
 from retr.retrieval.backends.platform import Platform
-from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, time_alternating, time_per_unit
+from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, faster_enough, time_alternating, time_per_unit
 
 logger = logging.getLogger(__name__)
 
@@ -126,12 +126,6 @@ def choose(role: str, timings: Sequence[Timing], fallback: str, pruned: Sequence
     if failed:
         why += f"; failed their checks: {', '.join(failed)}"
     return Choice(role, best.backend, why, tuple(timings), tuple(pruned))
-
-
-def faster_enough(exact_s: float, noisy_s: float) -> bool:
-    """Whether a graph that adds ranking noise, at ``noisy_s`` seconds a unit, is worth taking over one that adds
-    none at ``exact_s``: more than ``NOISE_FREE_MARGIN`` faster."""
-    return exact_s > noisy_s * (1 + NOISE_FREE_MARGIN)
 
 
 @dataclass(frozen=True)

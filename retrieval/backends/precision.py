@@ -23,7 +23,7 @@ import numpy as np
 
 from retr.retrieval.artifacts import atomic_write_text, cache_home, versions
 from retr.retrieval.backends.quiet import vendor_telemetry_off
-from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, time_alternating
+from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, faster_enough, time_alternating
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ class PrecisionTiming:
 
     @property
     def bf16_pays(self) -> bool:
-        return self.fp32_ms > self.bf16_ms * (1 + NOISE_FREE_MARGIN)
+        """bf16 adds ranking noise that fp32 does not: taken as any such graph is (``timing.faster_enough``)."""
+        return faster_enough(self.fp32_ms, self.bf16_ms)
 
     def phrase(self) -> str:
         return (f"bf16 {self.bf16_ms:.1f} ms, fp32 {self.fp32_ms:.1f} ms on two feed-forward blocks: "

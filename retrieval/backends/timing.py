@@ -17,6 +17,12 @@ MIN_ROUNDS = 3
 NOISE_FREE_MARGIN = 0.10
 
 
+def faster_enough(exact_s: float, noisy_s: float) -> bool:
+    """Whether a graph that adds ranking noise, at ``noisy_s`` seconds a unit, is worth taking over one that adds
+    none at ``exact_s``: more than ``NOISE_FREE_MARGIN`` faster."""
+    return exact_s > noisy_s * (1 + NOISE_FREE_MARGIN)
+
+
 def time_per_unit(run: Callable[[], object], units: int, budget_s: float = BUDGET_S,
                   min_rounds: int = MIN_ROUNDS) -> float:
     """Median seconds per unit of ``run()`` (which does ``units`` units of work), after one warm-up call, over at
@@ -48,4 +54,4 @@ def time_alternating(runs: Sequence[Callable[[], object]], units: int, budget_s:
     return [statistics.median(t) / max(1, units) for t in times]
 
 
-__all__ = ["BUDGET_S", "MIN_ROUNDS", "NOISE_FREE_MARGIN", "time_alternating", "time_per_unit"]
+__all__ = ["BUDGET_S", "MIN_ROUNDS", "NOISE_FREE_MARGIN", "faster_enough", "time_alternating", "time_per_unit"]
