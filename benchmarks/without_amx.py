@@ -19,6 +19,8 @@ import struct
 import sys
 
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+# the request retr (platform.amx_granted) and oneDNN make; written here, not imported: the launcher wraps any
+# build, also an older one on its own PYTHONPATH that lacks these names
 SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM = 158, 0x1023
 AUDIT_ARCH_X86_64 = 0xC000003E
 LD_W_ABS, JEQ_K, RET_K = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K

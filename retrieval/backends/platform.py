@@ -22,14 +22,18 @@ import os
 import platform as _platform
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from retr.retrieval.backends import precision as _precision
+if TYPE_CHECKING:
+    from retr.retrieval.backends.precision import PrecisionTiming
 
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 AMX_FLAG = "amx_bf16"
 AMX_FLAGS = frozenset({"amx_bf16", "amx_int8", "amx_tile", "amx_fp16", "amx_complex"})
 AVX512_BF16_UP = frozenset({"avx512_bf16", "avx512_fp16"})
+# Linux x86-64: the request for AMX tile data a process makes before its first AMX instruction
+SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
 
 
 def _avx512(flags: frozenset[str]) -> frozenset[str]:
@@ -63,7 +67,7 @@ class Platform:
     cores: int = 1
     bf16_forced: bool | None = None  # RETR_BF16
     int8_forced: bool | None = None  # RETR_INT8_DOT
-    precision_probe: _precision.PrecisionTiming | None = None  # bf16 against fp32, measured here (``precision``)
+    precision_probe: PrecisionTiming | None = None  # bf16 against fp32, measured here (``precision``)
 
     @classmethod
     def of(cls, flags, cpu: str = "simulated", cores: int = 2, bf16_forced: bool | None = None,
@@ -167,7 +171,7 @@ def amx_granted() -> bool:
         return True
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+        return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
     except (OSError, AttributeError):
         return True
 
@@ -196,7 +200,9 @@ def this_platform() -> Platform:
         cpu = f"{cpu} [{'; '.join(limits)}]"
     here = Platform(cpu, flags, max(1, os.cpu_count() or 1), _forced("RETR_BF16"), _forced("RETR_INT8_DOT"))
     if here.bf16_native and here.bf16_forced is None:
-        here = replace(here, precision_probe=_precision.timing(cpu, here.threads))
+        from retr.retrieval.backends import precision  # OpenVINO's probe: only where bf16 is a candidate
+
+        here = replace(here, precision_probe=precision.timing(cpu, here.threads))
     return here
 
 

@@ -19,8 +19,6 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
 from retr.retrieval.artifacts import atomic_write_text, cache_home, versions
 from retr.retrieval.backends.quiet import vendor_telemetry_off
 from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, faster_enough, time_alternating
@@ -52,6 +50,7 @@ class PrecisionTiming:
 
 
 def _probe_model():
+    import numpy as np
     import openvino as ov
     from openvino import opset13 as ops
 
@@ -69,6 +68,7 @@ def _probe_model():
 def measure(threads: int) -> PrecisionTiming:
     """The probe, timed now: bf16 and fp32 compiled from one model, alternating."""
     vendor_telemetry_off()
+    import numpy as np
     import openvino as ov
 
     core = ov.Core()
