@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
 from retr.retrieval.protocol import Retriever, StageTimer
@@ -42,36 +44,58 @@ def _score_fusion(runs: Sequence[Run], k: int, weights: Sequence[float] | None, 
     if len(weights) != len(runs):
         raise RetrError(f"{len(weights)} fusion weights for {len(runs)} runs")
     qids = list(dict.fromkeys(q for run in runs for q in run))
-    out = {}
-    for q in qids:
-        parts = []
-        for run, w in zip(runs, weights, strict=True):
-            hits = run.get(q, ())
-            if not hits:
-                continue
-            n_head = min(len(hits), depth) if depth else len(hits)
-            f = normaliser([h.score for h in hits[:n_head]])
-            values = {h.doc_id: f(h.score) for h in hits}
-            head = {h.doc_id for h in hits[:n_head]}
-            parts.append((w, values, head, f(hits[n_head - 1].score), f(hits[-1].score)))
-        docs = dict.fromkeys(d for _, values, _, _, _ in parts for d in values)
-        scores = {}
-        for d in docs:
-            if any(d in head for _, _, head, _, _ in parts):
-                scores[d] = sum(w * max(floor, values.get(d, floor)) for w, values, _, floor, _ in parts)
-            else:
-                scores[d] = sum(w * values.get(d, deepest) for w, values, _, _, deepest in parts)
-        out[q] = _ranked(scores, k)
-    return Run(out)
+    return Run({q: _fused(runs, q, k, weights, depth, normaliser) for q in qids})
+
+
+def _fused(runs: Sequence[Run], q: str, k: int, weights: Sequence[float], depth: int | None,
+           normaliser) -> list[Hit]:
+    """One query's ``_score_fusion``, in arrays: each list's normalised values scattered over the documents of all
+    lists, summed in the lists' order as Python's ``sum`` adds them (the same float64 operations, so the same
+    scores as adding them one document at a time), ranked in trec_eval's order by one sort of the arrays, and only
+    the top ``k`` made into hits."""
+    parts = [(run.get(q, ()), w) for run, w in zip(runs, weights, strict=True)]
+    parts = [(hits, w) for hits, w in parts if hits]
+    if not parts:
+        return []
+    position: dict[str, int] = {}
+    for hits, _ in parts:
+        for h in hits:
+            position.setdefault(h.doc_id, len(position))
+    docs = list(position)
+    in_head = np.zeros(len(docs), dtype=bool)
+    columns = []
+    for hits, w in parts:
+        n_head = min(len(hits), depth) if depth else len(hits)
+        raw = [h.score for h in hits]
+        values = normaliser(raw[:n_head])(np.asarray(raw, dtype=np.float64))  # elementwise, as for one score
+        at = np.fromiter((position[h.doc_id] for h in hits), dtype=np.int64, count=len(hits))
+        in_head[at[:n_head]] = True
+        columns.append((w, values, at, values[n_head - 1], values[-1]))
+    head_sum = np.zeros(len(docs))
+    rest_sum = np.zeros(len(docs))
+    for w, values, at, floor, deepest in columns:
+        clipped = np.full(len(docs), floor)  # a list that missed a document gives its head's floor
+        clipped[at] = np.maximum(values, floor)  # max(floor, value): the value where above the floor
+        head_sum = head_sum + w * clipped
+        unclipped = np.full(len(docs), deepest)  # ... and below every head, its deepest value
+        unclipped[at] = values
+        rest_sum = rest_sum + w * unclipped
+    scores = np.where(in_head, head_sum, rest_sum)
+    # trec_eval's order: score descending, ties by doc id descending: the reverse of (score, id) ascending (ids
+    # compared by code point, as Python compares them; every (score, id) is distinct, so the order is unique)
+    order = np.lexsort((np.asarray(docs), scores))[::-1][:k].tolist()
+    return [Hit(docs[i], float(scores[i])) for i in order]
 
 
 def _minmax_of(head: list[float]):
+    """The min-max map of a head's scores, for one score or an array of them (elementwise, the same floats)."""
     lo, hi = min(head), max(head)
     span = hi - lo
-    return (lambda s: (s - lo) / span) if span > 0 else (lambda s: 1.0 if s >= hi else s - lo)
+    return (lambda s: (s - lo) / span) if span > 0 else (lambda s: np.where(np.asarray(s) >= hi, 1.0, s - lo))
 
 
 def _zscore_of(head: list[float]):
+    """The standardising map of a head's scores, for one score or an array of them."""
     mean = sum(head) / len(head)
     std = (sum((x - mean) ** 2 for x in head) / len(head)) ** 0.5 or 1.0
     return lambda s: (s - mean) / std

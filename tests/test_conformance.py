@@ -250,6 +250,62 @@ def test_the_head_of_a_score_fusion_does_not_depend_on_how_deep_the_lists_go(fus
         assert [(h.doc_id, round(h.score, 9)) for h in shallow] == [(h.doc_id, round(h.score, 9)) for h in deep]
 
 
+def _fused_one_document_at_a_time(runs, k, weights, depth, normaliser):
+    """``_score_fusion``'s definition, written as its docstring says (the reference the array version must equal)."""
+    from retr.retrieval.types import Hit, Run, trec_sorted
+
+    out = {}
+    for q in dict.fromkeys(q for run in runs for q in run):
+        parts = []
+        for run, w in zip(runs, weights, strict=True):
+            hits = run.get(q, ())
+            if hits:
+                n = min(len(hits), depth) if depth else len(hits)
+                f = normaliser([h.score for h in hits[:n]])
+                parts.append((w, {h.doc_id: f(h.score) for h in hits}, {h.doc_id for h in hits[:n]},
+                              f(hits[n - 1].score), f(hits[-1].score)))
+        scores = {}
+        for d in dict.fromkeys(d for _, values, _, _, _ in parts for d in values):
+            if any(d in head for _, _, head, _, _ in parts):
+                scores[d] = sum(w * max(floor, values.get(d, floor)) for w, values, _, floor, _ in parts)
+            else:
+                scores[d] = sum(w * values.get(d, deepest) for w, values, _, _, deepest in parts)
+        out[q] = trec_sorted(Hit(d, s) for d, s in scores.items())[:k]
+    return Run(out)
+
+
+@pytest.mark.parametrize("fusion", ["minmax", "zscore"])
+def test_a_score_fusion_gives_exactly_the_scores_of_its_per_document_definition(fusion):
+    """Ties, flat lists, empty lists, missing queries, weights and depths: the same hits and the same floats."""
+    from retr.retrieval import fusion as fusions
+    from retr.retrieval.types import Run
+
+    normaliser = {"minmax": fusions._minmax_of, "zscore": fusions._zscore_of}[fusion]
+    rng = np.random.default_rng(1)
+    docs = [f"d{i}" for i in range(300)]
+    for trial in range(30):
+        runs = []
+        for r in range(int(rng.integers(1, 4))):
+            lists = {}
+            for q in ("q1", "q2", "q3"):
+                n = int(rng.integers(0, 200)) if (trial + r) % 5 else 0
+                scores = np.round(rng.normal(size=n), 1 if trial % 2 else 6)  # coarse: many ties
+                if trial % 7 == 3:
+                    scores[:] = 0.5  # a flat list
+                lists[q] = list(zip(rng.choice(docs, n, replace=False).tolist(), scores.tolist(), strict=True))
+            if trial % 4 == 1:
+                lists.pop("q3")
+            runs.append(Run(lists))
+        weights = rng.dirichlet(np.ones(len(runs))).tolist() if trial % 3 else [1.0 / len(runs)] * len(runs)
+        depth = [None, 5, 50, 1000][trial % 4]
+        k = [10, 1000][trial % 2]
+        got = fusions._score_fusion(runs, k, weights, depth, normaliser)
+        want = _fused_one_document_at_a_time(runs, k, weights, depth, normaliser)
+        assert list(got) == list(want)
+        for q in want:
+            assert [(h.doc_id, h.score) for h in got[q]] == [(h.doc_id, h.score) for h in want[q]], (trial, q)
+
+
 def test_rerank_reorders_only_the_head(env):
     corpus, encoder, indexes, reranker = env
     first = _make(env, "dense", "flat", "rrf").search(QUERIES, 10)
