@@ -221,12 +221,9 @@ class CorpusPlanner:
     def calibration(self) -> Calibration:
         """What a calibrated backend is calibrated on: retr's fixed sample of passages (joined ones too) and
         questions, as this model tokenises them, passages with the document prompt. One per model, not per
-        corpus: a new corpus pays no calibration. Without NNCF's fast bias correction: MiniLM on a Xeon with AMX
-        refused, it cost 6.2 of the quantisation's 15.5 s and changed nothing measurable (SciFact dev, documents
-        and queries through int8: cosine to fp32 0.99762 against 0.99764, ranking noise 0.0588 against 0.0580,
-        nDCG@10 within the split's noise; benchmarks/results/calibration-cost-noamx-xeon.json)."""
+        corpus: a new corpus pays no calibration."""
         docs = prefixed(self.tokens.document_prompt, sample_texts.passages() + sample_texts.long_passages())
-        return Calibration.of(self.tokens.ids(docs + sample_texts.questions()), bias_correction=False)
+        return Calibration.of(self.tokens.ids(docs + sample_texts.questions()))
 
     @functools.cached_property
     def calibrated_graph(self) -> Graph | None:

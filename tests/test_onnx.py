@@ -730,29 +730,3 @@ def test_third_party_lines_reach_retrs_debug_log_once_under_debug_logging():
         retr_logger.removeHandler(keep)
         retr_logger.setLevel(level)
     assert got == ["nncf: statistics collected", "root: root advice"]
-
-
-def test_a_bi_encoders_int8_is_calibrated_without_fast_bias_correction_a_cross_encoders_with_it(
-        tiny_bi_encoder, tiny_cross_encoder, monkeypatch):
-    """The bi-encoder's calibration skips NNCF's fast bias correction (measured: its cost bought nothing there) and
-    says so in its digest; a cross-encoder's keeps it (its scores were measured with it)."""
-    import nncf
-
-    from retr.retrieval.backends.export import Calibration
-    from retr.retrieval.encoder import BiEncoder, EncoderConfig
-    from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
-
-    quantize, disabled = nncf.quantize, []
-
-    def recording(*args, **kwargs):
-        disabled.append(kwargs["advanced_parameters"].disable_bias_correction)
-        return quantize(*args, **kwargs)
-
-    monkeypatch.setattr(nncf, "quantize", recording)
-    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
-    cal = enc.planner.calibration
-    assert cal.bias_correction is False and Calibration.of(cal.rows).digest != cal.digest
-    assert enc.planner.calibrated_graph is not None and disabled == [True]
-    _patch_backend(monkeypatch, "openvino-int8", max_rank_noise={"ce": 1e9})  # a random tiny model: see above
-    r = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), backend="openvino-int8", max_length=64))
-    assert r._calibration().bias_correction is True and r.backend == "openvino-int8" and disabled == [True, False]

@@ -181,27 +181,23 @@ STATIC_INT8_PROCEDURE = 2
 @dataclass(frozen=True)
 class Calibration:
     """Texts (token ids; a cross-encoder's pairs also their token types) a static int8 graph is calibrated on;
-    ``digest`` names the cached graph; ``bias_correction``: whether NNCF's fast bias correction runs after the
-    statistics (part of the digest where it is off)."""
+    ``digest`` names the cached graph."""
     rows: tuple[tuple[int, ...], ...]
     digest: str
     types: tuple[tuple[int, ...], ...] | None = None
-    bias_correction: bool = True
 
     @classmethod
-    def of(cls, token_rows, type_rows=None, bias_correction: bool = True) -> Calibration:
+    def of(cls, token_rows, type_rows=None) -> Calibration:
         """All of ``token_rows`` (retr's fixed sample, tokenised by the model: one calibration per model), with
         ``type_rows`` for a cross-encoder's pairs."""
         rows = tuple(tuple(int(t) for t in r) for r in token_rows)
         types = tuple(tuple(int(t) for t in r) for r in type_rows) if type_rows is not None else None
         h = hashlib.sha256(f"procedure {STATIC_INT8_PROCEDURE}|".encode())
-        if not bias_correction:
-            h.update(b"no fast bias correction|")
         for r in rows:
             h.update(np.asarray(r, dtype=np.int64).tobytes() + b"|")
         for r in types or ():
             h.update(b"t" + np.asarray(r, dtype=np.int64).tobytes() + b"|")
-        return cls(rows, h.hexdigest(), types, bias_correction)
+        return cls(rows, h.hexdigest(), types)
 
     def feeds(self):
         for i, r in enumerate(self.rows):  # one text per feed: no padding in the statistics
@@ -331,11 +327,10 @@ def quantize_static_int8(src, dst: Path, calibration: Calibration | None,
     # 0.966 to its reference on a one-word text against 0.991 without (ranking noise 0.029 either way)
     ignored = nncf.IgnoredScope(names=_outside_feed_forward(model) if feed_forward_only else [],
                                 types=["NormalizeL2"], validate=False)
-    advanced = nncf.AdvancedQuantizationParameters(disable_bias_correction=not calibration.bias_correction)
     with quiet_third_party("nncf"), _torch_unloaded():
         quantized = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
                                   preset=nncf.QuantizationPreset.MIXED, subset_size=len(feeds),
-                                  ignored_scope=ignored, advanced_parameters=advanced)
+                                  ignored_scope=ignored)
     ov.save_model(quantized, str(dst), compress_to_fp16=False)
     _drop(src)
 
