@@ -241,19 +241,6 @@ class CorpusPlanner:
                            self.graph.variant)
             return None
 
-    def cached_calibrated(self) -> Graph | None:
-        """The calibrated graph where it is held or already in the cache, on a CPU where it runs (``size_matters``);
-        None otherwise: nothing is calibrated here (a query candidate, ``QueryGraphs``)."""
-        if not self.size_matters:
-            return None
-        held = self.__dict__.get("calibrated_graph")
-        if held is not None:
-            return held
-        try:
-            return self.exported.find(self.configured, self.calibration)
-        except RetrError:  # refused here before
-            return None
-
     def release(self) -> None:
         """Drop what encoding a corpus held: the calibrated graph (its compiled model and its activations on every
         stream: ~0.2 GB for MiniLM; opened from the cache again, ~1 s, where another corpus needs it) and the

@@ -236,8 +236,7 @@ class BiEncoder:
         """Which graph queries go through (given, or chosen among the cached ones by speed and ranking noise)."""
         return QueryGraphs(self.exported, self.tokens, self.graph, given=self.config.query_backend,
                            backend=self.config.backend, query_prompt=self.prompts.query, platform=self.platform,
-                           run=lambda graph, tok: self._run(graph, tok, False),
-                           calibrated=self.planner.cached_calibrated)
+                           run=lambda graph, tok: self._run(graph, tok, False))
 
     @property
     def query_graph(self) -> Graph | None:

@@ -1,8 +1,6 @@
 """Which graph a query goes through: the one ``query_backend`` names, or, where none is named, the fastest for a
 lone query on this machine among the graphs already in the cache that add no more ranking noise than
-``MAX_QUERY_RANK_NOISE`` against the documents' graph (timed and checked once, then stored). The calibrated
-graph is among them where a corpus has made it: it is calibrated on retr's fixed sample, questions included, not
-on a corpus, and its int8 weights are a quarter of the bytes a lone query reads."""
+``MAX_QUERY_RANK_NOISE`` against the documents' graph (timed and checked once, then stored)."""
 
 from __future__ import annotations
 
@@ -39,13 +37,11 @@ ONE_STREAM = ":one-stream"  # a candidate's name suffix: the documents' OpenVINO
 class QueryGraphs:
     """The query graph of one model. ``documents``: the documents' graph (None: torch encodes queries too);
     ``given``: the query backend asked for (None: choose); ``backend``: the documents' backend (what a query takes
-    where nothing is given and nothing else is chosen); ``run(graph, token rows)``: their vectors through a graph;
-    ``calibrated()``: the calibrated graph where it is already in the cache (None: not made, or none here), never
-    made for queries."""
+    where nothing is given and nothing else is chosen); ``run(graph, token rows)``: their vectors through a graph."""
 
     def __init__(self, exported: ExportedModel, tokens: Tokens, documents: Graph | None, *, given: str | None,
                  backend: str, query_prompt: str, platform: Platform,
-                 run: Callable[[Graph, list], np.ndarray], calibrated: Callable[[], Graph | None] = lambda: None):
+                 run: Callable[[Graph, list], np.ndarray]):
         self.exported = exported
         self.tokens = tokens
         self.documents = documents
@@ -54,7 +50,6 @@ class QueryGraphs:
         self.query_prompt = query_prompt
         self.platform = platform
         self._run = run
-        self._calibrated = calibrated
 
     @functools.cached_property
     def graph(self) -> Graph | None:
@@ -90,21 +85,13 @@ class QueryGraphs:
 
     @functools.cached_property
     def candidates(self) -> dict[str, Graph]:
-        """The graphs a query could take without exporting or calibrating anything: the documents' graph, the same
-        graph as one stream over all its threads (``one_stream``), the calibrated graph as one stream where a corpus
-        has made it, and every other uncalibrated backend's graph this machine can run that is already in the cache
-        (one thread each)."""
+        """The graphs a query could take without exporting anything: the documents' graph, the same graph as one
+        stream over all its threads (``one_stream``), and every other uncalibrated backend's graph this machine can
+        run that is already in the cache (one thread each)."""
         found = {self.documents.variant: self.documents}
         one_stream = self.one_stream()
         if one_stream is not None:
             found[self.documents.variant + ONE_STREAM] = one_stream
-        calibrated = self._calibrated()
-        if calibrated is not None:
-            # one stream over all threads, as for the documents' graph: a lone query's cores work on it together
-            # (openvino-int8 on a Xeon with AMX refused: 3.4 against 8.6 ms for fp32's one stream, SciFact queries)
-            single = getattr(calibrated.runner, "one_stream", None)
-            found[calibrated.variant + (ONE_STREAM if single is not None else "")] = \
-                replace(calibrated, runner=single()) if single is not None else calibrated
         kept, _ = chooser.prune(self.platform, [b for name, b in BACKENDS.items() if name != self.documents.variant
                                                 and b.exported and not b.calibrated and b.supports(EMBEDDING)])
         for b in kept:

@@ -204,34 +204,6 @@ def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored
     assert noise["openvino"] is None and 0 <= noise["onnx"] < 0.05
 
 
-def test_the_calibrated_graph_is_a_query_candidate_once_a_corpus_made_it_and_is_never_made_for_queries(
-        tiny_bi_encoder, monkeypatch):
-    from retr.retrieval.encoder import BiEncoder, EncoderConfig
-    from retr.retrieval.query_graphs import ONE_STREAM, QueryGraphs
-
-    monkeypatch.setattr(QueryGraphs, "one_stream", lambda self: None)  # the documents' graph's own file alone
-    cfg = EncoderConfig(model=str(tiny_bi_encoder))
-    enc = BiEncoder(cfg)
-    assert list(enc.query_graphs.candidates) == ["openvino"] and enc.query_graph is enc.graph
-    assert enc.exported.find("openvino-int8", enc.planner.calibration) is None  # queries made nothing
-    assert enc.planner.calibrated_graph is not None  # what a large corpus does: calibrated, cached
-    int8 = "openvino-int8" + ONE_STREAM
-    speeds = {"openvino": 0.004, int8: 0.002}
-    monkeypatch.setattr(QueryGraphs, "seconds",
-                        lambda self, g: speeds[next(n for n, c in self.candidates.items() if c is g)])
-    fresh = BiEncoder(cfg)
-    assert set(fresh.query_graphs.candidates) == {"openvino", int8}
-    assert fresh.query_graph.variant == "openvino-int8" and fresh.query_graph.runner.parallel == 1
-    timing = next(t for t in fresh.query_graphs.choice.timings if t.backend == int8)
-    assert timing.passed and timing.rank_noise is not None  # another file: its ranking noise measured
-    q, base = fresh.encode_queries(["wolves in the forest"]), enc.encode_queries(["wolves in the forest"])
-    assert float((q * base).sum()) > 0.95
-    monkeypatch.setattr(QueryGraphs, "noise", lambda self, g: 0.08)  # over the bar: never taken however fast
-    speeds[int8] = 0.0001
-    fresh.query_graphs.time_candidates()
-    assert BiEncoder(cfg).query_graph.variant == "openvino"
-
-
 def test_a_query_candidate_not_taken_holds_no_session_once_the_choice_is_made(tiny_bi_encoder, monkeypatch):
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends.export import EMBEDDING
