@@ -104,10 +104,7 @@ def cache_folder(cache_root: Path, model_hash: str, backend: Backend, kind: Grap
     return cache_root / "onnx" / f"{model_hash[:24]}-{kind.folder_tag}{backend.name}{tag}"
 
 
-def _runner(backend: Backend, path: Path, threads: int, streams: int | None = None):
-    """``backend``'s runner of the graph at ``path``; ``streams``: an OpenVINO graph's (default: one per thread)."""
-    if streams is not None:
-        return RUNTIMES[backend.runtime](path, threads, backend.precision(), streams=streams)
+def _runner(backend: Backend, path: Path, threads: int):
     return RUNTIMES[backend.runtime](path, threads, backend.precision())
 
 
@@ -308,11 +305,10 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
                 # now: not held in memory beside the quantiser's work
                 reference, against = built.quick_reference(max_length, kind.verify)
         del graph, built  # a built model's constants: written, not needed in memory
-        # a calibrated graph is checked through one stream (of all threads), dropped after: the checks'
-        # activations on two streams, beside the references, put a first `retr eval` of SciFact over 1 GB (the
-        # encoding's runner is compiled afterwards, once they are gone)
-        runner = _runner(backend, final, threads, streams=1) if calibration is not None \
-            else _runner(backend, final, threads)
+        # a calibrated graph is checked through a one-stream runner, dropped after: the checks' activations on
+        # two streams, beside the references, put a first `retr eval` of SciFact over 1 GB (the encoding's runner
+        # is compiled afterwards, once they are gone)
+        runner = _runner(backend, final, 1 if calibration is not None else threads)
         check = kind.verify(runner, reference, max_length)
         noise = kind.rank_noise(runner, reference, max_length) \
             if backend.noise_bound(kind) is not None and kind.rank_noise is not None and check >= backend.floor(kind) \
