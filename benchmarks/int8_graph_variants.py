@@ -40,16 +40,9 @@ def runner_for(variant: str, base, calibrated_path: Path | None, streams: int | 
         """retr's runner, compiled with OpenVINO's run-time activation quantisation in groups of ``group``."""
         group: int | None = None
 
-        @property
-        def compiled(self):
-            with self._lock:
-                if self._compiled is None:
-                    self._compiled = ov.Core().compile_model(self._model, "CPU", {
-                        "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.parallel,
-                        "INFERENCE_NUM_THREADS": self._threads, "INFERENCE_PRECISION_HINT": "f32",
-                        "ENABLE_CPU_PINNING": self._pin,
-                        **({"DYNAMIC_QUANTIZATION_GROUP_SIZE": self.group} if self.group else {})})
-                return self._compiled
+        def compile_config(self) -> dict:
+            extra = {"DYNAMIC_QUANTIZATION_GROUP_SIZE": self.group} if self.group else {}
+            return {**super().compile_config(), **extra}
 
     threads = base.runner._threads
     if variant == "fp32":

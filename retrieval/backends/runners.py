@@ -149,16 +149,19 @@ class OpenVinoRunner:
             self._made = 0
             return held
 
+    def compile_config(self) -> dict:
+        """What the model is compiled with: its streams, threads, precision and pinning."""
+        return {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.parallel,
+                "INFERENCE_NUM_THREADS": self._threads, "INFERENCE_PRECISION_HINT": self._precision_hint,
+                "ENABLE_CPU_PINNING": self._pin}
+
     @property
     def compiled(self):
         with self._lock:
             if self._compiled is None:
                 import openvino as ov
 
-                self._compiled = ov.Core().compile_model(self._model, "CPU", {
-                    "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.parallel,
-                    "INFERENCE_NUM_THREADS": self._threads, "INFERENCE_PRECISION_HINT": self._precision_hint,
-                    "ENABLE_CPU_PINNING": self._pin})
+                self._compiled = ov.Core().compile_model(self._model, "CPU", self.compile_config())
             return self._compiled
 
     def _take(self):
