@@ -86,14 +86,15 @@ class QueryGraphs:
     @functools.cached_property
     def candidates(self) -> dict[str, Graph]:
         """The graphs a query could take without exporting anything: the documents' graph, the same graph as one
-        stream over all its threads (``one_stream``), and every other uncalibrated backend's graph this machine can
-        run that is already in the cache (one thread each)."""
+        stream over all its threads (``one_stream``), and every other uncalibrated backend's graph offered for
+        queries (``Backend.queries``) this machine can run that is already in the cache (one thread each)."""
         found = {self.documents.variant: self.documents}
         one_stream = self.one_stream()
         if one_stream is not None:
             found[self.documents.variant + ONE_STREAM] = one_stream
         kept, _ = chooser.prune(self.platform, [b for name, b in BACKENDS.items() if name != self.documents.variant
-                                                and b.exported and not b.calibrated and b.supports(EMBEDDING)])
+                                                and b.exported and not b.calibrated and b.queries
+                                                and b.supports(EMBEDDING)])
         for b in kept:
             try:
                 graph = self.exported.find(b, threads=QUERY_THREADS)

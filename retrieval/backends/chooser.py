@@ -78,14 +78,14 @@ class Choice:
 
 def prune(platform: Platform, backends: Sequence) -> tuple[list, list[tuple[str, str]]]:
     """The backends (registry values) that can run on ``platform``, and why each other one cannot: its runtime is
-    not installed, or it is static int8 on a CPU without int8 dot-product instructions (its MatMuls would be
-    emulated: slower than the base graph, measured 0.85x on an AVX2 EPYC, and it costs a calibration to learn)."""
+    not installed, or it is an int8 graph on a CPU without int8 dot-product instructions (its MatMuls would be
+    emulated: static int8 measured 0.85x the base graph on an AVX2 EPYC, and it costs a calibration to learn)."""
     kept, pruned = [], []
     for b in backends:
         module = RUNTIME_MODULES.get(b.runtime)
         if module is not None and importlib.util.find_spec(module) is None:
             pruned.append((b.name, f"{module} is not installed"))
-        elif b.calibrated and not platform.static_int8:
+        elif b.int8 and not platform.static_int8:
             pruned.append((b.name, "no int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI, AMX) on this CPU"))
         else:
             kept.append(b)

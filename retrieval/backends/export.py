@@ -272,6 +272,36 @@ def to_openvino(src, dst: Path, calibration: Calibration | None) -> None:
     _drop(src)
 
 
+def compress_int8_weights(src, dst: Path, calibration: Calibration | None) -> None:
+    """The graph with every fixed 2-D MatMul weight stored as int8, symmetric per output channel (scale: the row's
+    largest |w| / 127), and dequantised in the graph (int8 -> Convert -> Multiply by the row's scale), the pattern
+    OpenVINO's CPU plugin runs as int8 weights with the activations quantised at run time (its default groups of
+    32): no calibration sample, made in ~0.05 s for MiniLM. Measured there against NNCF's ``compress_weights``
+    (INT8_SYM), on retr's sample passages: cosine to the fp32 graph >= 0.9984 against 0.9975, the same speed
+    (the MatMul weights alone are touched; embeddings, layer norms and the attention products stay as they are)."""
+    vendor_telemetry_off()
+    import openvino as ov
+    import openvino.opset13 as op
+
+    model = _read(src)
+    if not isinstance(src, (str, Path)):  # a built model is the checks' reference after this: changed in a copy
+        model = model.clone()
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "MatMul" or not node.get_attributes().get("transpose_b"):
+            continue
+        weight = node.input_value(1).get_node()
+        if weight.get_type_name() != "Constant" or len(weight.get_output_shape(0)) != 2:
+            continue
+        w = weight.get_data().astype(np.float32)  # (out, in): x @ W.T
+        scale = np.abs(w).max(axis=1, keepdims=True) / 127.0
+        scale[scale == 0] = 1.0
+        q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+        node.input(1).replace_source_output(
+            op.multiply(op.convert(op.constant(q), ov.Type.f32), op.constant(scale.astype(np.float32))).output(0))
+    ov.save_model(model, str(dst), compress_to_fp16=False)
+    _drop(src)
+
+
 def _outside_feed_forward(model) -> list[str]:
     """The MatMuls of an OpenVINO model outside its feed-forward blocks: those whose weight is square (the
     hidden x hidden attention projections) or not a fixed 2-D matrix (the attention scores and mixing). A

@@ -34,6 +34,11 @@ class Backend:
     batch_invariant: bool = True  # False: a text's output depends on the batch it is in (dynamic int8)
     # most ranking noise a graph may add per graph kind (GraphKind.rank_noise); a kind not listed: not checked
     max_rank_noise: Mapping[str, float] = field(default_factory=dict)
+    int8: bool = False  # made from the base graph by quantising it: checked against that graph where it was built
+    # calibrated: the uncalibrated int8 graph a corpus too small to pay the calibration goes through, where int8 runs
+    # here and that graph is measured faster than the base graph (``CorpusPlanner``)
+    uncalibrated: str | None = None
+    queries: bool = True  # offered as a query candidate (``QueryGraphs.candidates``)
 
     @property
     def calibrated(self) -> bool:
@@ -71,7 +76,15 @@ def _static_int8(name: str, help_: str, convert: Callable) -> Backend:
     """A backend of static int8 OpenVINO graphs, calibrated once per model and checked for ranking noise."""
     return Backend(name, help_, "openvino", "model.xml", {"bi": 0.98, "ce": CE_STATIC_INT8_FLOOR}, convert,
                    lambda: f"int8+{native_precision()}", base="openvino",
-                   max_rank_noise={"bi": MAX_RANK_NOISE, "ce": CE_MAX_RANK_NOISE})
+                   max_rank_noise={"bi": MAX_RANK_NOISE, "ce": CE_MAX_RANK_NOISE}, int8=True,
+                   uncalibrated=WEIGHTS_INT8)
+
+
+# documents of a corpus too small to pay a calibration: int8 weights, activations quantised at run time. Its check
+# against the fp32 graph on retr's sample: cosine >= 0.998 for MiniLM (static int8: 0.991). Not a query candidate:
+# SciFact's queries through it (NNCF's equivalent) moved hybrid nDCG@10 0.7301 -> 0.7277 on an AMX Xeon with AMX
+# refused (benchmarks/results/int8-query-graphs-noamx-xeon.json)
+WEIGHTS_INT8 = "openvino-int8w"
 
 
 BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
@@ -81,6 +94,11 @@ BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
                  "AVX-VNNI; or AMX, whose bf16 is as fast), everything as openvino", export.quantize_static_int8),
     _static_int8("openvino-int8-ffn", "as openvino-int8, with int8 only in the feed-forward MatMuls (attention in "
                  "bf16/fp32): slower, closer to the base graph", export.quantize_static_int8_ffn),
+    Backend(WEIGHTS_INT8, "int8 MatMul weights (symmetric, per output channel), activations quantised by OpenVINO "
+            "at run time: no calibration, made from the openvino graph in well under a second (the default backend "
+            "takes it for corpora too small to pay a calibration)", "openvino", "model.xml",
+            {"bi": 0.99}, export.compress_int8_weights, lambda: f"int8w+{native_precision()}",
+            max_rank_noise={"bi": MAX_RANK_NOISE}, int8=True, queries=False),
     Backend("openvino", "OpenVINO, bf16 where the CPU has it natively, else fp32", "openvino", "model.xml",
             {"bi": 0.999, "ce": 0.98}, export.to_openvino, native_precision),
     Backend("onnx", "ONNX Runtime fp32", "onnxruntime", "model.onnx", {"bi": 0.9999, "ce": 0.999}, export.keep_onnx),
