@@ -59,7 +59,7 @@ def _report(args: argparse.Namespace) -> dict:
     backend = get_backend(config.backend)
     if args.export:
         for b in kept:
-            if b.calibrated or b.name == enc.graph.variant:
+            if b.calibrated or not b.queries or b.name == enc.graph.variant:  # documents' int8: the planner's
                 continue
             t0 = time.perf_counter()
             if enc.exported.find(b) is None:
@@ -77,35 +77,45 @@ def _report(args: argparse.Namespace) -> dict:
                    "rank_noise": timed[name].rank_noise if name in timed else None,
                    "passed": timed[name].passed if name in timed else True}
                   for name, g in queries.candidates.items()]
-    calibrated = enc.exported.find(backend, enc.planner.calibration) \
-        if backend.calibrated and backend in kept else None
-    if calibrated is not None:  # the planner's own alternating timing, stored: what `retr index` decides by
-        base_t, int8_t = enc.planner.measured_per_token(calibrated)
-        base_s = base_t * args.doc_tokens
+    int8_here = backend.calibrated and backend in kept
+    calibrated = enc.exported.find(backend, enc.planner.calibration) if int8_here else None
+    # what `retr index` decides a corpus of --docs documents by (``CorpusPlanner.calibration_break``): its timings
+    # stored, so that what doctor shows is what an index reads
+    brk = enc.planner.calibration_break(args.docs, args.docs * args.doc_tokens) if int8_here else None
+    if brk is not None:
+        base_s = brk.base_graph_s if brk.base_graph_s is not None else brk.base_s
     else:
         base_s = enc.planner.doc_seconds(enc.graph, args.doc_tokens)
     documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000, "doc_tokens": args.doc_tokens}}
-    if backend.calibrated and backend in kept:
-        if calibrated is not None:
-            brk = chooser.calibration_pays(args.docs, base_s, platform, int8_t * args.doc_tokens,
-                                           _made_seconds(calibrated))
-        else:
-            brk = chooser.calibration_pays(args.docs, base_s, platform)
-        documents["int8"] = {"backend": backend.name, **brk.to_dict()}
-        doc_choice = backend.name if brk.pays else enc.graph.variant
-        doc_why = (f"int8 saves {brk.saving_s:.1f} s on {args.docs} documents against a calibration of "
-                   f"{brk.calibration_s:.1f} s ({'measured' if brk.measured else 'assumed until measured'}; "
-                   f"{brk.break_even_phrase()})")
+    if brk is not None:
+        if brk.against != "base":  # the int8 graph made without calibration, measured faster here
+            documents["weights"] = {"backend": brk.against, "ms_per_doc": brk.base_s * 1000, "measured": True,
+                                    "made_seconds": _made_seconds(enc.planner.weights_graph)}
+        documents["int8"] = {"backend": backend.name, **brk.to_dict(),
+                             **({"made_seconds": _made_seconds(calibrated)} if calibrated is not None else {})}
+        doc_choice = backend.name if brk.pays else brk.against if brk.against != "base" else enc.graph.variant
+        graph_then = "the base graph" if brk.against == "base" else brk.against
+        doc_why = (f"int8 saves {brk.saving_s:.1f} s on {args.docs} documents against {graph_then}, its "
+                   f"calibration {'made already' if calibrated is not None else f'{brk.calibration_s:.1f} s'} "
+                   f"({'measured' if brk.measured else 'assumed until measured'}; {brk.break_even_phrase()})")
+    elif int8_here:
+        doc_choice = enc.graph.variant
+        doc_why = (f"int8 is assumed no faster than the base graph on this CPU (x{platform.int8_prior:.2f} until "
+                   "measured: `retr doctor --export` makes and times it)")
     else:
         doc_choice = base_of(config.backend).name
         why_pruned = dict(pruned).get(backend.name)
         doc_why = "the configured graph, the only document candidate here" + (
             f" ({backend.name} pruned: {why_pruned})" if why_pruned else "")
-    not_cached = [b.name for b in kept if b.name not in queries.candidates and not b.calibrated]
+    not_cached = [b.name for b in kept if b.name not in queries.candidates and not b.calibrated and b.queries]
     first_run = {"graph_build_seconds": costs.get(enc.graph.variant), "open_seconds_now": opened_s,
                  "encode_seconds_estimate": args.docs * base_s, "docs": args.docs}
     if "int8" in documents and documents["int8"]["pays"]:
-        first_run["calibration_seconds"] = documents["int8"]["calibration_s"]
+        first_run["encode_seconds_estimate"] = args.docs * documents["int8"]["int8_s"]
+        if calibrated is None:
+            first_run["calibration_seconds"] = documents["int8"]["calibration_s"]
+    elif "weights" in documents:
+        first_run["encode_seconds_estimate"] = args.docs * documents["weights"]["ms_per_doc"] / 1000
     return {
         "platform": platform.to_dict(), "model": enc.model_id, "model_hash": enc.model_hash,
         "backend": config.backend,
@@ -144,6 +154,7 @@ def _print(r: dict) -> None:
     print(f"  chosen: {r['queries']['chosen']} - {r['queries']['why']}")
     d = r["documents"]
     print(f"documents (ms per document of {d['base']['doc_tokens']} tokens): {d['base']['backend']} {d['base']['ms_per_doc']:.1f}"
+          + (f", {d['weights']['backend']} {d['weights']['ms_per_doc']:.1f} (measured)" if "weights" in d else "")
           + (f", {d['int8']['backend']} {1000 * d['int8']['int8_s']:.1f}"
              f" ({'measured' if d['int8']['measured'] else 'assumed'})" if "int8" in d else ""))
     print(f"  chosen: {d['chosen']} - {d['why']}")

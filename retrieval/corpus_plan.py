@@ -1,14 +1,16 @@
-"""Which graph encodes a corpus, decided once per corpus size: the base graph, or a calibrated backend's static
-int8 graph where the corpus is large enough and the measured break says its calibration pays on this CPU; the
-name of that graph in cache keys, taken from the same decision; and which graph encoded an index's documents
-(``like``), for documents added to it later."""
+"""Which graph encodes a corpus, decided once per corpus size: the base graph; an int8 graph made without
+calibration (int8 weights, activations quantised at run time: ``registry.WEIGHTS_INT8``) where int8 runs here and
+it is measured faster than the base graph; or a calibrated backend's static int8 graph where the corpus is large
+enough for its saving over those to exceed its calibration's cost on this CPU. The name of that graph in cache
+keys, taken from the same decision; and which graph encoded an index's documents (``like``), for documents added
+to it later."""
 
 from __future__ import annotations
 
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -34,6 +36,13 @@ PER_TOKEN_BUDGET_S = 4.0
 # Xeon with AMX refused takes ~2 s, so four rounds and a warm-up took 11 s of a corpus's run there (once per model,
 # graphs and CPU, then stored)
 PER_TOKEN_MIN_ROUNDS = 2
+# the base graph against the int8 graph made without calibration, timed on a first corpus (then stored): one round
+# after a warm-up each. Their measured gap (~1.45x for MiniLM on an AMX Xeon with AMX refused) is far outside the
+# 10% margin one round's drift could cross, and each extra round costs a first run ~1.5 s
+UNCALIBRATED_BUDGET_S = 0.0
+UNCALIBRATED_MIN_ROUNDS = 1
+
+BASE, WEIGHTS, CALIBRATED = "base", "weights", "calibrated"  # the graphs a corpus can go through
 
 
 @dataclass(frozen=True)
@@ -54,10 +63,15 @@ class CorpusPlan:
 
 @dataclass(frozen=True)
 class CorpusChoice:
-    """What a corpus of some size goes through: the calibrated graph (the base graph stands in where that one is
-    refused) or the base graph, and the measured break where one was measured (``chooser.Break.to_dict``)."""
-    calibrated: bool
+    """What a corpus of some size goes through: ``BASE``, ``WEIGHTS`` (the int8 graph made without calibration)
+    or ``CALIBRATED`` (the base graph stands in where either is refused), and the break where one was weighed
+    (``chooser.Break.to_dict``)."""
+    graph: str
     measured: dict | None = None
+
+    @property
+    def calibrated(self) -> bool:
+        return self.graph == CALIBRATED
 
 
 class CorpusPlanner:
@@ -108,16 +122,17 @@ class CorpusPlanner:
         ``min_docs`` of them, a CPU where int8 runs, and a calibration that pays for their tokens
         (``calibration_break``; RETR_INT8_DOT=1: int8 whatever it costs). Decided once per corpus size."""
         if not self.size_matters or len(texts) < self.min_docs:
-            return CorpusChoice(False)
+            return CorpusChoice(BASE)
         if self.platform.int8_forced:  # RETR_INT8_DOT=1: int8 whatever it costs (tests, benchmarks)
-            return CorpusChoice(True)
+            return CorpusChoice(CALIBRATED)
         tokens = sum(len(r) for r in self._tokens(texts)[0])  # what the graph will run: truncated
         key = (len(texts), tokens)
         if key not in self._choices:
             brk = self.calibration_break(len(texts), tokens)
-            self._choices[key] = CorpusChoice(False, {"docs": len(texts), "pays": False, "measured": False,
-                                                      "int8_prior": self.platform.int8_prior}) \
-                if brk is None else CorpusChoice(brk.pays, brk.to_dict())
+            self._choices[key] = CorpusChoice(BASE, {"docs": len(texts), "pays": False, "measured": False,
+                                                     "int8_prior": self.platform.int8_prior}) \
+                if brk is None else CorpusChoice(CALIBRATED if brk.pays else
+                                                 WEIGHTS if brk.against != BASE else BASE, brk.to_dict())
         return self._choices[key]
 
     def graph_id(self, texts: list[str]) -> str:
@@ -129,9 +144,12 @@ class CorpusPlanner:
         if self.graph is None:
             return self.exported.identity(None).key
         # another export procedure or another precision: other graphs, other vectors
-        if self.choice(prefixed(self.tokens.document_prompt, texts)).calibrated:  # only where int8 runs here
+        chosen = self.choice(prefixed(self.tokens.document_prompt, texts))
+        if chosen.calibrated:  # only where int8 runs here
             return GraphId(self.exported.model_hash, self.backend, EXPORT_GENERATION, self.graph.precision,
                            self.calibration.digest).key
+        if chosen.graph == WEIGHTS and self.weights_graph is not None:  # made and timed by the choice
+            return self.exported.identity(self.weights_graph).key
         return GraphId(self.exported.model_hash, self.graph.variant, EXPORT_GENERATION, self.graph.precision).key
 
     def plan(self, texts: list[str]) -> CorpusPlan:
@@ -142,7 +160,8 @@ class CorpusPlanner:
         tok, counts = self._tokens(texts)  # the ids and the untruncated lengths from one tokenisation
         truncation = self.tokens.truncation_of(counts) if counts is not None else None
         chosen = self.choice(texts)
-        graph = (self.calibrated_graph or self.graph) if chosen.calibrated else self.graph
+        graph = {CALIBRATED: lambda: self.calibrated_graph, WEIGHTS: lambda: self.weights_graph,
+                 BASE: lambda: None}[chosen.graph]() or self.graph
         return CorpusPlan(texts, graph, tok, truncation, chosen.measured)
 
     def _sample_rows(self) -> list:
@@ -162,24 +181,28 @@ class CorpusPlanner:
         rows = self._sample_rows()
         return chooser.time_per_unit(self._encode_sample(graph, rows), sum(len(r) for r in rows), min_rounds=1)
 
-    def tokens_seconds_alternating(self, graphs: list[Graph]) -> list[float]:
+    def tokens_seconds_alternating(self, graphs: list[Graph], budget_s: float = PER_TOKEN_BUDGET_S,
+                                   min_rounds: int = PER_TOKEN_MIN_ROUNDS) -> list[float]:
         """``token_seconds`` of each of ``graphs``, timed in alternation (``chooser.time_alternating``): their
         ratio is what decides, and a shared machine drifts between two runs timed one after the other."""
         rows = self._sample_rows()
         return chooser.time_alternating([self._encode_sample(g, rows) for g in graphs], sum(len(r) for r in rows),
-                                        budget_s=PER_TOKEN_BUDGET_S, min_rounds=PER_TOKEN_MIN_ROUNDS)
+                                        budget_s=budget_s, min_rounds=min_rounds)
 
     def doc_seconds(self, graph: Graph, tokens_per_doc: float) -> float:
         """Seconds per document of ``tokens_per_doc`` tokens through ``graph`` (``token_seconds``)."""
         return self.token_seconds(graph) * tokens_per_doc
 
     def calibration_break(self, docs: int, tokens: int) -> chooser.Break | None:
-        """Whether ``docs`` documents of ``tokens`` tokens in all pay for calibrating the static int8 graph: the
-        base graph timed here per token; the int8 graph timed here too where it is already calibrated (then it
-        costs nothing more), else assumed from the platform (``chooser.calibration_pays``). None, with nothing
-        timed, where int8 is not made yet and assumed no faster here (``Platform.int8_prior`` <= 1: AMX): no
-        corpus could pay, so timing the base graph (~1.5 s of a first run) would decide nothing. Said in an info
-        line."""
+        """Whether ``docs`` documents of ``tokens`` tokens in all pay for calibrating the static int8 graph, and
+        what they go through where it does not. The static int8 graph timed here where it is already calibrated
+        (then it costs nothing more) against the base graph. Else, on a CPU where int8 is assumed faster
+        (``Platform.int8_prior`` > 1), the base graph and the int8 graph made without calibration
+        (``weights_graph``, ~1 s to make and check) timed here, once per model, graphs, CPU and versions; the
+        faster of them (int8 only where more than ``NOISE_FREE_MARGIN`` faster) against static int8 as the
+        platform assumes it (``chooser.calibration_pays``). None, with nothing timed, where int8 is not made yet
+        and assumed no faster here (AMX): no corpus could pay, so timing (~1.5 s of a first run) would decide
+        nothing. Said in an info line."""
         per_doc = tokens / max(1, docs)
         cached = self.exported.find(self.configured, self.calibration)
         if cached is not None:
@@ -191,31 +214,61 @@ class CorpusPlanner:
                         "until measured: `retr doctor --export` makes and times it): the base graph", self.configured,
                         docs, self.platform.int8_prior)
             return None
+        elif self.weights_graph is not None:
+            base_t, weights_t = self.measured_per_token(self.weights_graph, UNCALIBRATED_BUDGET_S,
+                                                        UNCALIBRATED_MIN_ROUNDS)
+            base_s, weights_s = base_t * per_doc, weights_t * per_doc
+            faster = chooser.faster_enough(base_s, weights_s)
+            logger.info("%s for %d documents: base graph %.1f ms/doc, %s %.1f ms/doc (measured): %s",
+                        self.configured, docs, base_s * 1000, self.weights_graph.variant, weights_s * 1000,
+                        self.weights_graph.variant if faster else "the base graph")
+            # static int8 as the platform assumes it against the base graph, its calibration as the prior says
+            prior = chooser.calibration_pays(docs, base_s, self.platform)
+            brk = replace(prior, base_s=weights_s, against=self.weights_graph.variant, base_graph_s=base_s) \
+                if faster else prior
         else:
             brk = chooser.calibration_pays(docs, self.doc_seconds(self.graph, per_doc), self.platform)
-        logger.info("%s for %d documents (%.0f tokens each): base graph %.1f ms/doc, int8 %.1f ms/doc (%s), "
-                    "calibration %.0f s: %s", self.configured, docs, per_doc, brk.base_s * 1000, brk.int8_s * 1000,
+        logger.info("%s for %d documents (%.0f tokens each): %s %.1f ms/doc, int8 %.1f ms/doc (%s), "
+                    "calibration %.0f s: %s", self.configured, docs, per_doc,
+                    "base graph" if brk.against == BASE else brk.against, brk.base_s * 1000, brk.int8_s * 1000,
                     "measured" if brk.measured else "assumed", brk.calibration_s,
-                    "int8" if brk.pays else f"the base graph ({brk.break_even_phrase()})")
+                    "int8" if brk.pays else f"{'the base graph' if brk.against == BASE else brk.against} "
+                                            f"({brk.break_even_phrase()})")
         return brk
 
-    def measured_per_token(self, calibrated: Graph) -> tuple[float, float]:
-        """Seconds per token of the base graph and of the calibrated one, timed once per model, graphs, CPU and
-        library versions and then read from the choice store: a property of the machine, not of the corpus, so a
-        later corpus pays no timing (~2 s on 2 cores, the base graph compiled only to be timed)."""
-        ids = [self.exported.identity(self.graph).key, self.exported.identity(calibrated).key,
-               f"per-token, alternating, {PER_TOKEN_BUDGET_S} s"]
+    def measured_per_token(self, other: Graph, budget_s: float = PER_TOKEN_BUDGET_S,
+                           min_rounds: int = PER_TOKEN_MIN_ROUNDS) -> tuple[float, float]:
+        """Seconds per token of the base graph and of ``other`` (an int8 graph), timed once per model, graphs,
+        CPU and library versions and then read from the choice store: a property of the machine, not of the
+        corpus, so a later corpus pays no timing (~2 s on 2 cores, the base graph compiled only to be timed)."""
+        ids = [self.exported.identity(self.graph).key, self.exported.identity(other).key,
+               f"per-token, alternating, {budget_s} s"]
         key = chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
         store = chooser.ChoiceStore(cache_home())
         stored = store.get(key)
         timed = {t.backend: t.seconds for t in stored.timings} if stored is not None else {}
-        if {self.graph.variant, calibrated.variant} <= set(timed) and None not in timed.values():
-            return timed[self.graph.variant], timed[calibrated.variant]
-        base_t, int8_t = self.tokens_seconds_alternating([self.graph, calibrated])
-        timings = [chooser.Timing(self.graph.variant, base_t), chooser.Timing(calibrated.variant, int8_t)]
+        if {self.graph.variant, other.variant} <= set(timed) and None not in timed.values():
+            return timed[self.graph.variant], timed[other.variant]
+        base_t, other_t = self.tokens_seconds_alternating([self.graph, other], budget_s, min_rounds)
+        timings = [chooser.Timing(self.graph.variant, base_t), chooser.Timing(other.variant, other_t)]
         store.put(key, chooser.choose(chooser.DOCUMENTS, timings, self.graph.variant),
                   model_hash=self.exported.model_hash, cpu=self.platform.cpu, unit_note="seconds per token")
-        return base_t, int8_t
+        return base_t, other_t
+
+    @functools.cached_property
+    def weights_graph(self) -> Graph | None:
+        """The configured backend's int8 graph made without calibration (``Backend.uncalibrated``: int8 weights,
+        activations quantised at run time; made from the base graph and checked, once per model, then cached);
+        None where the backend names none, torch encodes, or it is refused here (a warning)."""
+        name = get_backend(self.configured).uncalibrated
+        if name is None or self.graph is None:
+            return None
+        try:
+            return self.exported.open(name)
+        except RetrError as e:
+            logger.warning("%s refused (%s): corpora too small for a calibration are encoded by the %s graph", name,
+                           e, self.graph.variant)
+            return None
 
     @functools.cached_property
     def calibration(self) -> Calibration:
@@ -246,6 +299,7 @@ class CorpusPlanner:
         stream: ~0.2 GB for MiniLM; opened from the cache again, ~1 s, where another corpus needs it) and the
         corpus's token ids. A first `retr eval` then searches in the memory the encoding left."""
         self.__dict__.pop("calibrated_graph", None)
+        self.__dict__.pop("weights_graph", None)
         self._tokenized = None
         release_memory()
 
@@ -255,8 +309,16 @@ class CorpusPlanner:
         graph was calibrated (on the sample of another retr version, or on another machine) and is not in this
         machine's cache."""
         name = recorded.get("backend")
-        if self.graph is None or name == self.graph.variant or name not in BACKENDS \
-                or not get_backend(name).calibrated:
+        if self.graph is None or name == self.graph.variant or name not in BACKENDS:
+            return None
+        if name == get_backend(self.configured).uncalibrated:  # made without calibration: the same graph here
+            return self.weights_graph
+        if get_backend(name).int8 and not get_backend(name).calibrated:
+            try:
+                return self.exported.open(name)
+            except RetrError:  # refused here: the base graph
+                return None
+        if not get_backend(name).calibrated:
             return None
         digest = recorded.get("calibration")
         try:

@@ -24,7 +24,7 @@ def test_doctor_prints_the_cpu_the_candidates_the_choice_and_the_first_run_cost(
     assert names[0] == "openvino" and set(names) <= {"openvino", ONE} and queries["chosen"] in names
     assert queries["candidates"][0]["ms_per_query"] > 0 and queries["candidates"][0]["made_seconds"] > 0
     assert report["documents"]["chosen"] == "openvino" and "pruned" in report["documents"]["why"]
-    assert {p["backend"] for p in report["pruned"]} == {"openvino-int8", "openvino-int8-ffn"}
+    assert {p["backend"] for p in report["pruned"]} == {"openvino-int8", "openvino-int8-ffn", "openvino-int8w"}
     assert set(report["not_in_cache"]) == {"onnx", "onnx-int8"}
     first = report["first_run"]
     assert first["docs"] == 500 and first["graph_build_seconds"] > 0

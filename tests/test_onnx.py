@@ -434,6 +434,7 @@ def test_where_int8_runs_a_corpus_the_base_graph_encodes_is_keyed_by_the_base_gr
     from retr.retrieval.corpus_plan import CorpusPlanner
 
     calls = _counting_static_int8(monkeypatch)
+    _patch_backend(monkeypatch, DEFAULT, uncalibrated=None)  # the base graph against static int8 alone (below)
     corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     assert enc.planner.platform.static_int8  # int8 runs here (RETR_INT8_DOT=1)
@@ -452,6 +453,76 @@ def test_where_int8_runs_a_corpus_the_base_graph_encodes_is_keyed_by_the_base_gr
     encoded = measured.encode_corpus(corpus)  # 40 documents save far less than the assumed calibration costs
     assert encoded.graph["backend"] == "openvino" and encoded.graph["chosen"]["pays"] is False
     assert timed == ["openvino"] and calls == []
+
+
+def test_a_corpus_too_small_for_a_calibration_goes_through_the_int8_weights_graph_where_measured_faster(
+        tiny_bi_encoder, monkeypatch):
+    """Issue 39: where int8 runs and the int8 graph made without calibration (``openvino-int8w``) is measured more
+    than the margin faster than the base graph, a corpus whose calibration would not pay goes through it: keyed by
+    it before encoding, nothing calibrated, documents added later through it again. Measured no faster (another
+    CPU): the base graph."""
+    from retr.retrieval.backends.platform import Platform
+    from retr.retrieval.corpus_plan import CorpusPlanner
+
+    calls = _counting_static_int8(monkeypatch)
+    timed = []
+    speeds = {"openvino": 0.02, "openvino-int8w": 0.01}
+    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating",
+                        lambda self, gs, *budget: [timed.append(g.variant) or speeds[g.variant] for g in gs])
+    corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
+    flags = {"avx2", "avx512f", "avx512_vnni"}  # int8 dot products, not forced
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    enc.__dict__["platform"] = Platform.of(flags, cpu="VNNI one")
+    assert enc.planner.graph_id(corpus).startswith("openvino-int8w/")  # keyed before encoding, as a build does
+    encoded = enc.encode_corpus(corpus)
+    chosen = encoded.graph["chosen"]
+    assert encoded.graph["backend"] == "openvino-int8w" and chosen["against"] == "openvino-int8w"
+    assert chosen["pays"] is False and chosen["base_graph_s"] == pytest.approx(2 * chosen["base_s"])
+    assert calls == [] and timed == ["openvino", "openvino-int8w"]
+    base = enc.encode(corpus)
+    cosine = (encoded.embeddings * base).sum(axis=1)
+    assert cosine.min() > 0.99 and not np.array_equal(encoded.embeddings, base)  # int8: close, not the same
+    np.testing.assert_allclose(enc.encode_like(corpus[:3], encoded.graph), encoded.embeddings[:3], atol=1e-5)
+    timed.clear()
+    again = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    again.__dict__["platform"] = Platform.of(flags, cpu="VNNI one")
+    assert again.encode_corpus(corpus).graph["backend"] == "openvino-int8w" and timed == []  # stored: not timed
+
+    speeds["openvino-int8w"] = 0.019  # within the margin: not worth its ranking noise
+    other = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    other.__dict__["platform"] = Platform.of(flags, cpu="VNNI two")
+    assert other.planner.graph_id(corpus) == other.exported.identity(other.graph).key
+    assert other.encode_corpus(corpus).graph["backend"] == "openvino" and calls == []
+
+
+def test_int8_weights_are_symmetric_per_output_channel_and_dequantised_in_the_graph(tmp_path):
+    """``export.compress_int8_weights``: each fixed MatMul weight (out, in) stored as int8 with one scale a row
+    (its largest |w| / 127), every weight within half a step of the original, and the graph computes with the
+    dequantised weights; the model given is left as it was (it is the checks' reference)."""
+    import openvino as ov
+    import openvino.opset13 as op
+
+    from retr.retrieval.backends.export import compress_int8_weights
+
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(5, 8)).astype(np.float32)
+    w[2] = 0.0  # an all-zero row: scale 1, weights 0
+    x = op.parameter([-1, 8], ov.Type.f32, name="x")
+    model = ov.Model([op.matmul(x, op.constant(w), False, True)], [x], "m")
+    compress_int8_weights(model, tmp_path / "m.xml", None)
+    assert "Convert" not in {n.get_type_name() for n in model.get_ops()}  # the original model is untouched
+    saved = ov.Core().read_model(str(tmp_path / "m.xml"))
+    (q,) = [n.get_data() for n in saved.get_ops() if n.get_type_name() == "Constant" and n.get_data().dtype == np.int8]
+    (scale,) = [n.get_data() for n in saved.get_ops() if n.get_type_name() == "Constant"
+                and n.get_data().shape == (5, 1)]
+    np.testing.assert_allclose(scale[:, 0], np.where(np.abs(w).max(1) > 0, np.abs(w).max(1) / 127, 1.0), rtol=1e-6)
+    assert np.abs(q).max() == 127 and not q[2].any()
+    deq = q.astype(np.float32) * scale
+    assert np.all(np.abs(deq - w) <= scale / 2 + 1e-7)
+    feed = rng.normal(size=(3, 8)).astype(np.float32)
+    out = ov.Core().compile_model(saved, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                 "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})(feed)[0]
+    np.testing.assert_allclose(out, feed @ deq.T, rtol=1e-4, atol=1e-4)
 
 
 def test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once(tiny_bi_encoder, tmp_path, monkeypatch):

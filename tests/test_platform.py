@@ -319,6 +319,13 @@ def test_the_documents_graph_as_one_stream_is_a_query_candidate_timed_and_checke
     np.testing.assert_allclose(fresh.encode_queries(q), enc.encode(q), atol=1e-3)
 
 
+def _no_weights_graph(monkeypatch) -> None:
+    """The calibrated backends without an int8 graph made without calibration (``Backend.uncalibrated``): a
+    corpus then weighs the calibration against the base graph alone."""
+    entries = {n: replace(b, uncalibrated=None) if b.calibrated else b for n, b in registry.BACKENDS.items()}
+    monkeypatch.setattr(registry, "BACKENDS", MappingProxyType(entries))
+
+
 def _fake_token_speeds(monkeypatch, speeds: dict[str, float], timed: list) -> None:
     """Per-token speeds of the document graphs, timed alone or in alternation (fake, recorded in ``timed``)."""
     from retr.retrieval.corpus_plan import CorpusPlanner
@@ -328,7 +335,8 @@ def _fake_token_speeds(monkeypatch, speeds: dict[str, float], timed: list) -> No
         return speeds[graph.variant]
 
     monkeypatch.setattr(CorpusPlanner, "token_seconds", seconds)
-    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating", lambda self, gs: [seconds(self, g) for g in gs])
+    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating",
+                        lambda self, gs, *budget: [seconds(self, g) for g in gs])
 
 
 def test_the_calibration_break_counts_the_corpus_tokens_not_only_its_documents(tiny_bi_encoder, monkeypatch):
@@ -338,6 +346,7 @@ def test_the_calibration_break_counts_the_corpus_tokens_not_only_its_documents(t
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     monkeypatch.delenv("RETR_INT8_DOT")
+    _no_weights_graph(monkeypatch)  # the base graph against static int8 alone
     monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: 0.05)  # base graph, per token (fake)
     short = [f"wolves {i}" for i in range(40)]
     long = [f"document {i} " + "about wolves and forests and the rivers between them " * 6 for i in range(40)]

@@ -136,6 +136,10 @@ class Break:
     int8_s: float  # seconds per document, static int8
     calibration_s: float
     measured: bool  # int8_s and calibration_s measured here (else assumed: Platform.int8_prior, the prior cost)
+    # the graph ``base_s`` times, which the corpus takes where the calibration does not pay: the base graph, or an
+    # int8 graph made without calibration (``registry.Backend.uncalibrated``) measured faster here
+    against: str = "base"
+    base_graph_s: float | None = None  # seconds per document, the base graph, where ``against`` is another graph
 
     @property
     def saving_s(self) -> float:

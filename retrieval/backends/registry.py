@@ -83,7 +83,10 @@ def _static_int8(name: str, help_: str, convert: Callable) -> Backend:
 # documents of a corpus too small to pay a calibration: int8 weights, activations quantised at run time. Its check
 # against the fp32 graph on retr's sample: cosine >= 0.998 for MiniLM (static int8: 0.991). Not a query candidate:
 # SciFact's queries through it (NNCF's equivalent) moved hybrid nDCG@10 0.7301 -> 0.7277 on an AMX Xeon with AMX
-# refused (benchmarks/results/int8-query-graphs-noamx-xeon.json)
+# refused (benchmarks/results/int8-query-graphs-noamx-xeon.json). It computes in fp32 on every CPU: OpenVINO
+# quantises its activations to int8 in fp32 alone (asked for bf16 it decompresses the weights to bf16, no int8
+# arithmetic), and in bf16 on an AMX Xeon a 2-layer BERT of hidden size 32 through it on two streams of one
+# thread each gave cosine -0.11 to the same graph on one stream (OpenVINO 2026.4; MiniLM: 0.9988 either way)
 WEIGHTS_INT8 = "openvino-int8w"
 
 
@@ -97,7 +100,7 @@ BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
     Backend(WEIGHTS_INT8, "int8 MatMul weights (symmetric, per output channel), activations quantised by OpenVINO "
             "at run time: no calibration, made from the openvino graph in well under a second (the default backend "
             "takes it for corpora too small to pay a calibration)", "openvino", "model.xml",
-            {"bi": 0.99}, export.compress_int8_weights, lambda: f"int8w+{native_precision()}",
+            {"bi": 0.99}, export.compress_int8_weights, lambda: "int8w+fp32",
             max_rank_noise={"bi": MAX_RANK_NOISE}, int8=True, queries=False),
     Backend("openvino", "OpenVINO, bf16 where the CPU has it natively, else fp32", "openvino", "model.xml",
             {"bi": 0.999, "ce": 0.98}, export.to_openvino, native_precision),
