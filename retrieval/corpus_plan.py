@@ -133,6 +133,8 @@ class CorpusPlanner:
                                                      "int8_prior": self.platform.int8_prior}) \
                 if brk is None else CorpusChoice(CALIBRATED if brk.pays else
                                                  WEIGHTS if brk.against != BASE else BASE, brk.to_dict())
+            if self._choices[key].graph != WEIGHTS and self.__dict__.pop("weights_graph", None) is not None:
+                release_memory()  # made and timed to decide, not taken: its compiled streams go before a calibration
         return self._choices[key]
 
     def graph_id(self, texts: list[str]) -> str:

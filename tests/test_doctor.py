@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from retr.cli.main import main
 from retr.retrieval.query_graphs import ONE_STREAM
 
@@ -62,6 +64,30 @@ def test_doctor_times_the_documents_graphs_as_the_index_will_and_stores_it(tiny_
     base_t, int8_t = enc.planner.measured_per_token(calibrated)
     assert abs(docs["base"]["ms_per_doc"] - base_t * 10 * 1000) < 1e-9
     assert abs(docs["int8"]["int8_s"] - int8_t * 10) < 1e-12
+
+
+def test_doctor_shows_the_int8_weights_graph_a_corpus_too_small_for_a_calibration_takes(tiny_bi_encoder, capsys,
+                                                                                          monkeypatch):
+    """Where int8 runs and nothing is calibrated yet, doctor weighs the corpus as `retr index` does: the base and
+    int8-weights graphs timed (fake here: 4 and 2 ms a token), static int8 assumed from the platform against the
+    faster of them. 1.44x the base graph is slower than the int8-weights graph: no corpus pays a calibration."""
+    from retr.retrieval.corpus_plan import CorpusPlanner
+
+    monkeypatch.setenv("RETR_INT8_DOT", "1")  # int8 dot products: int8 assumed 1.44x the base graph
+    speeds = {"openvino": 0.004, "openvino-int8w": 0.002}
+    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating",
+                        lambda self, graphs, *budget: [speeds[g.variant] for g in graphs])
+    assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "1000", "--doc-tokens", "10", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    docs = report["documents"]
+    assert docs["base"]["ms_per_doc"] == pytest.approx(40) and docs["weights"]["ms_per_doc"] == pytest.approx(20)
+    assert docs["weights"]["backend"] == "openvino-int8w" and docs["chosen"] == "openvino-int8w"
+    assert docs["int8"]["pays"] is False and docs["int8"]["int8_s"] == pytest.approx(0.040 / 1.44)
+    assert "int8 is no faster here" in docs["why"]
+    assert report["first_run"]["encode_seconds_estimate"] == pytest.approx(20.0)
+    assert "openvino-int8w" not in report["not_in_cache"]  # a documents' graph, not a query candidate
+    assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "1000", "--doc-tokens", "10"]) == 0
+    assert "openvino-int8w 20.0 (measured)" in capsys.readouterr().out
 
 
 def test_doctor_shows_each_query_candidates_ranking_noise_beside_its_speed(tiny_bi_encoder, capsys):

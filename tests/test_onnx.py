@@ -495,6 +495,23 @@ def test_a_corpus_too_small_for_a_calibration_goes_through_the_int8_weights_grap
     assert other.encode_corpus(corpus).graph["backend"] == "openvino" and calls == []
 
 
+def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):
+    from retr.retrieval.backends.platform import Platform
+    from retr.retrieval.corpus_plan import CorpusPlanner
+
+    calls = _counting_static_int8(monkeypatch)
+    _patch_backend(monkeypatch, "openvino-int8w", floors={"bi": 1.01})  # no int8 graph can pass this floor
+    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: {"openvino": 0.02}[g.variant])
+    corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    enc.__dict__["platform"] = Platform.of({"avx2", "avx512f", "avx512_vnni"}, cpu="VNNI three")
+    with caplog.at_level("WARNING"):
+        encoded = enc.encode_corpus(corpus)
+    assert encoded.graph["backend"] == "openvino" and encoded.graph["chosen"]["against"] == "base"
+    assert calls == [] and "openvino-int8w refused" in caplog.text
+    np.testing.assert_array_equal(encoded.embeddings, enc.encode(corpus))
+
+
 def test_int8_weights_are_symmetric_per_output_channel_and_dequantised_in_the_graph(tmp_path):
     """``export.compress_int8_weights``: each fixed MatMul weight (out, in) stored as int8 with one scale a row
     (its largest |w| / 127), every weight within half a step of the original, and the graph computes with the

@@ -403,6 +403,7 @@ def test_where_int8_is_assumed_no_faster_nothing_is_timed_until_the_int8_graph_e
     choice = first.planner.choice(corpus)
     assert not choice.calibrated and timed == []
     assert choice.measured == {"docs": 5000, "pays": False, "measured": False, "int8_prior": AMX.int8_prior}
+    assert "weights_graph" not in first.planner.__dict__  # the int8-weights graph neither made nor timed
     assert first.planner.calibrated_graph is not None  # made, as `retr doctor --export` would
     later = BiEncoder(cfg)
     later.__dict__["platform"] = AMX
