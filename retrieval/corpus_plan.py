@@ -36,11 +36,11 @@ PER_TOKEN_BUDGET_S = 4.0
 # Xeon with AMX refused takes ~2 s, so four rounds and a warm-up took 11 s of a corpus's run there (once per model,
 # graphs and CPU, then stored)
 PER_TOKEN_MIN_ROUNDS = 2
-# the base graph against the int8 graph made without calibration, timed on a first corpus (then stored): one round
-# after a warm-up each. Their measured gap (~1.45x for MiniLM on an AMX Xeon with AMX refused) is far outside the
-# 10% margin one round's drift could cross, and each extra round costs a first run ~1.5 s
-UNCALIBRATED_BUDGET_S = 0.0
-UNCALIBRATED_MIN_ROUNDS = 1
+# the int8-weights graph's document throughput over the base graph's, assumed only to judge whether it could change
+# a corpus's choice before it is made and timed (``_calibration_clearly_pays``): 1.50-1.60 per token on retr's
+# sample and 1.45-1.67 on SciFact's documents, MiniLM on 2 cores of an AMX Xeon with AMX refused (fp32 base graph;
+# benchmarks/results/int8w-vs-static-encode-noamx-xeon.json)
+WEIGHTS_PRIOR = 1.5
 
 BASE, WEIGHTS, CALIBRATED = "base", "weights", "calibrated"  # the graphs a corpus can go through
 
@@ -183,13 +183,12 @@ class CorpusPlanner:
         rows = self._sample_rows()
         return chooser.time_per_unit(self._encode_sample(graph, rows), sum(len(r) for r in rows), min_rounds=1)
 
-    def tokens_seconds_alternating(self, graphs: list[Graph], budget_s: float = PER_TOKEN_BUDGET_S,
-                                   min_rounds: int = PER_TOKEN_MIN_ROUNDS) -> list[float]:
+    def tokens_seconds_alternating(self, graphs: list[Graph]) -> list[float]:
         """``token_seconds`` of each of ``graphs``, timed in alternation (``chooser.time_alternating``): their
         ratio is what decides, and a shared machine drifts between two runs timed one after the other."""
         rows = self._sample_rows()
         return chooser.time_alternating([self._encode_sample(g, rows) for g in graphs], sum(len(r) for r in rows),
-                                        budget_s=budget_s, min_rounds=min_rounds)
+                                        budget_s=PER_TOKEN_BUDGET_S, min_rounds=PER_TOKEN_MIN_ROUNDS)
 
     def doc_seconds(self, graph: Graph, tokens_per_doc: float) -> float:
         """Seconds per document of ``tokens_per_doc`` tokens through ``graph`` (``token_seconds``)."""
@@ -199,10 +198,10 @@ class CorpusPlanner:
         """Whether ``docs`` documents of ``tokens`` tokens in all pay for calibrating the static int8 graph, and
         what they go through where it does not. The static int8 graph timed here where it is already calibrated
         (then it costs nothing more) against the base graph. Else, on a CPU where int8 is assumed faster
-        (``Platform.int8_prior`` > 1), the base graph and the int8 graph made without calibration
-        (``weights_graph``, ~1 s to make and check) timed here, once per model, graphs, CPU and versions; the
-        faster of them (int8 only where more than ``NOISE_FREE_MARGIN`` faster) against static int8 as the
-        platform assumes it (``chooser.calibration_pays``). None, with nothing timed, where int8 is not made yet
+        (``Platform.int8_prior`` > 1), the base graph timed here, and static int8 assumed from the platform
+        (``chooser.calibration_pays``); unless that clearly pays (``_calibration_clearly_pays``), the int8 graph
+        made without calibration (``weights_graph``, ~3 s to make and check) is timed too, and static int8 weighed
+        against it where it is more than ``NOISE_FREE_MARGIN`` faster than the base graph. None, with nothing timed, where int8 is not made yet
         and assumed no faster here (AMX): no corpus could pay, so timing (~1.5 s of a first run) would decide
         nothing. Said in an info line."""
         per_doc = tokens / max(1, docs)
@@ -216,20 +215,18 @@ class CorpusPlanner:
                         "until measured: `retr doctor --export` makes and times it): the base graph", self.configured,
                         docs, self.platform.int8_prior)
             return None
-        elif self.weights_graph is not None:
-            base_t, weights_t = self.measured_per_token(self.weights_graph, UNCALIBRATED_BUDGET_S,
-                                                        UNCALIBRATED_MIN_ROUNDS)
-            base_s, weights_s = base_t * per_doc, weights_t * per_doc
-            faster = chooser.faster_enough(base_s, weights_s)
-            logger.info("%s for %d documents: base graph %.1f ms/doc, %s %.1f ms/doc (measured): %s",
-                        self.configured, docs, base_s * 1000, self.weights_graph.variant, weights_s * 1000,
-                        self.weights_graph.variant if faster else "the base graph")
-            # static int8 as the platform assumes it against the base graph, its calibration as the prior says
-            prior = chooser.calibration_pays(docs, base_s, self.platform)
-            brk = replace(prior, base_s=weights_s, against=self.weights_graph.variant, base_graph_s=base_s) \
-                if faster else prior
         else:
-            brk = chooser.calibration_pays(docs, self.doc_seconds(self.graph, per_doc), self.platform)
+            base_s = self.doc_seconds(self.graph, per_doc)
+            # static int8 as the platform assumes it against the base graph, its calibration as the prior says
+            brk = chooser.calibration_pays(docs, base_s, self.platform)
+            if not self._calibration_clearly_pays(brk) and self.weights_graph is not None:
+                weights_s = self.doc_seconds(self.weights_graph, per_doc)
+                faster = chooser.faster_enough(base_s, weights_s)
+                logger.info("%s for %d documents: base graph %.1f ms/doc, %s %.1f ms/doc (measured): %s",
+                            self.configured, docs, base_s * 1000, self.weights_graph.variant, weights_s * 1000,
+                            self.weights_graph.variant if faster else "the base graph")
+                if faster:
+                    brk = replace(brk, base_s=weights_s, against=self.weights_graph.variant, base_graph_s=base_s)
         logger.info("%s for %d documents (%.0f tokens each): %s %.1f ms/doc, int8 %.1f ms/doc (%s), "
                     "calibration %.0f s: %s", self.configured, docs, per_doc,
                     "base graph" if brk.against == BASE else brk.against, brk.base_s * 1000, brk.int8_s * 1000,
@@ -238,20 +235,27 @@ class CorpusPlanner:
                                             f"({brk.break_even_phrase()})")
         return brk
 
-    def measured_per_token(self, other: Graph, budget_s: float = PER_TOKEN_BUDGET_S,
-                           min_rounds: int = PER_TOKEN_MIN_ROUNDS) -> tuple[float, float]:
+    def _calibration_clearly_pays(self, brk: chooser.Break) -> bool:
+        """Whether static int8 (as ``brk`` assumes it) saves at least twice its calibration's cost even against an
+        int8-weights graph ``WEIGHTS_PRIOR`` times faster than the base graph: then making that graph and timing it
+        (~3-5 s of a first run for MiniLM on 2 cores) could not change the choice (SciFact's 5,183 documents)."""
+        if get_backend(self.configured).uncalibrated is None or not brk.pays:
+            return False
+        return replace(brk, base_s=brk.base_s / WEIGHTS_PRIOR).saving_s >= 2 * brk.calibration_s
+
+    def measured_per_token(self, other: Graph) -> tuple[float, float]:
         """Seconds per token of the base graph and of ``other`` (an int8 graph), timed once per model, graphs,
         CPU and library versions and then read from the choice store: a property of the machine, not of the
         corpus, so a later corpus pays no timing (~2 s on 2 cores, the base graph compiled only to be timed)."""
         ids = [self.exported.identity(self.graph).key, self.exported.identity(other).key,
-               f"per-token, alternating, {budget_s} s"]
+               f"per-token, alternating, {PER_TOKEN_BUDGET_S} s"]
         key = chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
         store = chooser.ChoiceStore(cache_home())
         stored = store.get(key)
         timed = {t.backend: t.seconds for t in stored.timings} if stored is not None else {}
         if {self.graph.variant, other.variant} <= set(timed) and None not in timed.values():
             return timed[self.graph.variant], timed[other.variant]
-        base_t, other_t = self.tokens_seconds_alternating([self.graph, other], budget_s, min_rounds)
+        base_t, other_t = self.tokens_seconds_alternating([self.graph, other])
         timings = [chooser.Timing(self.graph.variant, base_t), chooser.Timing(other.variant, other_t)]
         store.put(key, chooser.choose(chooser.DOCUMENTS, timings, self.graph.variant),
                   model_hash=self.exported.model_hash, cpu=self.platform.cpu, unit_note="seconds per token")

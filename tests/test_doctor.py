@@ -75,8 +75,7 @@ def test_doctor_shows_the_int8_weights_graph_a_corpus_too_small_for_a_calibratio
 
     monkeypatch.setenv("RETR_INT8_DOT", "1")  # int8 dot products: int8 assumed 1.44x the base graph
     speeds = {"openvino": 0.004, "openvino-int8w": 0.002}
-    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating",
-                        lambda self, graphs, *budget: [speeds[g.variant] for g in graphs])
+    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, graph: speeds[graph.variant])
     assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "1000", "--doc-tokens", "10", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     docs = report["documents"]
