@@ -436,11 +436,9 @@ def rank_noise(runner, reference, max_length: int) -> float:
     ref = reference.embed(docs, max_length)
     got = np.empty_like(ref)
     order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
-    batches = [(tuple(order[s:s + 16]), reference.feed([docs[i] for i in order[s:s + 16]], max_length))
-               for s in range(0, len(order), 16)]  # length-sorted batches: little padding
-    run = getattr(runner, "run_batches", None)  # on every stream at once, where the runner has several
-    for idx, out in run(batches) if run is not None else [(k, runner(f)) for k, f in batches]:
-        got[list(idx)] = out
+    for start in range(0, len(order), 16):  # length-sorted batches: little padding
+        idx = order[start:start + 16]
+        got[idx] = runner(reference.feed([docs[i] for i in idx], max_length))
     return pair_noise(q @ ref.T, q @ got.T)  # each question's scores of every passage
 
 
