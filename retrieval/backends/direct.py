@@ -320,8 +320,6 @@ class CompiledReference:
         return self.forward(**feeds)
 
     def embed(self, texts: list[str], max_length: int) -> np.ndarray:
-        # one at a time: in length-sorted batches of 16 its activations put the first `retr eval` of SciFact at
-        # 996-1001 MiB against 916-923 (static int8's checks; AMX Xeon with AMX refused), for ~1 s saved
         return _one_at_a_time(self, texts, max_length, self.dim)
 
 
