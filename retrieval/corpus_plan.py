@@ -200,8 +200,9 @@ class CorpusPlanner:
         (then it costs nothing more) against the base graph. Else, on a CPU where int8 is assumed faster
         (``Platform.int8_prior`` > 1), the base graph timed here, and static int8 assumed from the platform
         (``chooser.calibration_pays``); unless that clearly pays (``_calibration_clearly_pays``), the int8 graph
-        made without calibration (``weights_graph``, ~3 s to make and check) is timed too, and static int8 weighed
-        against it where it is more than ``NOISE_FREE_MARGIN`` faster than the base graph. None, with nothing timed, where int8 is not made yet
+        made without calibration (``weights_graph``, ~3-5 s to make and check, once per model) is timed too, and
+        static int8 weighed against it where it is more than ``NOISE_FREE_MARGIN`` faster than the base graph. The
+        two graphs' timings are stored once per model, graphs, CPU and versions: a later corpus times neither. None, with nothing timed, where int8 is not made yet
         and assumed no faster here (AMX): no corpus could pay, so timing (~1.5 s of a first run) would decide
         nothing. Said in an info line."""
         per_doc = tokens / max(1, docs)
@@ -216,17 +217,26 @@ class CorpusPlanner:
                         docs, self.platform.int8_prior)
             return None
         else:
-            base_s = self.doc_seconds(self.graph, per_doc)
+            store, key = chooser.ChoiceStore(cache_home()), self._weights_speeds_key()
+            stored = self._stored_speeds(store, key)  # the base and int8-weights graphs, timed here before
+            base_s = stored[0] * per_doc if stored else self.doc_seconds(self.graph, per_doc)
             # static int8 as the platform assumes it against the base graph, its calibration as the prior says
             brk = chooser.calibration_pays(docs, base_s, self.platform)
-            if not self._calibration_clearly_pays(brk) and self.weights_graph is not None:
-                weights_s = self.doc_seconds(self.weights_graph, per_doc)
-                faster = chooser.faster_enough(base_s, weights_s)
-                logger.info("%s for %d documents: base graph %.1f ms/doc, %s %.1f ms/doc (measured): %s",
-                            self.configured, docs, base_s * 1000, self.weights_graph.variant, weights_s * 1000,
-                            self.weights_graph.variant if faster else "the base graph")
+            if not self._calibration_clearly_pays(brk) and (stored or self.weights_graph is not None):
+                weights_s = stored[1] * per_doc if stored else self.doc_seconds(self.weights_graph, per_doc)
+                if not stored:
+                    timings = [chooser.Timing(self.graph.variant, base_s / per_doc),
+                               chooser.Timing(self.weights_graph.variant, weights_s / per_doc)]
+                    store.put(key, chooser.choose(chooser.DOCUMENTS, timings, self.graph.variant),
+                              model_hash=self.exported.model_hash, cpu=self.platform.cpu,
+                              unit_note="seconds per token")
+                faster = chooser.faster_enough(base_s, weights_s) and self.weights_graph is not None
+                name = get_backend(self.configured).uncalibrated
+                logger.info("%s for %d documents: base graph %.1f ms/doc, %s %.1f ms/doc (%s): %s", self.configured,
+                            docs, base_s * 1000, name, weights_s * 1000, "stored" if stored else "measured",
+                            name if faster else "the base graph")
                 if faster:
-                    brk = replace(brk, base_s=weights_s, against=self.weights_graph.variant, base_graph_s=base_s)
+                    brk = replace(brk, base_s=weights_s, against=name, base_graph_s=base_s)
         logger.info("%s for %d documents (%.0f tokens each): %s %.1f ms/doc, int8 %.1f ms/doc (%s), "
                     "calibration %.0f s: %s", self.configured, docs, per_doc,
                     "base graph" if brk.against == BASE else brk.against, brk.base_s * 1000, brk.int8_s * 1000,
@@ -234,6 +244,26 @@ class CorpusPlanner:
                     "int8" if brk.pays else f"{'the base graph' if brk.against == BASE else brk.against} "
                                             f"({brk.break_even_phrase()})")
         return brk
+
+    def _weights_speeds_key(self) -> str | None:
+        """What the base and int8-weights graphs' per-token seconds are stored under (``chooser.choice_key``: the
+        model, both graphs' identities, the CPU, versions); None where the backend names no int8-weights graph."""
+        name = get_backend(self.configured).uncalibrated
+        if name is None:
+            return None
+        weights = GraphId(self.exported.model_hash, name, EXPORT_GENERATION, get_backend(name).precision())
+        ids = [self.exported.identity(self.graph).key, weights.key, "per-token, base then int8 weights"]
+        return chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
+
+    def _stored_speeds(self, store: chooser.ChoiceStore, key: str | None) -> tuple[float, float] | None:
+        """The base and int8-weights graphs' per-token seconds as timed here before (a property of the machine:
+        a later corpus times neither), or None."""
+        stored = store.get(key) if key is not None else None
+        timed = {t.backend: t.seconds for t in stored.timings} if stored is not None else {}
+        name = get_backend(self.configured).uncalibrated
+        if self.graph.variant in timed and name in timed and None not in timed.values():
+            return timed[self.graph.variant], timed[name]
+        return None
 
     def _calibration_clearly_pays(self, brk: chooser.Break) -> bool:
         """Whether static int8 (as ``brk`` assumes it) saves at least twice its calibration's cost even against an
