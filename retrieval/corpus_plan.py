@@ -202,9 +202,9 @@ class CorpusPlanner:
         (``chooser.calibration_pays``); unless that clearly pays (``_calibration_clearly_pays``), the int8 graph
         made without calibration (``weights_graph``, ~3-5 s to make and check, once per model) is timed too, and
         static int8 weighed against it where it is more than ``NOISE_FREE_MARGIN`` faster than the base graph. The
-        two graphs' timings are stored once per model, graphs, CPU and versions: a later corpus times neither. None, with nothing timed, where int8 is not made yet
-        and assumed no faster here (AMX): no corpus could pay, so timing (~1.5 s of a first run) would decide
-        nothing. Said in an info line."""
+        two graphs' timings are stored once per model, graphs, CPU and versions: a later corpus times neither.
+        None, with nothing timed, where int8 is not made yet and assumed no faster here (AMX): no corpus could
+        pay, so timing (~1.5 s of a first run) would decide nothing. Said in an info line."""
         per_doc = tokens / max(1, docs)
         cached = self.exported.find(self.configured, self.calibration)
         if cached is not None:
