@@ -526,7 +526,7 @@ def test_int8_weights_are_symmetric_per_output_channel_and_dequantised_in_the_gr
     import openvino as ov
     import openvino.opset13 as op
 
-    from retr.retrieval.backends.export import compress_int8_weights
+    from retr.retrieval.backends.export import WEIGHTS_INT8_GROUP, compress_int8_weights
 
     rng = np.random.default_rng(3)
     w = rng.normal(size=(5, 8)).astype(np.float32)
@@ -536,6 +536,8 @@ def test_int8_weights_are_symmetric_per_output_channel_and_dequantised_in_the_gr
     compress_int8_weights(model, tmp_path / "m.xml", None)
     assert "Convert" not in {n.get_type_name() for n in model.get_ops()}  # the original model is untouched
     saved = ov.Core().read_model(str(tmp_path / "m.xml"))
+    assert saved.get_rt_info(["runtime_options", "DYNAMIC_QUANTIZATION_GROUP_SIZE"]).astype(int) == WEIGHTS_INT8_GROUP
+    assert ov.Core().compile_model(saved, "CPU").get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE") == WEIGHTS_INT8_GROUP
     (q,) = [n.get_data() for n in saved.get_ops() if n.get_type_name() == "Constant" and n.get_data().dtype == np.int8]
     (scale,) = [n.get_data() for n in saved.get_ops() if n.get_type_name() == "Constant"
                 and n.get_data().shape == (5, 1)]
