@@ -275,8 +275,11 @@ def to_openvino(src, dst: Path, calibration: Calibration | None) -> None:
 # ``compress_int8_weights``: OpenVINO quantises the activations in groups of this many values along each row (its
 # default: 32). 2,000 SciFact documents through MiniLM's graph on 2 cores of an AMX Xeon with AMX refused,
 # alternating: 38.4 / 37.7 s in groups of 32, 30.6 / 30.9 in 64, 29.2 / 28.6 and 33.9 / 28.7 in 128, 37.4 / 34.1
-# in 384 (one group a row); cosine to fp32 on retr's sample 0.9991 (32), 0.9987 (128), 0.9978 (384)
-WEIGHTS_INT8_GROUP = 128
+# in 384 (one group a row). Documents through it against fp32, nDCG@10 on five collections: the largest loss
+# 0.0012 in groups of 32, 0.0019 in 64, 0.0034 in 128 (NPL hybrid; see
+# benchmarks/results/int8w-documents-quality-noamx-xeon.json): 64, the fastest within the 0.002 a faster graph is
+# held to
+WEIGHTS_INT8_GROUP = 64
 
 
 def compress_int8_weights(src, dst: Path, calibration: Calibration | None) -> None:
