@@ -88,14 +88,13 @@ def _report(args: argparse.Namespace) -> dict:
         base_s = enc.planner.doc_seconds(enc.graph, args.doc_tokens)
     documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000, "doc_tokens": args.doc_tokens}}
     if brk is not None:
-        if brk.against != "base":  # the int8 graph made without calibration, measured faster here
+        if not brk.against_base:  # the int8 graph made without calibration, measured faster here
             documents["weights"] = {"backend": brk.against, "ms_per_doc": brk.base_s * 1000, "measured": True,
                                     "made_seconds": _made_seconds(enc.planner.weights_graph)}
         documents["int8"] = {"backend": backend.name, **brk.to_dict(),
                              **({"made_seconds": _made_seconds(calibrated)} if calibrated is not None else {})}
-        doc_choice = backend.name if brk.pays else brk.against if brk.against != "base" else enc.graph.variant
-        graph_then = "the base graph" if brk.against == "base" else brk.against
-        doc_why = (f"int8 saves {brk.saving_s:.1f} s on {args.docs} documents against {graph_then}, its "
+        doc_choice = backend.name if brk.pays else enc.graph.variant if brk.against_base else brk.against
+        doc_why = (f"int8 saves {brk.saving_s:.1f} s on {args.docs} documents against {brk.against_phrase}, its "
                    f"calibration {'made already' if calibrated is not None else f'{brk.calibration_s:.1f} s'} "
                    f"({'measured' if brk.measured else 'assumed until measured'}; {brk.break_even_phrase()})")
     elif int8_here:
@@ -154,7 +153,8 @@ def _print(r: dict) -> None:
     print(f"  chosen: {r['queries']['chosen']} - {r['queries']['why']}")
     d = r["documents"]
     print(f"documents (ms per document of {d['base']['doc_tokens']} tokens): {d['base']['backend']} {d['base']['ms_per_doc']:.1f}"
-          + (f", {d['weights']['backend']} {d['weights']['ms_per_doc']:.1f} (measured)" if "weights" in d else "")
+          + (f", {d['weights']['backend']} {d['weights']['ms_per_doc']:.1f} (measured)"
+             if "weights" in d else "")
           + (f", {d['int8']['backend']} {1000 * d['int8']['int8_s']:.1f}"
              f" ({'measured' if d['int8']['measured'] else 'assumed'})" if "int8" in d else ""))
     print(f"  chosen: {d['chosen']} - {d['why']}")

@@ -46,7 +46,7 @@ WEIGHTS_PRIOR = 1.7
 # 1.28 on SciFact's documents (same machine and file)
 STATIC_OVER_WEIGHTS = 1.3
 
-BASE, WEIGHTS, CALIBRATED = "base", "weights", "calibrated"  # the graphs a corpus can go through
+BASE, WEIGHTS, CALIBRATED = chooser.BASE, "weights", "calibrated"  # the graphs a corpus can go through
 
 
 @dataclass(frozen=True)
@@ -135,8 +135,8 @@ class CorpusPlanner:
             brk = self.calibration_break(len(texts), tokens)
             self._choices[key] = CorpusChoice(BASE, {"docs": len(texts), "pays": False, "measured": False,
                                                      "int8_prior": self.platform.int8_prior}) \
-                if brk is None else CorpusChoice(CALIBRATED if brk.pays else
-                                                 WEIGHTS if brk.against != BASE else BASE, brk.to_dict())
+                if brk is None else CorpusChoice(CALIBRATED if brk.pays else BASE if brk.against_base else WEIGHTS,
+                                                 brk.to_dict())
             if self._choices[key].graph != WEIGHTS and self.__dict__.pop("weights_graph", None) is not None:
                 release_memory()  # made and timed to decide, not taken: its compiled streams go before a calibration
         return self._choices[key]
@@ -222,21 +222,16 @@ class CorpusPlanner:
                         docs, self.platform.int8_prior)
             return None
         else:
-            store, key = chooser.ChoiceStore(cache_home()), self._weights_speeds_key()
-            stored = self._stored_speeds(store, key)  # the base and int8-weights graphs, timed here before
+            name, key = self._weights_name, self._weights_speeds_key()
+            stored = self._stored_pair(key, name) if name else None  # both graphs, timed here before
             base_s = stored[0] * per_doc if stored else self.doc_seconds(self.graph, per_doc)
             # static int8 as the platform assumes it against the base graph, its calibration as the prior says
             brk = chooser.calibration_pays(docs, base_s, self.platform)
             if not self._calibration_clearly_pays(brk) and (stored or self.weights_graph is not None):
                 weights_s = stored[1] * per_doc if stored else self.doc_seconds(self.weights_graph, per_doc)
                 if not stored:
-                    timings = [chooser.Timing(self.graph.variant, base_s / per_doc),
-                               chooser.Timing(self.weights_graph.variant, weights_s / per_doc)]
-                    store.put(key, chooser.choose(chooser.DOCUMENTS, timings, self.graph.variant),
-                              model_hash=self.exported.model_hash, cpu=self.platform.cpu,
-                              unit_note="seconds per token")
+                    self._store_pair(key, base_s / per_doc, name, weights_s / per_doc)
                 faster = chooser.faster_enough(base_s, weights_s) and self.weights_graph is not None
-                name = get_backend(self.configured).uncalibrated
                 logger.info("%s for %d documents: base graph %.1f ms/doc, %s %.1f ms/doc (%s): %s", self.configured,
                             docs, base_s * 1000, name, weights_s * 1000, "stored" if stored else "measured",
                             name if faster else "the base graph")
@@ -245,39 +240,47 @@ class CorpusPlanner:
                                   base_graph_s=base_s)
         logger.info("%s for %d documents (%.0f tokens each): %s %.1f ms/doc, int8 %.1f ms/doc (%s), "
                     "calibration %.0f s: %s", self.configured, docs, per_doc,
-                    "base graph" if brk.against == BASE else brk.against, brk.base_s * 1000, brk.int8_s * 1000,
+                    "base graph" if brk.against_base else brk.against, brk.base_s * 1000, brk.int8_s * 1000,
                     "measured" if brk.measured else "assumed", brk.calibration_s,
-                    "int8" if brk.pays else f"{'the base graph' if brk.against == BASE else brk.against} "
-                                            f"({brk.break_even_phrase()})")
+                    "int8" if brk.pays else f"{brk.against_phrase} ({brk.break_even_phrase()})")
         return brk
+
+    @functools.cached_property
+    def _weights_name(self) -> str | None:
+        """The configured backend's int8 graph made without calibration (``Backend.uncalibrated``), or None."""
+        return get_backend(self.configured).uncalibrated
 
     def _weights_speeds_key(self) -> str | None:
         """What the base and int8-weights graphs' per-token seconds are stored under (``chooser.choice_key``: the
         model, both graphs' identities, the CPU, versions); None where the backend names no int8-weights graph."""
-        name = get_backend(self.configured).uncalibrated
+        name = self._weights_name
         if name is None:
             return None
         weights = GraphId(self.exported.model_hash, name, EXPORT_GENERATION, get_backend(name).precision())
         ids = [self.exported.identity(self.graph).key, weights.key, "per-token, base then int8 weights"]
         return chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
 
-    def _stored_speeds(self, store: chooser.ChoiceStore, key: str | None) -> tuple[float, float] | None:
-        """The base and int8-weights graphs' per-token seconds as timed here before (a property of the machine:
-        a later corpus times neither), or None."""
-        stored = store.get(key) if key is not None else None
+    def _stored_pair(self, key: str, other: str) -> tuple[float, float] | None:
+        """Seconds per token of the base graph and of the ``other`` backend's graph as stored under ``key`` (a
+        property of the machine: a later corpus times neither), or None."""
+        stored = chooser.ChoiceStore(cache_home()).get(key)
         timed = {t.backend: t.seconds for t in stored.timings} if stored is not None else {}
-        name = get_backend(self.configured).uncalibrated
-        if self.graph.variant in timed and name in timed and None not in timed.values():
-            return timed[self.graph.variant], timed[name]
+        if {self.graph.variant, other} <= set(timed) and None not in timed.values():
+            return timed[self.graph.variant], timed[other]
         return None
+
+    def _store_pair(self, key: str, base_t: float, other: str, other_t: float) -> None:
+        """Seconds per token of the base graph and of the ``other`` backend's graph, stored under ``key``."""
+        timings = [chooser.Timing(self.graph.variant, base_t), chooser.Timing(other, other_t)]
+        chooser.ChoiceStore(cache_home()).put(key, chooser.choose(chooser.DOCUMENTS, timings, self.graph.variant),
+                                              model_hash=self.exported.model_hash, cpu=self.platform.cpu,
+                                              unit_note="seconds per token")
 
     def _calibration_clearly_pays(self, brk: chooser.Break) -> bool:
         """Whether static int8 (as ``brk`` assumes it) saves more than its calibration's cost even against an
         int8-weights graph ``WEIGHTS_PRIOR`` times faster than the base graph: then that graph is neither made nor
         timed (~5-7 s of a first run for MiniLM on 2 cores; SciFact's 5,183 documents)."""
-        if get_backend(self.configured).uncalibrated is None or not brk.pays:
-            return False
-        return replace(brk, base_s=brk.base_s / WEIGHTS_PRIOR).pays
+        return brk.pays and replace(brk, base_s=brk.base_s / WEIGHTS_PRIOR).pays
 
     def measured_per_token(self, other: Graph) -> tuple[float, float]:
         """Seconds per token of the base graph and of ``other`` (an int8 graph), timed once per model, graphs,
@@ -286,15 +289,11 @@ class CorpusPlanner:
         ids = [self.exported.identity(self.graph).key, self.exported.identity(other).key,
                f"per-token, alternating, {PER_TOKEN_BUDGET_S} s"]
         key = chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
-        store = chooser.ChoiceStore(cache_home())
-        stored = store.get(key)
-        timed = {t.backend: t.seconds for t in stored.timings} if stored is not None else {}
-        if {self.graph.variant, other.variant} <= set(timed) and None not in timed.values():
-            return timed[self.graph.variant], timed[other.variant]
+        stored = self._stored_pair(key, other.variant)
+        if stored is not None:
+            return stored
         base_t, other_t = self.tokens_seconds_alternating([self.graph, other])
-        timings = [chooser.Timing(self.graph.variant, base_t), chooser.Timing(other.variant, other_t)]
-        store.put(key, chooser.choose(chooser.DOCUMENTS, timings, self.graph.variant),
-                  model_hash=self.exported.model_hash, cpu=self.platform.cpu, unit_note="seconds per token")
+        self._store_pair(key, base_t, other.variant, other_t)
         return base_t, other_t
 
     @functools.cached_property
@@ -302,7 +301,7 @@ class CorpusPlanner:
         """The configured backend's int8 graph made without calibration (``Backend.uncalibrated``: int8 weights,
         activations quantised at run time; made from the base graph and checked, once per model, then cached);
         None where the backend names none, torch encodes, or it is refused here (a warning)."""
-        name = get_backend(self.configured).uncalibrated
+        name = self._weights_name
         if name is None or self.graph is None:
             return None
         try:
@@ -353,9 +352,9 @@ class CorpusPlanner:
         name = recorded.get("backend")
         if self.graph is None or name == self.graph.variant or name not in BACKENDS:
             return None
-        if name == get_backend(self.configured).uncalibrated:  # made without calibration: the same graph here
+        if name == self._weights_name:  # made without calibration: the same graph here
             return self.weights_graph
-        if get_backend(name).int8 and not get_backend(name).calibrated:
+        if get_backend(name).int8 and not get_backend(name).calibrated:  # another backend's, made the same way
             try:
                 return self.exported.open(name)
             except RetrError:  # refused here: the base graph

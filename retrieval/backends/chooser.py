@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 QUERIES, DOCUMENTS, PAIRS = "queries", "documents", "pairs"  # the roles a graph is chosen for
 UNITS = {QUERIES: "ms per query", DOCUMENTS: "ms per document", PAIRS: "ms per query's pairs"}
+BASE = "base"  # ``Break.against``: the corpus's base graph
 # static int8 made from the graph built from the weights + calibration + checks, until measured here: 12.0 s for
 # MiniLM on 2 cores of an AVX-512 BF16/VNNI EPYC without AMX (19 s when it was quantised from torch's export)
 CALIBRATION_PRIOR_S = 12.0
@@ -136,10 +137,19 @@ class Break:
     int8_s: float  # seconds per document, static int8
     calibration_s: float
     measured: bool  # int8_s and calibration_s measured here (else assumed: Platform.int8_prior, the prior cost)
-    # the graph ``base_s`` times, which the corpus takes where the calibration does not pay: the base graph, or an
-    # int8 graph made without calibration (``registry.Backend.uncalibrated``) measured faster here
-    against: str = "base"
+    # the graph ``base_s`` times, which the corpus takes where the calibration does not pay: the base graph
+    # (``BASE``), or an int8 graph made without calibration (``registry.Backend.uncalibrated``) measured faster here
+    against: str = BASE
     base_graph_s: float | None = None  # seconds per document, the base graph, where ``against`` is another graph
+
+    @property
+    def against_base(self) -> bool:
+        return self.against == BASE
+
+    @property
+    def against_phrase(self) -> str:
+        """The graph the corpus takes where the calibration does not pay, in words."""
+        return "the base graph" if self.against_base else self.against
 
     @property
     def saving_s(self) -> float:

@@ -286,9 +286,10 @@ def compress_int8_weights(src, dst: Path, calibration: Calibration | None) -> No
     """The graph with every fixed 2-D MatMul weight stored as int8, symmetric per output channel (scale: the row's
     largest |w| / 127), and dequantised in the graph (int8 -> Convert -> Multiply by the row's scale), the pattern
     OpenVINO's CPU plugin runs as int8 weights with the activations quantised at run time (in groups of
-    ``WEIGHTS_INT8_GROUP``): no calibration sample, made in ~0.05 s for MiniLM. Measured there against NNCF's ``compress_weights``
-    (INT8_SYM), on retr's sample passages (groups of 32): cosine to fp32 >= 0.9984 against 0.9975, the same speed
-    (the MatMul weights alone are touched; embeddings, layer norms and the attention products stay as they are)."""
+    ``WEIGHTS_INT8_GROUP``): no calibration sample, made in ~0.05 s for MiniLM. Measured there against NNCF's
+    ``compress_weights`` (INT8_SYM), on retr's sample passages (groups of 32): cosine to fp32 >= 0.9984 against
+    0.9975, the same speed (the MatMul weights alone are touched; embeddings, layer norms and the attention
+    products stay as they are)."""
     vendor_telemetry_off()
     import openvino as ov
     import openvino.opset13 as op
