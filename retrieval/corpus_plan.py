@@ -305,7 +305,7 @@ class CorpusPlanner:
         if name is None or self.graph is None:
             return None
         try:
-            return self.exported.open(name)
+            return self.exported.open(name, base=self.graph)  # made from the base graph, checked against it
         except RetrError as e:
             logger.warning("%s refused (%s): corpora too small for a calibration are encoded by the %s graph", name,
                            e, self.graph.variant)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from types import MappingProxyType
 
 import numpy as np
 import pytest
 
-from retr.retrieval.backends import registry
+from retr.retrieval.backends import direct, registry
 from retr.retrieval.backends.export import DYNAMIC_INT8, EMBEDDING, TorchEmbedding, verify_embedding
 from retr.retrieval.backends.graphs import load_or_export
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
@@ -464,6 +465,7 @@ def test_a_corpus_too_small_for_a_calibration_goes_through_the_int8_weights_grap
     from retr.retrieval.backends.platform import Platform
     from retr.retrieval.corpus_plan import CorpusPlanner
 
+    monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph on every CPU, as on the platform below
     calls = _counting_static_int8(monkeypatch)
     timed = []
     speeds = {"openvino": 0.02, "openvino-int8w": 0.01}  # seconds per token (fake)
@@ -472,7 +474,13 @@ def test_a_corpus_too_small_for_a_calibration_goes_through_the_int8_weights_grap
     vnni = Platform.of({"avx2", "avx512f", "avx512_vnni"})  # int8 dot products, not forced; fp32 base graph
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     enc.__dict__["platform"] = vnni
-    assert enc.planner.graph_id(corpus).startswith("openvino-int8w/")  # keyed before encoding, as a build does
+    with monkeypatch.context() as m:  # made from the base graph and checked on its streams: nothing built again
+        assert enc.graph.variant == "openvino"  # the base graph, built from the weights first
+        m.setattr(direct, "load_weights", lambda *a: pytest.fail("the graph was built again"))
+        m.setattr(direct.CompiledReference, "__init__", lambda *a: pytest.fail("a reference was compiled"))
+        assert enc.planner.graph_id(corpus).startswith("openvino-int8w/")  # keyed before encoding, as a build does
+    made = json.loads((enc.planner.weights_graph.path.parent / "manifest.json").read_text())
+    assert made["checked_against"].startswith("the openvino graph it is made from")
     encoded = enc.encode_corpus(corpus)
     chosen = encoded.graph["chosen"]
     assert encoded.graph["backend"] == "openvino-int8w" and chosen["against"] == "openvino-int8w"
@@ -500,6 +508,27 @@ def test_a_corpus_too_small_for_a_calibration_goes_through_the_int8_weights_grap
     large.__dict__["platform"] = Platform.of(vnni.flags, cpu="a third CPU")
     assert large.encode_corpus(corpus).graph["backend"] == DEFAULT and len(calls) == 1
     assert timed == ["openvino"] and "weights_graph" not in large.planner.__dict__  # neither made nor timed
+
+
+def test_an_int8_weights_graph_checked_on_its_base_graph_scores_as_against_a_reference_built_again(
+        tiny_bi_encoder, monkeypatch, tmp_path):
+    """The int8-weights graph made from the base graph the encoder holds and checked on its streams gets the
+    checks' figures it gets against the graph built again from the weights and compiled apart (what was done
+    before): the same cosine and ranking noise, and the base graph's file is left as it was."""
+    monkeypatch.setenv("RETR_BF16", "0")  # the base graph in fp32: what a reference must compute in
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
+    base_file = enc.graph.path.read_bytes()
+    backend = registry.BACKENDS["openvino-int8w"]
+    on_base = load_or_export(lambda: enc.model, enc.model_hash, backend, EMBEDDING, enc.max_length, tmp_path / "a",
+                             model_path=enc.ref.path, base=enc.graph)
+    apart = load_or_export(lambda: enc.model, enc.model_hash, backend, EMBEDDING, enc.max_length, tmp_path / "b",
+                           model_path=enc.ref.path)
+    assert on_base.check == pytest.approx(apart.check, abs=2e-5)
+    assert on_base.rank_noise == pytest.approx(apart.rank_noise, rel=0.02, abs=1e-5)
+    assert enc.graph.path.read_bytes() == base_file
+    meta = [json.loads((g.path.parent / "manifest.json").read_text()) for g in (on_base, apart)]
+    assert meta[0]["checked_against"].startswith("the openvino graph it is made from")
+    assert meta[1]["checked_against"].startswith("its graph built from the weights in fp32")
 
 
 def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retr.retrieval.backends.direct import build_embedding
+from retr.retrieval.backends.direct import GraphReference, build_embedding, embed_in_batches
 from retr.retrieval.backends.quiet import quiet_third_party, vendor_telemetry_off
 from retr.retrieval.errors import RetrError
 
@@ -256,7 +256,7 @@ def quantize_dynamic_int8(src: Path, dst: Path, calibration: Calibration | None)
     _drop(src)
 
 
-def _read(src):
+def read_graph(src):
     """An OpenVINO model from a graph file, or ``src`` itself where it is one already (built from the weights)."""
     vendor_telemetry_off()
     import openvino as ov
@@ -268,7 +268,7 @@ def to_openvino(src, dst: Path, calibration: Calibration | None) -> None:
     vendor_telemetry_off()
     import openvino as ov
 
-    ov.save_model(_read(src), str(dst), compress_to_fp16=False)
+    ov.save_model(read_graph(src), str(dst), compress_to_fp16=False)
     _drop(src)
 
 
@@ -294,7 +294,7 @@ def compress_int8_weights(src, dst: Path, calibration: Calibration | None) -> No
     import openvino as ov
     import openvino.opset13 as op
 
-    model = _read(src)
+    model = read_graph(src)
     if not isinstance(src, (str, Path)):  # a built model is the checks' reference after this: changed in a copy
         model = model.clone()
     for node in model.get_ordered_ops():
@@ -363,7 +363,7 @@ def quantize_static_int8(src, dst: Path, calibration: Calibration | None,
             raise RetrError("static int8 needs nncf (pip install nncf)") from None
     import openvino as ov
 
-    model = _read(src)
+    model = read_graph(src)
     feeds = list(calibration.feeds())
     # the pooled sentence vector before its L2 normalisation is never quantised: a graph built from the weights
     # (``direct``) offers it as an activation NNCF would otherwise quantise, which cost MiniLM's int8 graph cosine
@@ -447,13 +447,20 @@ def rank_noise(runner, reference, max_length: int) -> float:
     docs = sample_texts.passages() + sample_texts.long_passages()
     q = reference.embed(sample_texts.questions(), max_length)
     ref = reference.embed(docs, max_length)
-    got = np.empty_like(ref)
-    order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
-    # length-sorted batches, one call each: on a runner's streams at once (run_batches) the requests it made beside
-    # the checks' put SciFact's first command at 996-1001 MiB against 916-923 (AMX Xeon with AMX refused)
-    for start in range(0, len(order), 16):
-        idx = order[start:start + 16]
-        got[idx] = runner(reference.feed([docs[i] for i in idx], max_length))
+    if getattr(runner, "parallel", 1) > 1:
+        # the encoding's own runner (a graph made without calibration is checked on it): its streams at once, on
+        # the requests its encoding then uses (~1.3 s against ~2.5 s one call at a time on MiniLM's int8-weights
+        # graph, 2 cores)
+        got = embed_in_batches(runner, reference.feed, docs, max_length)
+    else:
+        # a calibrated graph's one-stream check runner: length-sorted batches, one call each. On its stream at once
+        # (run_batches) the requests it made beside the checks' put SciFact's first command at 996-1001 MiB against
+        # 916-923 (AMX Xeon with AMX refused)
+        got = np.empty_like(ref)
+        order = sorted(range(len(docs)), key=lambda i: len(docs[i]))
+        for start in range(0, len(order), 16):
+            idx = order[start:start + 16]
+            got[idx] = runner(reference.feed([docs[i] for i in idx], max_length))
     return pair_noise(q @ ref.T, q @ got.T)  # each question's scores of every passage
 
 
@@ -512,9 +519,12 @@ class GraphKind:
     # a model's folder -> its graph built from the weights and that graph's reference (``direct.Built``), or None:
     # exported from torch
     build: Callable[[Path], object] | None = None
+    # (a verified fp32 graph's runner, the model's folder, its dimension) -> that graph as the reference of a graph
+    # made from it without calibration (``direct.GraphReference``); None: such a graph is checked as any other
+    graph_reference: Callable[[object, Path, int], object] | None = None
 
 
 EMBEDDING = GraphKind("bi", "bi-encoder", "cosine", "", export_embedding, verify_embedding, embedding_dim, rank_noise,
-                      TorchEmbedding, build_embedding)
+                      TorchEmbedding, build_embedding, GraphReference)
 SCORING = GraphKind("ce", "cross-encoder", "agreement", "ce-", export_scoring, verify_scoring, lambda _runner: 1,
                     score_noise)

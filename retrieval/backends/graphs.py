@@ -26,7 +26,8 @@ from retr.retrieval.artifacts import (
     versions,
     write_json,
 )
-from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind, pair_noise
+from retr.retrieval.backends.direct import QUICK_REFERENCE_FLOOR
+from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind, pair_noise, read_graph
 from retr.retrieval.backends.quiet import vendor_telemetry_off
 from retr.retrieval.backends.registry import BACKENDS, MAX_RANK_NOISE, Backend, get_backend
 from retr.retrieval.backends.runners import RUNTIMES, default_threads
@@ -257,11 +258,14 @@ def _refused_before(folder: Path, meta: dict, model_hash: str, backend: Backend,
 
 def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Backend, kind: GraphKind,
                    max_length: int, cache_root: Path, threads: int | None = None,
-                   calibration: Calibration | None = None, model_path: Path | None = None) -> Graph:
+                   calibration: Calibration | None = None, model_path: Path | None = None, *,
+                   base: Graph | None = None) -> Graph:
     """The verified graph for this model and backend, from the cache, or made now: for the (uncalibrated)
     OpenVINO backend and a model ``kind.build`` knows (a BERT bi-encoder at ``model_path``), built from the weights
     and checked against a numpy forward pass of them; otherwise exported from ``get_model()`` (a
-    sentence-transformers model for ``EMBEDDING``, a CrossEncoder for ``SCORING``) and checked against it."""
+    sentence-transformers model for ``EMBEDDING``, a CrossEncoder for ``SCORING``) and checked against it.
+    ``base``: the model's base graph, compiled and verified already; an int8 graph made without calibration is
+    made from it and checked against it where it computes in fp32 (``_base_reference``)."""
     if not backend.exported:
         raise RetrError(f"the {backend.name} backend runs the torch model: there is no graph to export")
     if backend.calibrated != (calibration is not None):
@@ -273,22 +277,29 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
     folder = cache_folder(cache_root, model_hash, backend, kind, calibration)
     precision = backend.precision()
     t0 = time.perf_counter()
-    built = None
+    built, reference_graph = None, _base_reference(base, backend, kind, calibration, model_path)
     # static int8 graphs too are quantised from the built graph (export.STATIC_INT8_PROCEDURE 2): MiniLM's checks
     # there, cosine 0.9908 and ranking noise 0.0294, against 0.9912 and 0.0300 quantised from torch's export
-    if kind.build is not None and model_path is not None and backend.runtime == "openvino":
+    if reference_graph is None and kind.build is not None and model_path is not None \
+            and backend.runtime == "openvino":
         try:
             built = kind.build(model_path)
         except Exception as e:  # noqa: BLE001 - what the builder cannot make, torch exports
             logger.warning("building the %s graph from the weights failed (%s): exporting it from torch", kind.label,
                            str(e).splitlines()[0][:200])
-    source = "weights" if built is not None else "torch"
+    source = "weights" if built is not None or reference_graph is not None else "torch"
     against = "a numpy forward pass of its weights" if built is not None else "torch"
-    logger.info("%s %s %s to %s, once per model", "building" if built is not None else "exporting", kind.label,
+    if reference_graph is not None:
+        against = (f"the {reference_graph.variant} graph it is made from, in fp32 ({kind.measure} "
+                   f"{reference_graph.check:.6f} to what that graph was checked against)")
+    logger.info("%s %s %s to %s, once per model", "exporting" if source == "torch" else "building", kind.label,
                 model_hash[:12], backend.name)
     with atomic_dir(folder) as tmp:
         final = tmp / backend.file
-        if built is None:
+        if reference_graph is not None:  # read again: a model of its own (the base graph's file stays as it is)
+            graph, reference = read_graph(reference_graph.path), kind.graph_reference(
+                reference_graph.runner, model_path, reference_graph.dim)
+        elif built is None:
             model = get_model()
             graph, reference = tmp / "model.fp32.onnx", kind.reference(model)
             _export_fp32(model, model_hash, kind, graph)
@@ -353,12 +364,25 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
                  calibration.digest if calibration else None, noise)
 
 
+def _base_reference(base: Graph | None, backend: Backend, kind: GraphKind, calibration: Calibration | None,
+                    model_path: Path | None) -> Graph | None:
+    """``base`` where a graph of ``backend`` is made from it and checked against it: an int8 graph made without
+    calibration (int8 weights), an OpenVINO base graph computing in fp32 that agreed with its own reference to
+    ``direct.QUICK_REFERENCE_FLOOR``, a kind that can check against a graph, and the model's folder (its
+    tokenizer). Its compiled streams then embed the checks' texts: nothing is built or compiled again for them."""
+    if base is None or calibration is not None or not backend.int8 or kind.graph_reference is None \
+            or model_path is None or base.backend.runtime != "openvino" or base.precision != "fp32" \
+            or base.check < QUICK_REFERENCE_FLOOR:
+        return None
+    return base
+
+
 def open_graph(get_model: Callable[[], object], model_hash: str, backend_name: str, max_length: int,
                cache_root: Path, kind: GraphKind = EMBEDDING, use_cache_alone: bool = True,
                calibration: Calibration | None = None, threads: int | None = None,
-               model_path: Path | None = None) -> Graph | None:
+               model_path: Path | None = None, base: Graph | None = None) -> Graph | None:
     """The verified graph of a model for ``backend_name``: from the cache, or made now (``load_or_export``: built
-    from the weights at ``model_path`` where it can be, else exported from ``get_model()``).
+    from the weights at ``model_path`` where it can be, else exported from ``get_model()``; ``base``: see there).
     ``threads``: its runner's inference threads (default: ``default_threads()``).
     None when the backend is torch, when its runtime is not installed and nothing can stand in, or (with a
     warning) when the export itself fails: the caller then runs torch. ``use_cache_alone=False`` when the caller
@@ -384,7 +408,7 @@ def open_graph(get_model: Callable[[], object], model_hash: str, backend_name: s
         return graph
     try:
         return load_or_export(get_model, model_hash, backend, kind, max_length, cache_root, threads, calibration,
-                              model_path)
+                              model_path, base=base)
     except RetrError:
         raise
     except Exception as e:  # noqa: BLE001 - an export failure must not stop the user
