@@ -39,8 +39,10 @@ class EncoderConfig:
     batch_size: int = 32  # torch backend: texts per batch
     # exported backends: padded tokens per batch (length-sorted, no waste beyond it). Activation memory grows with
     # it, per stream: measured on SciFact, OpenVINO int8 on 2 streams, `retr eval` peaked at ~1.17 GB at 4096 vs
-    # 1.56 at 8192
-    token_budget: int = 4096
+    # 1.56 at 8192. 2048 against 4096, 1,000 SciFact-length documents in one process, rounds alternating: AMX Xeon
+    # with AMX refused, static int8 9.65 against 10.48 s, int8 weights 13.1 against 14.4 s, fp32 23.3 against
+    # 25.9 s (faster in every round); AMX granted, bf16 7.9 against 8.1 s
+    token_budget: int = 2048
     device: str = "cpu"
     backend: str = DEFAULT_BACKEND  # a name in retr.retrieval.backends.registry.BACKENDS
     calibration_min_docs: int = 1000  # calibrated backends: smaller corpora are encoded by the base graph
