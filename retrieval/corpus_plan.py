@@ -329,7 +329,7 @@ class CorpusPlanner:
         if self.corpus_backend != self.backend:  # it does not pay on this CPU: nothing to calibrate
             return None
         try:
-            return self.exported.open(backend.name, self.calibration)
+            return self.exported.open(backend.name, self.calibration, base=self.graph)  # checked against it
         except RetrError as e:
             logger.warning("%s refused (%s): corpora are encoded by the %s graph", backend.name, e,
                            self.graph.variant)

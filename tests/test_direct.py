@@ -168,10 +168,13 @@ def test_the_int8_benchmark_measures_every_graph_against_the_torch_model(tiny_bi
     assert 0.0 <= noise["openvino (bf16)"] < noise["openvino-int8 (documents)"]
 
 
-def test_a_static_int8_graph_is_calibrated_from_the_built_graph_without_torch(tiny_bi_encoder, tmp_path):
+@pytest.mark.parametrize("bf16", ["0", "1"])
+def test_a_static_int8_graph_is_calibrated_from_the_built_graph_without_torch(tiny_bi_encoder, tmp_path, bf16):
     """Where int8 runs (forced here) a corpus that pays for a calibration gets the static int8 graph quantised from
     the graph built from the weights: still no torch, transformers or sentence-transformers, and the pooled vector
-    before its normalisation is not quantised (export.STATIC_INT8_PROCEDURE 2)."""
+    before its normalisation is not quantised (export.STATIC_INT8_PROCEDURE 2). Checked against the base graph the
+    encoder holds where that computes in fp32 (nothing built or compiled again), else against the built graph
+    compiled in fp32."""
     code = ("import sys\n"
             "from retr.retrieval.encoder import BiEncoder, EncoderConfig\n"
             f"enc = BiEncoder(EncoderConfig(model={str(tiny_bi_encoder)!r}, backend='openvino-int8', "
@@ -181,13 +184,15 @@ def test_a_static_int8_graph_is_calibrated_from_the_built_graph_without_torch(ti
             "print(sorted(m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules))\n")
     cache = tmp_path / "cache"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "RETR_CACHE": str(cache), "RETR_INT8_DOT": "1"})
+                         env={**os.environ, "RETR_CACHE": str(cache), "RETR_INT8_DOT": "1", "RETR_BF16": bf16})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
     (folder,) = [f for f in (cache / "onnx").iterdir() if "int8" in f.name]
     meta = json.loads((folder / "manifest.json").read_text())
-    # checked against the built graph in fp32, itself checked against the numpy pass (seconds, not ~20)
-    assert meta["source"] == "weights" and meta["checked_against"].startswith("its graph built from the weights in fp32")
+    # checked against the base graph or the built graph in fp32, each checked against the numpy pass (seconds, not
+    # ~20 for the numpy pass itself)
+    against = "the openvino graph it is made from, in fp32" if bf16 == "0" else "its graph built from the weights in fp32"
+    assert meta["source"] == "weights" and meta["checked_against"].startswith(against)
     assert meta["check_cosine"] >= registry.BACKENDS["openvino-int8"].floor(EMBEDDING)
     import openvino as ov
 

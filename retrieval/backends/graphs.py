@@ -264,8 +264,8 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
     OpenVINO backend and a model ``kind.build`` knows (a BERT bi-encoder at ``model_path``), built from the weights
     and checked against a numpy forward pass of them; otherwise exported from ``get_model()`` (a
     sentence-transformers model for ``EMBEDDING``, a CrossEncoder for ``SCORING``) and checked against it.
-    ``base``: the model's base graph, compiled and verified already; an int8 graph made without calibration is
-    made from it and checked against it where it computes in fp32 (``_base_reference``)."""
+    ``base``: the model's base graph, compiled and verified already; an int8 graph is made from it and checked
+    against it where it computes in fp32 (``_base_reference``)."""
     if not backend.exported:
         raise RetrError(f"the {backend.name} backend runs the torch model: there is no graph to export")
     if backend.calibrated != (calibration is not None):
@@ -277,7 +277,7 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
     folder = cache_folder(cache_root, model_hash, backend, kind, calibration)
     precision = backend.precision()
     t0 = time.perf_counter()
-    built, reference_graph = None, _base_reference(base, backend, kind, calibration, model_path)
+    built, reference_graph = None, _base_reference(base, backend, kind, model_path)
     # static int8 graphs too are quantised from the built graph (export.STATIC_INT8_PROCEDURE 2): MiniLM's checks
     # there, cosine 0.9908 and ranking noise 0.0294, against 0.9912 and 0.0300 quantised from torch's export
     if reference_graph is None and kind.build is not None and model_path is not None \
@@ -364,13 +364,12 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
                  calibration.digest if calibration else None, noise)
 
 
-def _base_reference(base: Graph | None, backend: Backend, kind: GraphKind, calibration: Calibration | None,
-                    model_path: Path | None) -> Graph | None:
-    """``base`` where a graph of ``backend`` is made from it and checked against it: an int8 graph made without
-    calibration (int8 weights), an OpenVINO base graph computing in fp32 that agreed with its own reference to
+def _base_reference(base: Graph | None, backend: Backend, kind: GraphKind, model_path: Path | None) -> Graph | None:
+    """``base`` where a graph of ``backend`` is made from it and checked against it: an OpenVINO int8 graph
+    (calibrated or not), an OpenVINO base graph computing in fp32 that agreed with its own reference to
     ``direct.QUICK_REFERENCE_FLOOR``, a kind that can check against a graph, and the model's folder (its
     tokenizer). Its compiled streams then embed the checks' texts: nothing is built or compiled again for them."""
-    if base is None or calibration is not None or not backend.int8 or kind.graph_reference is None \
+    if base is None or not backend.int8 or backend.runtime != "openvino" or kind.graph_reference is None \
             or model_path is None or base.backend.runtime != "openvino" or base.precision != "fp32" \
             or base.check < QUICK_REFERENCE_FLOOR:
         return None
