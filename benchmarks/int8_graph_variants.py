@@ -8,7 +8,9 @@ another graph of the same model.
 INDEX_FOLDER: a SciFact index `retr eval --dataset scifact` or `retr index` built (its graphs in $RETR_CACHE).
 Variants: ``fp32`` (the base OpenVINO graph), ``static`` (the calibrated static int8 graph in the cache), and
 ``wc-<MODE>-<GROUP>`` (the base graph with its MatMul weights compressed to int8 by ``nncf.compress_weights``,
-MODE ``sym`` or ``asym``, activations quantised at run time in groups of GROUP, or ``-`` for OpenVINO's default).
+MODE ``sym`` or ``asym``, activations quantised at run time in groups of GROUP, or ``-`` for OpenVINO's default),
+``int8w-<GROUP>`` (retr's own int8-weights graph, ``export.compress_int8_weights``, activations in groups of GROUP;
+0: not quantised, the weights dequantised to fp32).
 ``--side queries``: documents as the index holds them, each query through the variant as one stream of all threads
 (a lone query's shape); ``--side documents``: every document encoded again through the variant (two streams),
 queries through the fp32 graph. Prints nDCG@10 per pipeline, the encoding's seconds (documents) or the median
@@ -41,7 +43,7 @@ def runner_for(variant: str, base, calibrated_path: Path | None, streams: int | 
         group: int | None = None
 
         def compile_config(self) -> dict:
-            extra = {"DYNAMIC_QUANTIZATION_GROUP_SIZE": self.group} if self.group else {}
+            extra = {"DYNAMIC_QUANTIZATION_GROUP_SIZE": self.group} if self.group is not None else {}
             return {**super().compile_config(), **extra}
 
     threads = base.runner._threads
@@ -51,6 +53,17 @@ def runner_for(variant: str, base, calibrated_path: Path | None, streams: int | 
         if calibrated_path is None:
             raise SystemExit("no calibrated graph in $RETR_CACHE for this model: build the index there first")
         return OpenVinoRunner(calibrated_path, threads, "fp32", streams=streams), None
+    if variant.startswith("int8w-"):  # retr's own int8-weights graph (export.compress_int8_weights), any group
+        import tempfile
+
+        from retr.retrieval.backends.export import compress_int8_weights
+
+        t0 = time.perf_counter()
+        path = Path(tempfile.mkdtemp(prefix="retr-int8w-")) / "model.xml"
+        compress_int8_weights(ov.Core().read_model(str(base.path)), path, None)
+        runner = GroupedRunner(path, threads, "fp32", streams=streams)
+        runner.group = int(variant.split("-", 1)[1])
+        return runner, time.perf_counter() - t0
     _, mode, group = variant.split("-", 2)
     import nncf
 
