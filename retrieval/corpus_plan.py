@@ -36,6 +36,10 @@ PER_TOKEN_BUDGET_S = 4.0
 # Xeon with AMX refused takes ~2 s, so four rounds and a warm-up took 11 s of a corpus's run there (once per model,
 # graphs and CPU, then stored)
 PER_TOKEN_MIN_ROUNDS = 2
+# ... and no more rounds once each has put the same graph ahead by more than this (``timing.settled``): fp32 and
+# static int8 there, ~2.2x apart, took 4.5 s of the first corpus's run after the graphs were made; graphs within
+# ~5% of each other (AMX) still take the budget
+PER_TOKEN_CLEAR_RATIO = 1.5
 # the int8-weights graph's document throughput over the base graph's, assumed only to judge whether it could change
 # a corpus's choice before it is made and timed (``_calibration_clearly_pays``): 1.56-1.84 per token on retr's
 # sample, MiniLM on 2 cores of an AMX Xeon with AMX refused (fp32 base graph; activations in groups of 64;
@@ -192,7 +196,8 @@ class CorpusPlanner:
         ratio is what decides, and a shared machine drifts between two runs timed one after the other."""
         rows = self._sample_rows()
         return chooser.time_alternating([self._encode_sample(g, rows) for g in graphs], sum(len(r) for r in rows),
-                                        budget_s=PER_TOKEN_BUDGET_S, min_rounds=PER_TOKEN_MIN_ROUNDS)
+                                        budget_s=PER_TOKEN_BUDGET_S, min_rounds=PER_TOKEN_MIN_ROUNDS,
+                                        clear_ratio=PER_TOKEN_CLEAR_RATIO)
 
     def doc_seconds(self, graph: Graph, tokens_per_doc: float) -> float:
         """Seconds per document of ``tokens_per_doc`` tokens through ``graph`` (``token_seconds``)."""

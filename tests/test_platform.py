@@ -427,6 +427,33 @@ def test_alternating_timing_puts_a_machines_drift_on_both_sides(monkeypatch):
     assert a == b
 
 
+def test_alternating_timing_stops_early_only_where_every_round_puts_the_same_run_far_ahead(monkeypatch):
+    """With ``clear_ratio``, two runs each round far apart stop after ``min_rounds``; close runs, or one round
+    that disagrees, take the whole budget as before; without it nothing changes."""
+    clock = {"t": 0.0}
+
+    def run_taking(seconds):
+        def run():
+            clock["t"] += seconds
+        return run
+
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock["t"])
+
+    def rounds(a, b, **kw) -> int:
+        calls = []
+        runs = [lambda: calls.append("a") or a(), lambda: calls.append("b") or b()]
+        chooser.time_alternating(runs, 1, budget_s=20, min_rounds=2, **kw)
+        return calls.count("a") - 1  # less the warm-up
+
+    slow, fast = run_taking(2.0), run_taking(1.0)
+    assert rounds(slow, fast, clear_ratio=1.5) == 2 and rounds(fast, slow, clear_ratio=1.5) == 2
+    assert rounds(slow, fast) > 2  # not asked: the budget, as before
+    assert rounds(run_taking(1.2), fast, clear_ratio=1.5) > 2  # close: the budget
+    assert timing.settled([[2.0, 2.0], [1.0, 1.0]], 1.5) and timing.settled([[1.0, 1.0], [2.0, 2.0]], 1.5)
+    assert not timing.settled([[2.0, 1.0], [1.0, 1.0]], 1.5)  # one round disagrees
+    assert not timing.settled([[2.0], [1.0], [1.0]], 1.5) and not timing.settled([[], []], 1.5)
+
+
 def test_where_queries_go_through_another_compiled_graph_the_documents_one_is_dropped_until_needed(tiny_bi_encoder,
                                                                                                     monkeypatch):
     """A search holds one compiled graph: once queries take the one-stream graph, the documents' two-stream

@@ -30,19 +30,31 @@ def time_per_unit(run: Callable[[], object], units: int, budget_s: float = BUDGE
     return time_alternating([run], units, budget_s, min_rounds)[0]
 
 
+def settled(times: Sequence[Sequence[float]], ratio: float) -> bool:
+    """Whether two runs' rounds (``times``: each run's seconds, round by round) have each put the same run ahead by
+    more than ``ratio``: more rounds would only confirm which is faster."""
+    if len(times) != 2 or not times[0]:
+        return False
+    ratios = [a / max(b, 1e-12) for a, b in zip(*times, strict=True)]
+    return all(r > ratio for r in ratios) or all(r * ratio < 1 for r in ratios)
+
+
 def time_alternating(runs: Sequence[Callable[[], object]], units: int, budget_s: float = BUDGET_S,
-                     min_rounds: int = MIN_ROUNDS) -> list[float]:
+                     min_rounds: int = MIN_ROUNDS, clear_ratio: float | None = None) -> list[float]:
     """Median seconds per unit of each of ``runs`` (each does ``units`` units of work), timed in alternation: one
     of each per round, their order reversed every other round, after one warm-up call each, over at least
     ``min_rounds`` rounds and at most about ``budget_s`` seconds for all. A shared machine's speed drifts by a
     quarter from one second to the next (the same two document graphs timed one after the other on an AMX Xeon:
-    int8 26% slower, 8% faster, 22% faster); alternating puts the drift on both sides of a comparison."""
+    int8 26% slower, 8% faster, 22% faster); alternating puts the drift on both sides of a comparison.
+    ``clear_ratio`` (two runs): stop after ``min_rounds`` once every round has put the same run ahead by more than
+    this (``settled``); close runs still take the budget."""
     for run in runs:
         run()  # warm-up: compilation, first allocations
     times: list[list[float]] = [[] for _ in runs]
     start = time.perf_counter()
     rounds = 0
-    while rounds < min_rounds or time.perf_counter() - start < budget_s:
+    while rounds < min_rounds or (time.perf_counter() - start < budget_s
+                                  and not (clear_ratio is not None and settled(times, clear_ratio))):
         order = range(len(runs)) if rounds % 2 == 0 else reversed(range(len(runs)))
         for i in order:
             t0 = time.perf_counter()
@@ -54,4 +66,5 @@ def time_alternating(runs: Sequence[Callable[[], object]], units: int, budget_s:
     return [statistics.median(t) / max(1, units) for t in times]
 
 
-__all__ = ["BUDGET_S", "MIN_ROUNDS", "NOISE_FREE_MARGIN", "faster_enough", "time_alternating", "time_per_unit"]
+__all__ = ["BUDGET_S", "MIN_ROUNDS", "NOISE_FREE_MARGIN", "faster_enough", "settled", "time_alternating",
+           "time_per_unit"]
