@@ -341,8 +341,8 @@ def embed_in_batches(runner, feed, texts: list[str], max_length: int, batch: int
 
 
 class GraphReference:
-    """A verified fp32 graph of the model, compiled already (the base graph an encoding holds), as the reference a
-    graph made from it without calibration (int8 weights) is checked against: ``NumpyBert``'s two methods, its texts
+    """A verified fp32 graph of the model, compiled already (the base graph an encoding holds), as the reference an
+    int8 graph made from it (static or int8 weights) is checked against: ``NumpyBert``'s two methods, its texts
     through the graph's own streams in length-sorted batches. Nothing is built, compiled or held for the checks
     (``Built.quick_reference`` builds the graph again, compiles it a second time and checks it against the numpy
     pass first: ~1.2 s, then ~2 s embedding one text at a time, for MiniLM on 2 cores)."""

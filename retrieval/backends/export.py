@@ -519,8 +519,8 @@ class GraphKind:
     # a model's folder -> its graph built from the weights and that graph's reference (``direct.Built``), or None:
     # exported from torch
     build: Callable[[Path], object] | None = None
-    # (a verified fp32 graph's runner, the model's folder, its dimension) -> that graph as the reference of a graph
-    # made from it without calibration (``direct.GraphReference``); None: such a graph is checked as any other
+    # (a verified fp32 graph's runner, the model's folder, its dimension) -> that graph as the reference of an int8
+    # graph made from it (``direct.GraphReference``); None: such a graph is checked as any other
     graph_reference: Callable[[object, Path, int], object] | None = None
 
 

@@ -278,8 +278,9 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
     precision = backend.precision()
     t0 = time.perf_counter()
     built, reference_graph = None, _base_reference(base, backend, kind, model_path)
-    # static int8 graphs too are quantised from the built graph (export.STATIC_INT8_PROCEDURE 2): MiniLM's checks
-    # there, cosine 0.9908 and ranking noise 0.0294, against 0.9912 and 0.0300 quantised from torch's export
+    # static int8 graphs too are quantised from the built graph (export.STATIC_INT8_PROCEDURE 2; the base graph's
+    # file where it is given: the same graph): MiniLM's checks there, cosine 0.9908 and ranking noise 0.0294, against
+    # 0.9912 and 0.0300 quantised from torch's export
     if reference_graph is None and kind.build is not None and model_path is not None \
             and backend.runtime == "openvino":
         try:

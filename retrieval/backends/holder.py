@@ -32,8 +32,8 @@ class ExportedModel:
     def open(self, backend: str, calibration: Calibration | None = None, threads: int | None = None,
              base: Graph | None = None) -> Graph | None:
         """``graphs.open_graph``: the verified graph for ``backend``, from the cache or made now (built from the
-        weights where it can be, else exported from ``load()``; an int8 graph made without calibration from
-        ``base``, this model's base graph, where given); None where torch runs."""
+        weights where it can be, else exported from ``load()``; an int8 graph made from ``base``, this model's
+        base graph, and checked against it, where given and it computes in fp32); None where torch runs."""
         return open_graph(self.load, self.ref.hash, backend, self.max_length, cache_home(), self.kind,
                           use_cache_alone=self.use_cache_alone, calibration=calibration, threads=threads,
                           model_path=self.ref.path, base=base)
