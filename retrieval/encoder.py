@@ -41,7 +41,8 @@ class EncoderConfig:
     # it, per stream: measured on SciFact, OpenVINO int8 on 2 streams, `retr eval` peaked at ~1.17 GB at 4096 vs
     # 1.56 at 8192. 2048 against 4096, 1,000 SciFact-length documents in one process, rounds alternating: AMX Xeon
     # with AMX refused, static int8 9.65 against 10.48 s, int8 weights 13.1 against 14.4 s, fp32 23.3 against
-    # 25.9 s (faster in every round); AMX granted, bf16 7.9 against 8.1 s
+    # 25.9 s (faster in every round); AMX granted, bf16 about the same (7.9 against 8.1 s, then 14.1 against 13.6 s
+    # in a slower hour: each faster in 5 of 10 rounds). Less activation memory everywhere
     token_budget: int = 2048
     device: str = "cpu"
     backend: str = DEFAULT_BACKEND  # a name in retr.retrieval.backends.registry.BACKENDS
