@@ -18,7 +18,14 @@ from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
 from retr.retrieval.backends.batching import run_sorted
 from retr.retrieval.backends.export import Calibration
-from retr.retrieval.backends.graphs import EXPORT_GENERATION, Graph, GraphId, graph_info, release_memory
+from retr.retrieval.backends.graphs import (
+    EXPORT_GENERATION,
+    Graph,
+    GraphId,
+    graph_info,
+    release_memory,
+    release_others,
+)
 from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import Platform
 from retr.retrieval.backends.registry import BACKENDS, get_backend, on_this_cpu
@@ -172,6 +179,8 @@ class CorpusPlanner:
         chosen = self.choice(texts)
         graph = {CALIBRATED: lambda: self.calibrated_graph, WEIGHTS: lambda: self.weights_graph,
                  BASE: lambda: None}[chosen.graph]() or self.graph
+        if graph is not self.graph:  # timed, or the int8 graph's reference, and not what encodes the corpus
+            release_others({"base": self.graph}, graph)  # compiled again on next use
         return CorpusPlan(texts, graph, tok, truncation, chosen.measured)
 
     def _sample_rows(self) -> list:

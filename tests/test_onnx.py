@@ -484,6 +484,7 @@ def test_a_corpus_too_small_for_a_calibration_goes_through_the_int8_weights_grap
     encoded = enc.encode_corpus(corpus)
     chosen = encoded.graph["chosen"]
     assert encoded.graph["backend"] == "openvino-int8w" and chosen["against"] == "openvino-int8w"
+    assert enc.graph.runner._compiled is None  # the base graph, the checks' reference, dropped before encoding
     assert chosen["pays"] is False and chosen["base_graph_s"] == pytest.approx(2 * chosen["base_s"])
     assert calls == [] and timed == ["openvino", "openvino-int8w"]  # once for the key and the encoding alike
     base = enc.encode(corpus)
