@@ -370,7 +370,7 @@ class CorpusPlanner:
             return self.weights_graph
         if get_backend(name).int8 and not get_backend(name).calibrated:  # another backend's, made the same way
             try:
-                return self.exported.open(name)
+                return self.exported.open(name, base=self.graph)
             except RetrError:  # refused here: the base graph
                 return None
         if not get_backend(name).calibrated:

@@ -327,14 +327,16 @@ class CompiledReference:
 QUICK_REFERENCE_FLOOR = 0.9999
 
 
-def embed_in_batches(runner, feed, texts: list[str], max_length: int, batch: int = 16) -> np.ndarray:
+def embed_in_batches(runner, feed, texts: list[str], max_length: int, batch: int = 16,
+                     streams: bool = True) -> np.ndarray:
     """``runner``'s vectors of ``texts`` (``feed``: a reference's tokenizer), in length-sorted batches of ``batch``
-    texts, as many at once as the runner has streams (``run_batches``)."""
+    texts: as many at once as the runner has streams (``run_batches``), or with ``streams=False`` one call each
+    (a one-stream runner whose batch requests would be held beside its single-call one)."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     chunks = [order[s:s + batch] for s in range(0, len(order), batch)]
+    items = ((k, feed([texts[i] for i in idx], max_length)) for k, idx in enumerate(chunks))
     rows: list = [None] * len(texts)
-    for k, result in runner.run_batches((k, feed([texts[i] for i in idx], max_length))
-                                        for k, idx in enumerate(chunks)):
+    for k, result in runner.run_batches(items) if streams else ((k, runner(f)) for k, f in items):
         for i, row in zip(chunks[k], result, strict=True):
             rows[i] = row
     return np.stack(rows).astype(np.float32, copy=False)
