@@ -56,6 +56,12 @@ WEIGHTS_PRIOR = 1.7
 # where the int8-weights graph was measured faster than the base graph: 1.21-1.32 per token on retr's sample and
 # 1.28 on SciFact's documents (same machine and file)
 STATIC_OVER_WEIGHTS = 1.3
+# what a run pays to weigh the int8-weights graph where its speed is not stored yet: made from the base graph and
+# checked (2.9-3.3 s for MiniLM on 2 cores of an AMX Xeon with AMX refused), then timed (~1.8 s; opened from the
+# cache instead, where it was made before: ~0.3 s). A calibration that costs little more than this pays sooner than
+# making a graph only to be weighed against it
+WEIGHTS_MAKE_S = 3.1
+WEIGHTS_TIME_S = 1.8
 
 BASE, WEIGHTS, CALIBRATED = chooser.BASE, "weights", "calibrated"  # the graphs a corpus can go through
 
@@ -241,7 +247,8 @@ class CorpusPlanner:
             base_s = stored[0] * per_doc if stored else self.doc_seconds(self.graph, per_doc)
             # static int8 as the platform assumes it against the base graph, its calibration as the prior says
             brk = chooser.calibration_pays(docs, base_s, self.platform)
-            if not self._calibration_clearly_pays(brk) and (stored or self.weights_graph is not None):
+            if not self._calibration_clearly_pays(brk, 0.0 if stored else self._weights_cost_s()) \
+                    and (stored or self.weights_graph is not None):
                 weights_s = stored[1] * per_doc if stored else self.doc_seconds(self.weights_graph, per_doc)
                 if not stored:
                     self._store_pair(key, base_s / per_doc, name, weights_s / per_doc)
@@ -290,11 +297,20 @@ class CorpusPlanner:
                                               model_hash=self.exported.model_hash, cpu=self.platform.cpu,
                                               unit_note="seconds per token")
 
-    def _calibration_clearly_pays(self, brk: chooser.Break) -> bool:
+    def _weights_cost_s(self) -> float:
+        """Seconds this run would spend weighing the int8-weights graph whose speed is not stored: made and
+        checked (``WEIGHTS_MAKE_S``) unless the cache holds it, then timed (``WEIGHTS_TIME_S``)."""
+        name = self._weights_name
+        made = "weights_graph" in self.__dict__ or (name is not None and self.exported.find(name) is not None)
+        return WEIGHTS_TIME_S + (0.0 if made else WEIGHTS_MAKE_S)
+
+    def _calibration_clearly_pays(self, brk: chooser.Break, weights_cost_s: float) -> bool:
         """Whether static int8 (as ``brk`` assumes it) saves more than its calibration's cost even against an
-        int8-weights graph ``WEIGHTS_PRIOR`` times faster than the base graph: then that graph is neither made nor
-        timed (~5-7 s of a first run for MiniLM on 2 cores; SciFact's 5,183 documents)."""
-        return brk.pays and replace(brk, base_s=brk.base_s / WEIGHTS_PRIOR).pays
+        int8-weights graph ``WEIGHTS_PRIOR`` times faster than the base graph, once what weighing that graph would
+        cost this run (``weights_cost_s``) is counted on its side: then that graph is neither made nor timed."""
+        against_weights = replace(brk, base_s=brk.base_s / WEIGHTS_PRIOR,
+                                  calibration_s=max(0.0, brk.calibration_s - weights_cost_s))
+        return brk.pays and against_weights.pays
 
     def measured_per_token(self, other: Graph) -> tuple[float, float]:
         """Seconds per token of the base graph and of ``other`` (an int8 graph), timed once per model, graphs,

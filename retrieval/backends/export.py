@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retr.retrieval.backends import quantize
 from retr.retrieval.backends.direct import GraphReference, build_embedding, embed_in_batches
 from retr.retrieval.backends.quiet import quiet_third_party, vendor_telemetry_off
 from retr.retrieval.errors import RetrError
@@ -174,8 +174,9 @@ def _dynamo_export(module, example, input_names: list[str], output_name: str, pa
 # -- conversion: fp32 ONNX graph -> the backend's graph file ----------------------------------------------------
 # how static int8 graphs are made, part of every calibration's digest (so of the cached graph's name and of the
 # GraphId that keys embeddings made with it): 1, torch's export quantised; 2, a BERT bi-encoder's graph built from
-# its weights (``direct``) quantised with its pooled vector kept out of int8 (no torch on a first run)
-STATIC_INT8_PROCEDURE = 2
+# its weights (``direct``) quantised with its pooled vector kept out of int8 (no torch on a first run); 3, retr's
+# own quantisation (``quantize``) in place of NNCF's
+STATIC_INT8_PROCEDURE = 3
 
 
 @dataclass(frozen=True)
@@ -292,7 +293,6 @@ def compress_int8_weights(src, dst: Path, calibration: Calibration | None) -> No
     products stay as they are)."""
     vendor_telemetry_off()
     import openvino as ov
-    import openvino.opset13 as op
 
     model = read_graph(src)
     if not isinstance(src, (str, Path)):  # a built model is the checks' reference after this: changed in a copy
@@ -303,46 +303,12 @@ def compress_int8_weights(src, dst: Path, calibration: Calibration | None) -> No
         weight = node.input_value(1).get_node()
         if weight.get_type_name() != "Constant" or len(weight.get_output_shape(0)) != 2:
             continue
-        w = weight.get_data().astype(np.float32)  # (out, in): x @ W.T
-        scale = np.abs(w).max(axis=1, keepdims=True) / 127.0
-        scale[scale == 0] = 1.0
-        q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
-        node.input(1).replace_source_output(
-            op.multiply(op.convert(op.constant(q), ov.Type.f32), op.constant(scale.astype(np.float32))).output(0))
+        # (out, in): x @ W.T
+        node.input(1).replace_source_output(quantize.int8_weight(weight.get_data().astype(np.float32), 1).output(0))
     # the activations' quantisation groups travel with the graph (OpenVINO reads ``runtime_options`` at compile time)
     model.set_rt_info(str(WEIGHTS_INT8_GROUP), ["runtime_options", "DYNAMIC_QUANTIZATION_GROUP_SIZE"])
     ov.save_model(model, str(dst), compress_to_fp16=False)
     _drop(src)
-
-
-def _outside_feed_forward(model) -> list[str]:
-    """The MatMuls of an OpenVINO model outside its feed-forward blocks: those whose weight is square (the
-    hidden x hidden attention projections) or not a fixed 2-D matrix (the attention scores and mixing). A
-    feed-forward weight maps the hidden size to the intermediate size and back: never square."""
-    names = []
-    for op in model.get_ops():
-        if op.get_type_name() != "MatMul":
-            continue
-        shape = op.input_value(1).get_partial_shape()
-        dims = [d.get_length() for d in shape] if shape.is_static else []
-        if len(dims) != 2 or dims[0] == dims[1]:
-            names.append(op.get_friendly_name())
-    return names
-
-
-@contextlib.contextmanager
-def _torch_unloaded():
-    """Within: ``import torch`` fails where torch is not loaded yet. NNCF imports its torch tensor functions
-    (``nncf.tensor.functions``, while quantising) whenever torch can be imported, which cost a first run ~2.4 s and
-    torch's memory though retr quantises OpenVINO models alone (the graph built from the weights needs no torch)."""
-    blocked = "torch" not in sys.modules
-    if blocked:
-        sys.modules["torch"] = None  # `import torch` raises ImportError, which NNCF's optional imports skip
-    try:
-        yield
-    finally:
-        if blocked and "torch" in sys.modules and sys.modules["torch"] is None:
-            del sys.modules["torch"]
 
 
 def quantize_static_int8_ffn(src, dst: Path, calibration: Calibration | None) -> None:
@@ -352,29 +318,21 @@ def quantize_static_int8_ffn(src, dst: Path, calibration: Calibration | None) ->
 
 def quantize_static_int8(src, dst: Path, calibration: Calibration | None,
                          feed_forward_only: bool = False) -> None:
-    """Static int8 MatMuls (NNCF, transformer preset with SmoothQuant) of an ONNX graph, saved as OpenVINO IR."""
+    """Static int8 MatMuls (``quantize.quantize``: SmoothQuant, ranges measured on ``calibration``) of a graph,
+    saved as OpenVINO IR."""
     if calibration is None:
         raise RetrError("static int8 needs a calibration sample")
     vendor_telemetry_off()
-    with _torch_unloaded():
-        try:
-            import nncf
-        except ImportError:
-            raise RetrError("static int8 needs nncf (pip install nncf)") from None
     import openvino as ov
 
     model = read_graph(src)
-    feeds = list(calibration.feeds())
-    # the pooled sentence vector before its L2 normalisation is never quantised: a graph built from the weights
-    # (``direct``) offers it as an activation NNCF would otherwise quantise, which cost MiniLM's int8 graph cosine
-    # 0.966 to its reference on a one-word text against 0.991 without (ranking noise 0.029 either way)
-    ignored = nncf.IgnoredScope(names=_outside_feed_forward(model) if feed_forward_only else [],
-                                types=["NormalizeL2"], validate=False)
-    with quiet_third_party("nncf"), _torch_unloaded():
-        quantized = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
-                                  preset=nncf.QuantizationPreset.MIXED, subset_size=len(feeds),
-                                  ignored_scope=ignored)
-    ov.save_model(quantized, str(dst), compress_to_fp16=False)
+    if not isinstance(src, (str, Path)):  # a built model is the checks' reference after this: changed in a copy
+        model = model.clone()
+    # the pooled sentence vector before its L2 normalisation is never quantised (only MatMuls' inputs are): NNCF,
+    # which quantised it where a graph built from the weights offers it, cost MiniLM's int8 graph cosine 0.966 to
+    # its reference on a one-word text against 0.991 without
+    ov.save_model(quantize.quantize(model, list(calibration.feeds()), feed_forward_only), str(dst),
+                  compress_to_fp16=False)
     _drop(src)
 
 
