@@ -16,7 +16,7 @@ import numpy as np
 
 from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
-from retr.retrieval.backends.batching import run_sorted
+from retr.retrieval.backends.batching import rows_key, run_sorted
 from retr.retrieval.backends.export import Calibration
 from retr.retrieval.backends.graphs import (
     EXPORT_GENERATION,
@@ -197,8 +197,16 @@ class CorpusPlanner:
                                         sample_texts.passages() + sample_texts.long_passages()))
 
     def _encode_sample(self, graph: Graph, rows: list) -> Callable[[], object]:
+        """A timed run of ``graph`` over ``rows``, whose vectors it keeps (``Graph.known``: an int8 graph made from
+        it reads them as its checks' reference)."""
         out = np.empty((len(rows), graph.dim), dtype=np.float32)
-        return lambda: run_sorted(graph.runner, rows, self.token_budget, out)
+        key = rows_key(rows)
+
+        def run():
+            run_sorted(graph.runner, rows, self.token_budget, out)
+            graph.known[key] = out
+
+        return run
 
     def token_seconds(self, graph: Graph) -> float:
         """Seconds per token of ``graph`` on retr's sample passages (``_sample_rows``), in a short bounded run: a

@@ -532,6 +532,34 @@ def test_an_int8_weights_graph_checked_on_its_base_graph_scores_as_against_a_ref
     assert meta[1]["checked_against"].startswith("its graph built from the weights in fp32")
 
 
+def test_an_int8_graphs_checks_read_the_sample_vectors_the_planner_timed_the_base_graph_on(tiny_bi_encoder,
+                                                                                           monkeypatch, tmp_path):
+    """Once the planner has timed the base graph on retr's sample passages, an int8 graph made from it takes those
+    vectors as its checks' reference: the base graph does not run the passages again, and the checks' figures
+    are those of a reference that did."""
+    from retr.retrieval.backends import direct, sample_texts
+
+    monkeypatch.setenv("RETR_BF16", "0")  # the base graph in fp32: what a reference must compute in
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
+    backend = registry.BACKENDS["openvino-int8w"]
+
+    def made(folder):
+        return load_or_export(lambda: enc.model, enc.model_hash, backend, EMBEDDING, enc.max_length, folder,
+                              model_path=enc.ref.path, base=enc.graph)
+
+    fresh = made(tmp_path / "a")  # nothing timed yet: the reference runs the passages
+    enc.planner.token_seconds(enc.graph)
+    assert enc.graph.known
+    ran, real = [], direct.embed_in_batches
+    monkeypatch.setattr(direct, "embed_in_batches",
+                        lambda runner, feed, texts, *a, **k: ran.append(len(texts)) or real(runner, feed, texts, *a,
+                                                                                            **k))
+    reused = made(tmp_path / "b")
+    assert len(sample_texts.passages() + sample_texts.long_passages()) not in ran and ran  # questions still run
+    assert reused.rank_noise == pytest.approx(fresh.rank_noise, rel=1e-3, abs=1e-6)
+    assert reused.check == pytest.approx(fresh.check, abs=1e-6)
+
+
 def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):
     from retr.retrieval.backends.platform import Platform
     from retr.retrieval.corpus_plan import CorpusPlanner

@@ -42,7 +42,7 @@ def test_a_signed_range_is_centred_on_zero_with_one_level_more_below():
     assert low == pytest.approx(-2.5) and high == pytest.approx(2.5 * 127 / 128)
 
 
-def test_int8_weights_are_symmetric_per_output_channel():
+def test_an_int8_weight_node_dequantises_each_output_channel_within_half_its_step():
     import openvino as ov
 
     w = np.array([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0], [2.0, 1.0, -2.0]], dtype=np.float32)  # (out, in)

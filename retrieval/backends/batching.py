@@ -144,6 +144,16 @@ def length_batches(lengths: np.ndarray, token_budget: int, parts: int = 1):
         start += size
 
 
+def rows_key(rows) -> str:
+    """A digest of token-id rows (their order too): what names a graph's vectors of them (``Graph.known``)."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for r in rows:
+        h.update(np.asarray(r, dtype=np.int64).tobytes() + b"|")
+    return h.hexdigest()
+
+
 def attention_mask(lengths: np.ndarray, width: int) -> np.ndarray:
     """(len(lengths), width) int64: 1 over each row's tokens, 0 over its padding."""
     return (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)

@@ -469,9 +469,10 @@ class GraphKind:
     # a model's folder -> its graph built from the weights and that graph's reference (``direct.Built``), or None:
     # exported from torch
     build: Callable[[Path], object] | None = None
-    # (a verified fp32 graph's runner, the model's folder, its dimension) -> that graph as the reference of an int8
-    # graph made from it (``direct.GraphReference``); None: such a graph is checked as any other
-    graph_reference: Callable[[object, Path, int], object] | None = None
+    # (a verified fp32 graph's runner, the model's folder, its dimension, its known vectors: ``Graph.known``) -> that
+    # graph as the reference of an int8 graph made from it (``direct.GraphReference``); None: such a graph is
+    # checked as any other
+    graph_reference: Callable[[object, Path, int, dict], object] | None = None
 
 
 EMBEDDING = GraphKind("bi", "bi-encoder", "cosine", "", export_embedding, verify_embedding, embedding_dim, rank_noise,
