@@ -560,6 +560,38 @@ def test_an_int8_graphs_checks_read_the_sample_vectors_the_planner_timed_the_bas
     assert reused.check == pytest.approx(fresh.check, abs=1e-6)
 
 
+@pytest.mark.parametrize("weighing_costs", [True, False])
+def test_a_calibration_that_pays_once_weighing_the_int8_weights_graph_is_counted_never_makes_that_graph(
+        tiny_bi_encoder, monkeypatch, weighing_costs):
+    """Static int8 assumed at the platform's prior against an int8-weights graph assumed ``WEIGHTS_PRIOR`` times
+    the base graph: for a corpus whose saving over that graph is under the calibration's cost but over what is left
+    of it once the cost of making and timing that graph is counted on its side, the calibration is chosen and the
+    int8-weights graph never made; where weighing it would cost nothing (made and timed already) it is made."""
+    import math
+
+    from retr.retrieval.backends.chooser import CALIBRATION_PRIOR_S
+    from retr.retrieval.backends.platform import Platform
+    from retr.retrieval.corpus_plan import WEIGHTS_MAKE_S, WEIGHTS_PRIOR, WEIGHTS_TIME_S, CorpusPlanner
+
+    monkeypatch.setattr(CorpusPlanner, "token_seconds",
+                        lambda self, g: {"openvino": 1e-4, "openvino-int8w": 1e-4 / WEIGHTS_PRIOR}[g.variant])
+    if not weighing_costs:
+        monkeypatch.setattr(CorpusPlanner, "_weights_cost_s", lambda self: 0.0)
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    platform = Platform.of({"avx2", "avx512f", "avx512_vnni"}, cpu="VNNI, fp32 base graph")
+    enc.__dict__["platform"] = platform
+    tokens_per_doc = 100
+    base_s = 1e-4 * tokens_per_doc
+    saving = base_s / WEIGHTS_PRIOR - base_s / platform.int8_prior  # a document, static int8 against int8 weights
+    docs = math.ceil(1.5 * (CALIBRATION_PRIOR_S - WEIGHTS_MAKE_S - WEIGHTS_TIME_S) / saving)
+    assert docs * saving < CALIBRATION_PRIOR_S  # before, this corpus made and timed the int8-weights graph
+    brk = enc.planner.calibration_break(docs, docs * tokens_per_doc)
+    made = "weights_graph" in enc.planner.__dict__
+    assert made is not weighing_costs
+    if weighing_costs:
+        assert brk.pays and brk.against_base
+
+
 def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):
     from retr.retrieval.backends.platform import Platform
     from retr.retrieval.corpus_plan import CorpusPlanner

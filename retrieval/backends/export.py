@@ -405,11 +405,9 @@ def rank_noise(runner, reference, max_length: int) -> float:
     docs = sample_texts.passages() + sample_texts.long_passages()
     q = reference.embed(sample_texts.questions(), max_length)
     ref = reference.embed(docs, max_length)
-    # the encoding's own runner (a graph made without calibration is checked on it): its streams at once, on the
-    # requests its encoding then uses (~1.3 s against ~2.5 s one call at a time on MiniLM's int8-weights graph, 2
-    # cores). A calibrated graph's one-stream check runner: one call a batch; on its stream at once (run_batches)
-    # the requests it made beside the checks' put SciFact's first command at 996-1001 MiB against 916-923 (AMX Xeon
-    # with AMX refused)
+    # the encoding's own runner (every int8 graph is checked on it): its streams at once, on the requests its
+    # encoding then uses (~1.3 s against ~2.5 s one call at a time on MiniLM's int8-weights graph, 2 cores); a
+    # one-stream runner (a graph checked apart) one call a batch, beside its single-call request
     got = embed_in_batches(runner, reference.feed, docs, max_length, streams=getattr(runner, "parallel", 1) > 1)
     return pair_noise(q @ ref.T, q @ got.T)  # each question's scores of every passage
 

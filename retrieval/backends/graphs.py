@@ -321,10 +321,11 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
                 # now: not held in memory beside the quantiser's work
                 reference, against = built.quick_reference(max_length, kind.verify)
         del graph, built  # a built model's constants: written, not needed in memory
-        # a calibrated graph is checked through a one-stream runner, dropped after: the checks' activations on
-        # two streams, beside the references, put a first `retr eval` of SciFact over 1 GB (the encoding's runner
-        # is compiled afterwards, once they are gone)
-        runner = _runner(backend, final, 1 if calibration is not None else threads)
+        # checked on the runner its encoding then uses (its streams: no runner compiled apart for the checks). With
+        # NNCF's quantisation resident beside them this put a first `retr eval` of SciFact over 1 GB, so a
+        # calibrated graph was checked on one stream and opened again; with retr's own (``quantize``), alternating:
+        # 87.4, 96.1 s at 680-681 MiB against 91.4, 97.3 s at 688-690 MiB (AMX Xeon with AMX refused)
+        runner = _runner(backend, final, threads)
         check = kind.verify(runner, reference, max_length)
         noise = kind.rank_noise(runner, reference, max_length) \
             if backend.noise_bound(kind) is not None and kind.rank_noise is not None and check >= backend.floor(kind) \
@@ -355,16 +356,12 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
                     f.unlink()
             write_json(tmp / "manifest.json", new_manifest(GRAPH_KIND, **measured, refused=refusal,
                                                            limits=_limits(backend, kind)))
-    if calibration is not None:
-        del runner, reference  # the one-stream check runner and the reference: the encoding's runner follows
+    del reference
     release_memory()  # the exporter's and the quantiser's working memory, before the graph's real work starts
     if refusal is not None:
         raise RetrError(refusal)
-    if calibration is not None:
-        runner = _runner(backend, folder / backend.file, threads)
     logger.info("%s (%s) verified against %s: %s %.6f", backend.name, precision, against, kind.measure, check)
-    # the verified runner is the one returned (its weights are in memory / mapped from files renamed, not removed),
-    # except a calibrated graph's, checked on one stream and opened again above for the encoding's streams
+    # the verified runner is the one returned (its weights are in memory / mapped from files renamed, not removed)
     return Graph(runner, folder / backend.file, backend, check, dim, precision,
                  calibration.digest if calibration else None, noise)
 
