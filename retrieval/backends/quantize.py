@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from retr.retrieval.backends.runners import default_threads
+
 logger = logging.getLogger(__name__)
 
 SMOOTH_ALPHA = 0.95  # SmoothQuant's migration strength for MatMuls (NNCF's default for transformers)
@@ -69,8 +71,8 @@ def _targets(model, feed_forward_only: bool) -> tuple[list[_Weighted], list[obje
         if op.get_type_name() != "MatMul":
             continue
         weight = _constant_weight(op)
-        if weight is not None and not op.get_attributes().get("transpose_a"):
-            if feed_forward_only and weight.shape[0] == weight.shape[1]:
+        if weight is not None:  # (a transposed activation, which no exporter writes, is left as it is)
+            if op.get_attributes().get("transpose_a") or (feed_forward_only and weight.shape[0] == weight.shape[1]):
                 continue
             in_axis = 1 if op.get_attributes().get("transpose_b") else 0
             weighted.append(_Weighted(op, weight, in_axis))
@@ -80,8 +82,7 @@ def _targets(model, feed_forward_only: bool) -> tuple[list[_Weighted], list[obje
     return weighted, scores
 
 
-def _observed(model, outputs: list, feeds: list[dict], per_channel: list[bool],
-              streams: int = 2) -> list[tuple[np.ndarray, np.ndarray]]:
+def _observed(model, outputs: list, feeds: list[dict], per_channel: list[bool]) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per text of ``feeds``: each of ``outputs``' minimum and maximum, per channel (its last axis: shape
     ``(texts, channels)``) where ``per_channel`` says so, else over the whole tensor (shape ``(texts,)``), from one
     pass of ``model`` with the reductions added to it."""
@@ -95,6 +96,7 @@ def _observed(model, outputs: list, feeds: list[dict], per_channel: list[bool],
         results += [ops.result(ops.reduce_min(out, axes, keep_dims=False)),
                     ops.result(ops.reduce_max(out, axes, keep_dims=False))]
     observer = ov.Model(results, model.get_parameters(), "retr-int8-statistics")
+    streams = default_threads()  # one text a call, a stream a core (no synchronisation inside a call)
     compiled = ov.Core().compile_model(observer, "CPU", {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": streams,
                                                          "INFERENCE_PRECISION_HINT": "f32"})
     per_text: list = [None] * len(feeds)
