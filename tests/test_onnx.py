@@ -462,10 +462,15 @@ def test_a_corpus_too_small_for_a_calibration_goes_through_the_int8_weights_grap
     than the margin faster than the base graph, a corpus whose calibration would not pay goes through it: keyed by
     it before encoding, nothing calibrated, documents added later through it again. Measured no faster (another
     CPU): the base graph. A corpus for which static int8 clearly pays never makes or times it."""
+    from retr.retrieval import corpus_plan
     from retr.retrieval.backends.platform import Platform
     from retr.retrieval.corpus_plan import CorpusPlanner
 
     monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph on every CPU, as on the platform below
+    # weighing the int8-weights graph as if it cost nothing: a tiny corpus would not repay its real cost (tested
+    # apart: test_an_int8_weights_graph_is_made_only_where_it_could_repay_making_and_timing_it)
+    monkeypatch.setattr(corpus_plan, "WEIGHTS_MAKE_S", 0.0)
+    monkeypatch.setattr(corpus_plan, "WEIGHTS_TIME_S", 0.0)
     calls = _counting_static_int8(monkeypatch)
     timed = []
     speeds = {"openvino": 0.02, "openvino-int8w": 0.01}  # seconds per token (fake)
@@ -592,10 +597,37 @@ def test_a_calibration_that_pays_once_weighing_the_int8_weights_graph_is_counted
         assert brk.pays and brk.against_base
 
 
+@pytest.mark.parametrize("tokens_per_doc,made", [(10, False), (100, True)])
+def test_an_int8_weights_graph_is_made_only_where_it_could_repay_making_and_timing_it(
+        tiny_bi_encoder, monkeypatch, caplog, tokens_per_doc, made):
+    """2,000 documents, the base graph at 0.1 ms a token (fake), a bf16 base graph's int8 prior (static int8 no
+    faster than the int8-weights graph assumed): of 10 tokens each, an int8-weights graph ``WEIGHTS_PRIOR`` times
+    faster would save ~0.8 s, under the ~5 s of making and timing it, so it is neither made nor timed and the base
+    graph encodes; of 100 tokens, ~8 s: it is made and weighed."""
+    from retr.retrieval.backends.platform import Platform
+    from retr.retrieval.corpus_plan import WEIGHTS_MAKE_S, WEIGHTS_PRIOR, WEIGHTS_TIME_S, CorpusPlanner
+
+    monkeypatch.setattr(CorpusPlanner, "token_seconds",
+                        lambda self, g: {"openvino": 1e-4, "openvino-int8w": 1e-4 / WEIGHTS_PRIOR}[g.variant])
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    enc.__dict__["platform"] = Platform.of({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}, cpu="VNNI, bf16")
+    docs = 2000
+    saving = docs * 1e-4 * tokens_per_doc * (1 - 1 / WEIGHTS_PRIOR)
+    assert (saving > WEIGHTS_MAKE_S + WEIGHTS_TIME_S) is made
+    with caplog.at_level("INFO"):
+        brk = enc.planner.calibration_break(docs, docs * tokens_per_doc)
+    assert ("weights_graph" in enc.planner.__dict__) is made
+    assert brk.against == ("openvino-int8w" if made else "base")
+    assert ("openvino-int8w not made, it would save" in caplog.text) is not made
+
+
 def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):
+    from retr.retrieval import corpus_plan
     from retr.retrieval.backends.platform import Platform
     from retr.retrieval.corpus_plan import CorpusPlanner
 
+    monkeypatch.setattr(corpus_plan, "WEIGHTS_MAKE_S", 0.0)  # weighed as if it cost nothing: a tiny corpus
+    monkeypatch.setattr(corpus_plan, "WEIGHTS_TIME_S", 0.0)
     calls = _counting_static_int8(monkeypatch)
     _patch_backend(monkeypatch, "openvino-int8w", floors={"bi": 1.01})  # no int8 graph can pass this floor
     monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: {"openvino": 0.02}[g.variant])

@@ -324,7 +324,7 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
         # checked on the runner its encoding then uses (its streams: no runner compiled apart for the checks). With
         # NNCF's quantisation resident beside them this put a first `retr eval` of SciFact over 1 GB, so a
         # calibrated graph was checked on one stream and opened again; with retr's own (``quantize``), alternating:
-        # 87.4, 96.1 s at 680-681 MiB against 91.4, 97.3 s at 688-690 MiB (AMX Xeon with AMX refused)
+        # 87.4, 96.1 s at 664-665 MiB against 91.4, 97.3 s at 672-673 MiB (AMX Xeon with AMX refused)
         runner = _runner(backend, final, threads)
         check = kind.verify(runner, reference, max_length)
         noise = kind.rank_noise(runner, reference, max_length) \

@@ -12,9 +12,10 @@ with each quantised tensor reduced in the graph to its per-channel minimum and m
 NNCF's defaults for this preset: weights' absolute maximum; activations' per-text minimum and maximum averaged
 over the texts; SmoothQuant's scale per channel ``max|x|^a / max|w|^(1-a)``, ``a`` = 0.95, clipped below at its
 10% quantile and above at 100, the group's scale the one whose smallest-to-largest ratio is the largest.
-No fast bias correction (measured: the same ranking noise, 0.0588 against 0.0580 on SciFact dev, for a third of
-NNCF's time; benchmarks/results/calibration-cost-noamx-xeon.json). NNCF itself took ~10-15 s on 2 cores for
-MiniLM (graph matching, two statistics passes, 38 compilations for its bias correction); this takes ~1-2 s."""
+No fast bias correction: NNCF's graph without it added the same ranking noise on SciFact dev (0.0588 against
+0.0580; benchmarks/results/calibration-cost-noamx-xeon.json). NNCF took 15.5 s on 2 cores for MiniLM (graph
+matching, two statistics passes, 38 compilations for its bias correction); this takes ~2 s (AMX Xeon with AMX
+refused; docs/studies/measured-choices-no-amx.md)."""
 
 from __future__ import annotations
 
