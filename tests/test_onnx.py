@@ -588,8 +588,13 @@ def test_a_calibration_that_pays_once_weighing_the_int8_weights_graph_is_counted
     tokens_per_doc = 100
     base_s = 1e-4 * tokens_per_doc
     saving = base_s / WEIGHTS_PRIOR - base_s / platform.int8_prior  # a document, static int8 against int8 weights
-    docs = math.ceil(1.5 * (CALIBRATION_PRIOR_S - WEIGHTS_MAKE_S - WEIGHTS_TIME_S) / saving)
+    weighing = WEIGHTS_MAKE_S + WEIGHTS_TIME_S
+    # an int8-weights graph would repay weighing it twice over; static int8 pays against the base graph, and
+    # against the int8-weights graph only once weighing that is counted
+    docs = math.ceil(2 * weighing / (base_s * (1 - 1 / WEIGHTS_PRIOR)))
+    assert docs * (base_s - base_s / platform.int8_prior) > CALIBRATION_PRIOR_S
     assert docs * saving < CALIBRATION_PRIOR_S  # before, this corpus made and timed the int8-weights graph
+    assert docs * saving > CALIBRATION_PRIOR_S - weighing
     brk = enc.planner.calibration_break(docs, docs * tokens_per_doc)
     made = "weights_graph" in enc.planner.__dict__
     assert made is not weighing_costs

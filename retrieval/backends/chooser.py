@@ -30,10 +30,11 @@ logger = logging.getLogger(__name__)
 QUERIES, DOCUMENTS, PAIRS = "queries", "documents", "pairs"  # the roles a graph is chosen for
 UNITS = {QUERIES: "ms per query", DOCUMENTS: "ms per document", PAIRS: "ms per query's pairs"}
 BASE = "base"  # ``Break.against``: the corpus's base graph
-# static int8 made from the base graph + calibration + checks, until measured here: 5.7-5.9 s for MiniLM on 2 cores
-# of an AMX Xeon with AMX refused, retr's own quantisation (``quantize``: ~1.8 s of it, the checks the rest); 12.0 s
-# with NNCF's on an AVX-512 BF16/VNNI EPYC without AMX (19 s when it was quantised from torch's export)
-CALIBRATION_PRIOR_S = 5.8
+# static int8 made from the base graph + calibration + checks, until measured here: 3.9 s for MiniLM on 2 cores of
+# an AMX Xeon with AMX refused (`retr -v index` timestamps: quantising 1.8 s, its checks 2.1 s), retr's own
+# quantisation (``quantize``); 12.0 s with NNCF's on an AVX-512 BF16/VNNI EPYC without AMX (19 s when it was
+# quantised from torch's export)
+CALIBRATION_PRIOR_S = 4.0
 RUNTIME_MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 
 
