@@ -311,10 +311,19 @@ class CorpusPlanner:
 
     def _weights_cost_s(self) -> float:
         """Seconds this run would spend weighing the int8-weights graph whose speed is not stored: made and
-        checked (``WEIGHTS_MAKE_S``) unless the cache holds it, then timed (``WEIGHTS_TIME_S``)."""
-        name = self._weights_name
-        made = "weights_graph" in self.__dict__ or (name is not None and self.exported.find(name) is not None)
-        return WEIGHTS_TIME_S + (0.0 if made else WEIGHTS_MAKE_S)
+        checked (``WEIGHTS_MAKE_S``) unless the cache holds it, then timed (``WEIGHTS_TIME_S``); nothing where it
+        was refused here before (``weights_graph`` says so once asked). A cached graph found here is the one
+        ``weights_graph`` returns: not looked up and checked twice."""
+        if "weights_graph" not in self.__dict__:
+            name = self._weights_name
+            try:
+                found = self.exported.find(name) if name is not None and self.graph is not None else None
+            except RetrError:  # refused here before: nothing will be made or timed
+                return 0.0
+            if found is None:
+                return WEIGHTS_MAKE_S + WEIGHTS_TIME_S
+            self.__dict__["weights_graph"] = found
+        return WEIGHTS_TIME_S if self.__dict__["weights_graph"] is not None else 0.0
 
     def _weights_may_pay(self, docs: int, base_s: float, weighing_s: float) -> bool:
         """Whether an int8-weights graph ``WEIGHTS_PRIOR`` times faster than the base graph (``base_s`` seconds a

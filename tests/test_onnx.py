@@ -647,6 +647,13 @@ def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tin
     assert encoded.graph["backend"] == "openvino" and encoded.graph["chosen"]["against"] == "base"
     assert calls == [] and "openvino-int8w refused" in caplog.text
     np.testing.assert_array_equal(encoded.embeddings, enc.encode(corpus))
+    # the next corpus meets the remembered refusal where the planner costs weighing that graph: the base graph again
+    again = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    again.__dict__["platform"] = enc.platform
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert again.encode_corpus(corpus).graph["backend"] == "openvino"
+    assert calls == [] and "openvino-int8w refused" in caplog.text
 
 
 def test_int8_weights_are_symmetric_per_output_channel_and_dequantised_in_the_graph(tmp_path):
