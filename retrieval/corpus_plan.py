@@ -259,8 +259,7 @@ class CorpusPlanner:
             brk = chooser.calibration_pays(docs, base_s, self.platform)
             weighing_s = 0.0 if stored else self._weights_cost_s()
             if not self._calibration_clearly_pays(brk, weighing_s) \
-                    and (stored or self._weights_may_pay(docs, base_s, weighing_s)) \
-                    and (stored or self.weights_graph is not None):
+                    and (stored or (self._weights_may_pay(docs, base_s, weighing_s) and self.weights_graph is not None)):
                 weights_s = stored[1] * per_doc if stored else self.doc_seconds(self.weights_graph, per_doc)
                 if not stored:
                     self._store_pair(key, base_s / per_doc, name, weights_s / per_doc)

@@ -144,13 +144,18 @@ def length_batches(lengths: np.ndarray, token_budget: int, parts: int = 1):
         start += size
 
 
+def hash_rows(h, rows, tag: bytes = b"") -> None:
+    """Feed token-id rows into the hash ``h``, each as ``tag`` + its int64 bytes + ``|`` (their order too)."""
+    for r in rows:
+        h.update(tag + np.asarray(r, dtype=np.int64).tobytes() + b"|")
+
+
 def rows_key(rows) -> str:
-    """A digest of token-id rows (their order too): what names a graph's vectors of them (``Graph.known``)."""
+    """A digest of token-id rows: what names a graph's vectors of them (``Graph.known``)."""
     import hashlib
 
     h = hashlib.sha1()
-    for r in rows:
-        h.update(np.asarray(r, dtype=np.int64).tobytes() + b"|")
+    hash_rows(h, rows)
     return h.hexdigest()
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from retr.retrieval.backends import quantize
+from retr.retrieval.backends.batching import hash_rows
 from retr.retrieval.backends.direct import GraphReference, build_embedding, embed_in_batches
 from retr.retrieval.backends.quiet import quiet_third_party, vendor_telemetry_off
 from retr.retrieval.errors import RetrError
@@ -194,10 +195,8 @@ class Calibration:
         rows = tuple(tuple(int(t) for t in r) for r in token_rows)
         types = tuple(tuple(int(t) for t in r) for r in type_rows) if type_rows is not None else None
         h = hashlib.sha256(f"procedure {STATIC_INT8_PROCEDURE}|".encode())
-        for r in rows:
-            h.update(np.asarray(r, dtype=np.int64).tobytes() + b"|")
-        for r in types or ():
-            h.update(b"t" + np.asarray(r, dtype=np.int64).tobytes() + b"|")
+        hash_rows(h, rows)
+        hash_rows(h, types or (), b"t")
         return cls(rows, h.hexdigest(), types)
 
     def feeds(self):
@@ -265,6 +264,13 @@ def read_graph(src):
     return ov.Core().read_model(str(src)) if isinstance(src, (str, Path)) else src
 
 
+def own_graph(src):
+    """``read_graph(src)`` as a model to change: a built model given in memory is the checks' reference after a
+    conversion, so it is changed in a copy."""
+    model = read_graph(src)
+    return model if isinstance(src, (str, Path)) else model.clone()
+
+
 def to_openvino(src, dst: Path, calibration: Calibration | None) -> None:
     vendor_telemetry_off()
     import openvino as ov
@@ -294,9 +300,7 @@ def compress_int8_weights(src, dst: Path, calibration: Calibration | None) -> No
     vendor_telemetry_off()
     import openvino as ov
 
-    model = read_graph(src)
-    if not isinstance(src, (str, Path)):  # a built model is the checks' reference after this: changed in a copy
-        model = model.clone()
+    model = own_graph(src)
     for node in model.get_ordered_ops():
         if node.get_type_name() != "MatMul" or not node.get_attributes().get("transpose_b"):
             continue
@@ -325,9 +329,7 @@ def quantize_static_int8(src, dst: Path, calibration: Calibration | None,
     vendor_telemetry_off()
     import openvino as ov
 
-    model = read_graph(src)
-    if not isinstance(src, (str, Path)):  # a built model is the checks' reference after this: changed in a copy
-        model = model.clone()
+    model = own_graph(src)
     # the pooled sentence vector before its L2 normalisation is never quantised (only MatMuls' inputs are): NNCF,
     # which quantised it where a graph built from the weights offers it, cost MiniLM's int8 graph cosine 0.966 to
     # its reference on a one-word text against 0.991 without
@@ -405,9 +407,9 @@ def rank_noise(runner, reference, max_length: int) -> float:
     docs = sample_texts.passages() + sample_texts.long_passages()
     q = reference.embed(sample_texts.questions(), max_length)
     ref = reference.embed(docs, max_length)
-    # the encoding's own runner (every int8 graph is checked on it): its streams at once, on the requests its
-    # encoding then uses (~1.3 s against ~2.5 s one call at a time on MiniLM's int8-weights graph, 2 cores); a
-    # one-stream runner (a graph checked apart) one call a batch, beside its single-call request
+    # the encoding's own runner (every graph is checked on it): its streams at once, on the requests its encoding
+    # then uses (~1.3 s against ~2.5 s one call at a time on MiniLM's int8-weights graph, 2 cores); a runner with
+    # one stream (ONNX Runtime's, or OpenVINO's on one core) one call a batch, beside its single-call request
     got = embed_in_batches(runner, reference.feed, docs, max_length, streams=getattr(runner, "parallel", 1) > 1)
     return pair_noise(q @ ref.T, q @ got.T)  # each question's scores of every passage
 

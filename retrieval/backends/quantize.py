@@ -55,12 +55,18 @@ def _constant_weight(op) -> np.ndarray | None:
     return np.asarray(value, dtype=np.float32) if value.ndim == 2 else None
 
 
-def _source(output) -> object:
-    """The op that computes the values of ``output``, looking through ops that only move them."""
-    node = output.get_node()
-    while node.get_type_name() in _PASS_THROUGH:
-        node = node.input_value(0).get_node()
-    return node
+def _computed_at(op, port: int) -> tuple[object, int]:
+    """The input (op, port) that reads ``op``'s input ``port`` where its values are computed, looking back through
+    ops that only move them: ``op``'s own where none does."""
+    while op.input_value(port).get_node().get_type_name() in _PASS_THROUGH:
+        op, port = op.input_value(port).get_node(), 0
+    return op, port
+
+
+def _producer(op, port: int) -> object:
+    """The op that computes the values ``op`` reads at input ``port`` (``_computed_at``)."""
+    consumer, port = _computed_at(op, port)
+    return consumer.input_value(port).get_node()
 
 
 def _targets(model, feed_forward_only: bool) -> tuple[list[_Weighted], list[object]]:
@@ -77,8 +83,7 @@ def _targets(model, feed_forward_only: bool) -> tuple[list[_Weighted], list[obje
                 continue
             in_axis = 1 if op.get_attributes().get("transpose_b") else 0
             weighted.append(_Weighted(op, weight, in_axis))
-        elif not feed_forward_only and all(_source(op.input_value(i)).get_type_name() != "Softmax"
-                                           for i in range(2)):
+        elif not feed_forward_only and all(_producer(op, i).get_type_name() != "Softmax" for i in range(2)):
             scores.append(op)
     return weighted, scores
 
@@ -203,9 +208,7 @@ def quantize(model, feeds: list[dict], feed_forward_only: bool = False):
                                       strict=True):
         # at the op that computes the values, before the heads' reshapes: OpenVINO then fuses the attention with
         # its int8 inputs (quantised after the reshapes, it ran apart, in fp32, with the quantisations on their own)
-        consumer, port = op, i
-        while consumer.input_value(port).get_node().get_type_name() in _PASS_THROUGH:
-            consumer, port = consumer.input_value(port).get_node(), 0
+        consumer, port = _computed_at(op, i)
         fq = _fake_quantize(consumer.input_value(port), *signed_range(lows, highs))
         consumer.input(port).replace_source_output(fq.output(0))
     for op in model.get_ordered_ops():  # embedding tables: int8 rows, dequantised where gathered
