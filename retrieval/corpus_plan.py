@@ -16,7 +16,7 @@ import numpy as np
 
 from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
-from retr.retrieval.backends.batching import rows_key, run_sorted
+from retr.retrieval.backends.batching import row_key, run_sorted
 from retr.retrieval.backends.export import Calibration
 from retr.retrieval.backends.graphs import (
     EXPORT_GENERATION,
@@ -62,6 +62,14 @@ STATIC_OVER_WEIGHTS = 1.3
 # making a graph only to be weighed against it
 WEIGHTS_MAKE_S = 3.1
 WEIGHTS_TIME_S = 1.8
+
+# the base graph is not timed where, its speed estimated from this CPU's precision probe (``_estimated_break``),
+# static int8 would still save more than this many times its calibration's cost: MiniLM's fp32 graph ran at
+# 0.60-0.65x the probe's rate (42.5 against 26.4 ms per 240-token document estimated; 2 cores of an AMX Xeon with
+# AMX refused), so the estimate errs on the side of a smaller saving, and the margin covers a CPU where it does not
+ESTIMATE_MARGIN = 2.0
+# the base graph's timing is warmed up on this many of the sample's shortest passages per stream
+WARM_UP_ROWS_PER_STREAM = 2
 
 BASE, WEIGHTS, CALIBRATED = chooser.BASE, "weights", "calibrated"  # the graphs a corpus can go through
 
@@ -200,19 +208,25 @@ class CorpusPlanner:
         """A timed run of ``graph`` over ``rows``, whose vectors it keeps (``Graph.known``: an int8 graph made from
         it reads them as its checks' reference)."""
         out = np.empty((len(rows), graph.dim), dtype=np.float32)
-        key = rows_key(rows)
+        keys = [row_key(r) for r in rows]
 
         def run():
             run_sorted(graph.runner, rows, self.token_budget, out)
-            graph.known[key] = out
+            graph.known.update(zip(keys, out.copy(), strict=True))
 
         return run
 
     def token_seconds(self, graph: Graph) -> float:
         """Seconds per token of ``graph`` on retr's sample passages (``_sample_rows``), in a short bounded run: a
-        corpus's documents cost about their token count times this."""
+        corpus's documents cost about their token count times this. Warmed up on the sample's shortest passages
+        only (the graph and its streams compiled): a round over the whole sample right after compilation took
+        what later rounds took (1.17 against 0.99-1.13 s, 1.04 against 1.03-1.13 s; MiniLM's fp32 graph, 2 cores
+        of an AMX Xeon with AMX refused), and a whole warm-up round was ~1 s of a corpus's first run."""
         rows = self._sample_rows()
-        return chooser.time_per_unit(self._encode_sample(graph, rows), sum(len(r) for r in rows), min_rounds=1)
+        shortest = sorted(rows, key=len)[: WARM_UP_ROWS_PER_STREAM * max(1, getattr(graph.runner, "parallel", 1))]
+        return chooser.time_per_unit(self._encode_sample(graph, rows), sum(len(r) for r in rows), min_rounds=1,
+                                     warm_up=lambda: run_sorted(graph.runner, shortest, self.token_budget,
+                                                                np.empty((len(shortest), graph.dim), np.float32)))
 
     def tokens_seconds_alternating(self, graphs: list[Graph]) -> list[float]:
         """``token_seconds`` of each of ``graphs``, timed in alternation (``chooser.time_alternating``): their
@@ -254,6 +268,10 @@ class CorpusPlanner:
         else:
             name, key = self._weights_name, self._weights_speeds_key()
             stored = self._stored_pair(key, name) if name else None  # both graphs, timed here before
+            estimated = self._estimated_break(docs, per_doc) if stored is None else None
+            if estimated is not None:
+                self._log_break(estimated, per_doc)
+                return estimated
             base_s = stored[0] * per_doc if stored else self.doc_seconds(self.graph, per_doc)
             # static int8 as the platform assumes it against the base graph, its calibration as the prior says
             brk = chooser.calibration_pays(docs, base_s, self.platform)
@@ -270,12 +288,39 @@ class CorpusPlanner:
                 if faster:  # static int8 assumed from this measured int8 graph: the nearer of the two in kind
                     brk = replace(brk, base_s=weights_s, int8_s=weights_s / STATIC_OVER_WEIGHTS, against=name,
                                   base_graph_s=base_s)
-        logger.info("%s for %d documents (%.0f tokens each): %s %.1f ms/doc, int8 %.1f ms/doc (%s), "
-                    "calibration %.0f s: %s", self.configured, docs, per_doc,
-                    "base graph" if brk.against_base else brk.against, brk.base_s * 1000, brk.int8_s * 1000,
-                    "measured" if brk.measured else "assumed", brk.calibration_s,
-                    "int8" if brk.pays else f"{brk.against_phrase} ({brk.break_even_phrase()})")
+        self._log_break(brk, per_doc)
         return brk
+
+    def _log_break(self, brk: chooser.Break, per_doc: float) -> None:
+        logger.info("%s for %d documents (%.0f tokens each): %s %.1f ms/doc%s, int8 %.1f ms/doc (%s), "
+                    "calibration %.0f s: %s", self.configured, brk.docs, per_doc,
+                    "base graph" if brk.against_base else brk.against, brk.base_s * 1000,
+                    " (estimated from this CPU's precision probe, not timed)" if brk.base_estimated else "",
+                    brk.int8_s * 1000, "measured" if brk.measured else "assumed", brk.calibration_s,
+                    "int8" if brk.pays else f"{brk.against_phrase} ({brk.break_even_phrase()})")
+
+    @functools.cached_property
+    def _spec(self):
+        """The model's ``direct.BertSpec`` (its multiply-adds per token), or None where the graph is not built
+        from a BERT's weights."""
+        from retr.retrieval.backends.direct import bert_spec
+
+        return bert_spec(self.exported.ref.path) if self.exported.ref.path is not None else None
+
+    def _estimated_break(self, docs: int, per_doc: float) -> chooser.Break | None:
+        """Static int8 weighed against the base graph with the base graph's speed estimated instead of timed (~1
+        s of a first run): its multiply-adds per document (``BertSpec.macs_per_token``) at the rate this CPU's
+        precision probe measured in the base graph's precision (``PrecisionTiming.macs_per_second``), where static
+        int8, assumed at the platform's prior, saves more than ``ESTIMATE_MARGIN`` times its calibration's prior
+        cost and clearly pays against the int8-weights graph too (``_calibration_clearly_pays``). None where it
+        does not, or where there is no probe or spec: the base graph is timed."""
+        probe, spec = self.platform.precision_probe, self._spec
+        if probe is None or spec is None:
+            return None
+        base_s = per_doc * spec.macs_per_token(per_doc) / probe.macs_per_second(self.graph.precision)
+        brk = replace(chooser.calibration_pays(docs, base_s, self.platform), base_estimated=True)
+        wide = replace(brk, calibration_s=brk.calibration_s * ESTIMATE_MARGIN)
+        return brk if wide.pays and self._calibration_clearly_pays(brk, self._weights_cost_s()) else None
 
     @functools.cached_property
     def _weights_name(self) -> str | None:

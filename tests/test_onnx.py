@@ -232,6 +232,30 @@ def test_fast_pair_tokenizer_equals_transformers_truncation():
     assert max(map(len, ids)) == 24  # the long pair was truncated
 
 
+def test_a_corpus_is_tokenised_in_chunks_on_one_thread_per_core_in_order(monkeypatch):
+    """Several chunks: tokenised on ``platform.thread_count`` threads (the tokenizer lets go of Python's lock), the
+    ids and untruncated counts in the texts' order, the same as one chunk on one thread gives."""
+    import threading
+    import time
+
+    from retr.retrieval.backends import batching
+    from retr.retrieval.models import bundled_model_path
+
+    texts = [f"{t} {i}" * (1 + i % 7) for i, t in enumerate(TEXTS * 12)]
+    fast = batching.fast_tokenizer(bundled_model_path(), 24)
+    one_ids, one_counts = fast.counted(texts)  # 60 texts: one chunk
+    assert [len(r) for r in one_ids] == [min(24, n) for n in one_counts] and max(one_counts) > 24
+    names, encode = set(), fast._encode
+    # each chunk held a little: every chunk is handed out while the threads are busy (none idle to take two)
+    fast._encode = lambda chunk: names.add(threading.current_thread().name) or time.sleep(0.05) or encode(chunk)
+    monkeypatch.setattr(batching, "TOKENIZE_CHUNK", 7)
+    monkeypatch.setattr("retr.retrieval.backends.platform.thread_count", lambda cores=None: 2)
+    ids, counts = fast.counted(texts)
+    assert [r.tolist() for r in ids] == [r.tolist() for r in one_ids] and counts.tolist() == one_counts.tolist()
+    assert [r.tolist() for r in fast(texts)] == [r.tolist() for r in one_ids]
+    assert len(names) == 2 and all(n.startswith("retr-tokenize") for n in names)
+
+
 def test_ids_only_encoding_gives_the_full_encodings_ids_and_falls_back_without_it():
     from retr.retrieval.backends.batching import _fast_tokenizer_file, ids_only
     from retr.retrieval.models import bundled_model_path
@@ -348,7 +372,7 @@ def _counting_static_int8(monkeypatch, **changes) -> list:
     """Count the default backend's calibrations (the default documents' backend is a calibrated one)."""
     convert = registry.BACKENDS[DEFAULT].convert
     calls = []
-    _patch_backend(monkeypatch, DEFAULT, convert=lambda *a: calls.append(1) or convert(*a), **changes)
+    _patch_backend(monkeypatch, DEFAULT, convert=lambda *a, **k: calls.append(1) or convert(*a, **k), **changes)
     return calls
 
 
@@ -626,6 +650,100 @@ def test_an_int8_weights_graph_is_made_only_where_it_could_repay_making_and_timi
     assert ("weights_graph" in enc.planner.__dict__) is made
     assert brk.against == ("openvino-int8w" if made else "base")
     assert ("openvino-int8w not made, it would save" in caplog.text) is not made
+
+
+@pytest.mark.parametrize("docs,timed", [(20000, False), (3800, True)])
+def test_the_base_graph_is_not_timed_where_its_speed_from_the_precision_probe_clears_the_break_even_widely(
+        tiny_bi_encoder, monkeypatch, docs, timed):
+    """The base graph's seconds per document estimated from the model's multiply-adds at the probe's measured rate
+    (a fake probe: 1e8 multiply-adds a second in fp32): where static int8, assumed at the platform's prior, would
+    save more than ``ESTIMATE_MARGIN`` times its calibration's cost, it is weighed on the estimate and the base
+    graph is not timed; nearer the break-even (or without a probe: ``Platform.of``) the base graph is timed."""
+    from dataclasses import replace
+
+    from retr.retrieval.backends.chooser import CALIBRATION_PRIOR_S
+    from retr.retrieval.backends.platform import Platform
+    from retr.retrieval.backends.precision import PROBE_MACS, PrecisionTiming
+    from retr.retrieval.corpus_plan import ESTIMATE_MARGIN, CorpusPlanner
+
+    monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph, as on the platform below
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    vnni = Platform.of({"avx2", "avx512f", "avx512_vnni"}, cpu="VNNI, probed")
+    probe = PrecisionTiming(bf16_ms=2 * PROBE_MACS / 1e5, fp32_ms=PROBE_MACS / 1e5)  # 1e8 multiply-adds/s in fp32
+    enc.__dict__["platform"] = replace(vnni, precision_probe=probe)
+    tokens_per_doc = 20
+    per_doc_s = tokens_per_doc * enc.planner._spec.macs_per_token(tokens_per_doc) / 1e8
+    ran = []  # timed, the base graph runs at the estimate (static int8 then pays all the same)
+    monkeypatch.setattr(CorpusPlanner, "token_seconds",
+                        lambda self, g: ran.append(g.variant) or per_doc_s / tokens_per_doc)
+    monkeypatch.setattr(CorpusPlanner, "_weights_cost_s", lambda self: 0.0)
+    saving = docs * per_doc_s * (1 - 1 / vnni.int8_prior)
+    assert (saving > ESTIMATE_MARGIN * CALIBRATION_PRIOR_S) is not timed and saving > CALIBRATION_PRIOR_S
+    brk = enc.planner.calibration_break(docs, docs * tokens_per_doc)
+    assert brk.pays and brk.base_estimated is not timed and ran[:1] == (["openvino"] if timed else [])
+    if not timed:
+        assert brk.base_s == pytest.approx(per_doc_s)
+    # no probe (a CPU without native bf16 runs none): timed whatever the corpus
+    ran.clear()
+    bare = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    bare.__dict__["platform"] = Platform.of(vnni.flags, cpu="VNNI, not probed")  # nothing stored for it either
+    assert not bare.planner.calibration_break(docs, docs * tokens_per_doc).base_estimated and ran[0] == "openvino"
+
+
+def test_the_base_graphs_timing_is_warmed_up_on_a_few_short_passages_not_a_whole_round(tiny_bi_encoder,
+                                                                                       monkeypatch):
+    """Timing a graph on retr's sample passages: compiled and warmed up on the shortest few (two a stream), then
+    timed over the whole sample, whose vectors it keeps (``Graph.known``)."""
+    from retr.retrieval import corpus_plan
+    from retr.retrieval.backends import sample_texts
+    from retr.retrieval.backends.batching import row_key
+
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
+    sizes, real = [], corpus_plan.run_sorted
+    monkeypatch.setattr(corpus_plan, "run_sorted",
+                        lambda runner, rows, *a, **k: sizes.append(len(rows)) or real(runner, rows, *a, **k))
+    enc.planner.token_seconds(enc.graph)
+    rows = enc.planner._sample_rows()
+    assert sizes[0] == corpus_plan.WARM_UP_ROWS_PER_STREAM * enc.graph.runner.parallel < len(rows)
+    assert len(sizes) >= 2 and set(sizes[1:]) == {len(rows)}
+    passages = (sample_texts.passages() + sample_texts.long_passages())[:5]  # the tiny model has no prompt
+    np.testing.assert_allclose(np.stack([enc.graph.known[row_key(r)] for r in rows[:5]]), enc.encode(passages),
+                               atol=1e-5)
+
+
+def test_a_static_int8_graphs_checks_read_the_vectors_its_statistics_pass_computed(tiny_bi_encoder, monkeypatch,
+                                                                                   tmp_path):
+    """The statistics pass runs the base graph in fp32 over retr's calibration sample (its passages and questions):
+    the calibrated graph's checks read those vectors as their reference (the base graph does not run the passages
+    or questions again), and get the figures of a reference that did."""
+    from retr.retrieval.backends import direct, sample_texts
+
+    monkeypatch.setenv("RETR_BF16", "0")  # the base graph in fp32: what a reference must compute in
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
+    calibration = enc.planner.calibration
+
+    def made(folder, backend):
+        return load_or_export(lambda: enc.model, enc.model_hash, backend, EMBEDDING, enc.max_length, folder,
+                              calibration=calibration, model_path=enc.ref.path, base=enc.graph)
+
+    ran, real = [], direct.embed_in_batches
+    monkeypatch.setattr(direct, "embed_in_batches",
+                        lambda runner, feed, texts, *a, **k: ran.append((runner, len(texts))) or real(
+                            runner, feed, texts, *a, **k))
+    passages, questions = len(sample_texts.passages() + sample_texts.long_passages()), len(sample_texts.questions())
+    first = made(tmp_path / "a", registry.BACKENDS[DEFAULT])
+    base_runs = [n for runner, n in ran if runner is enc.graph.runner]
+    assert passages not in base_runs and questions not in base_runs
+    assert len(enc.graph.known) == len(set(calibration.rows))
+    # the same graph checked against a reference that runs every text through the base graph (nothing seen)
+    enc.graph.known.clear()
+    quantize = registry.BACKENDS[DEFAULT].convert
+    blind = replace(registry.BACKENDS[DEFAULT], convert=lambda src, dst, cal, seen=None: quantize(src, dst, cal))
+    ran.clear()
+    second = made(tmp_path / "b", blind)
+    assert {passages, questions} <= {n for runner, n in ran if runner is enc.graph.runner}
+    assert second.check == pytest.approx(first.check, abs=1e-5)
+    assert second.rank_noise == pytest.approx(first.rank_noise, rel=1e-3, abs=1e-5)
 
 
 def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):

@@ -263,7 +263,7 @@ def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the
     convert = registry.BACKENDS["openvino-int8"].convert
     calls = []
     entries = dict(registry.BACKENDS)
-    entries["openvino-int8"] = replace(entries["openvino-int8"], convert=lambda *a: calls.append(1) or convert(*a))
+    entries["openvino-int8"] = replace(entries["openvino-int8"], convert=lambda *a, **k: calls.append(1) or convert(*a, **k))
     monkeypatch.setattr(registry, "BACKENDS", MappingProxyType(entries))
     speeds = {"openvino": 0.02, "openvino-int8": 0.01, "openvino-int8w": 0.019}  # int8w: within the margin
     monkeypatch.setattr(CorpusPlanner, "doc_seconds", lambda self, g, tokens: speeds[g.variant])

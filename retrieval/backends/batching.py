@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 TOKENIZE_CHUNK = 512  # texts per tokenizer call
+
+
+def in_chunks(work: Callable[[list[str]], list], texts: list[str]) -> list:
+    """``work`` over ``texts`` in chunks of ``TOKENIZE_CHUNK``, its results joined in order: on one thread per
+    core (``platform.thread_count``) where there are several chunks. The tokenizers library lets go of Python's
+    lock while it tokenises, so threads run side by side: 1,000 SciFact documents in 0.52 s on two threads against
+    0.98 s on one (2-core Xeon). Its own parallelism stays off (``TOKENIZERS_PARALLELISM``: it warns in every
+    process forked after it)."""
+    from retr.retrieval.backends.platform import thread_count
+
+    chunks = [texts[i: i + TOKENIZE_CHUNK] for i in range(0, len(texts), TOKENIZE_CHUNK)]
+    threads = min(len(chunks), thread_count())
+    if threads <= 1:
+        parts = [work(c) for c in chunks]
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix="retr-tokenize") as pool:
+            parts = list(pool.map(work, chunks))
+    return [x for part in parts for x in part]
 
 
 def _fast_tokenizer_file(model_path: Path | None, max_length: int):
@@ -44,22 +64,19 @@ class FastIds:
         self._specials = post.num_special_tokens_to_add(False) if post is not None else 0
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
-        out = []
-        for i in range(0, len(texts), TOKENIZE_CHUNK):
-            out.extend(np.asarray(e.ids, dtype=np.int64) for e in self._encode(texts[i: i + TOKENIZE_CHUNK]))
-        return out
+        return in_chunks(lambda chunk: [np.asarray(e.ids, dtype=np.int64) for e in self._encode(chunk)], texts)
 
     def counted(self, texts: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
         """The ids and each text's untruncated length (special tokens included), from one tokenisation: what
         truncation cut off comes back as overflowing pieces (stride 0: no token twice), each with its own
         special tokens (the same lengths as an untruncated tokenisation, and ~0.3 s less than a second pass over
         1,000 SciFact documents)."""
-        ids, counts = [], np.empty(len(texts), dtype=np.int64)
-        for i in range(0, len(texts), TOKENIZE_CHUNK):
-            for j, e in enumerate(self._encode(texts[i: i + TOKENIZE_CHUNK]), start=i):
-                ids.append(np.asarray(e.ids, dtype=np.int64))
-                counts[j] = len(e.ids) + sum(len(o.ids) - self._specials for o in e.overflowing)
-        return ids, counts
+        def chunk_ids(chunk: list[str]) -> list[tuple[np.ndarray, int]]:
+            return [(np.asarray(e.ids, dtype=np.int64),
+                     len(e.ids) + sum(len(o.ids) - self._specials for o in e.overflowing)) for e in self._encode(chunk)]
+
+        pairs = in_chunks(chunk_ids, texts)
+        return [ids for ids, _ in pairs], np.fromiter((n for _, n in pairs), dtype=np.int64, count=len(pairs))
 
 
 def fast_tokenizer(model_path: Path | None, max_length: int) -> FastIds | None:
@@ -150,12 +167,12 @@ def hash_rows(h, rows, tag: bytes = b"") -> None:
         h.update(tag + np.asarray(r, dtype=np.int64).tobytes() + b"|")
 
 
-def rows_key(rows) -> str:
-    """A digest of token-id rows: what names a graph's vectors of them (``Graph.known``)."""
+def row_key(row) -> str:
+    """A digest of one text's token ids: what names a graph's vector of it (``Graph.known``)."""
     import hashlib
 
     h = hashlib.sha1()
-    hash_rows(h, rows)
+    hash_rows(h, [row])
     return h.hexdigest()
 
 

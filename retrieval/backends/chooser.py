@@ -143,6 +143,8 @@ class Break:
     # (``BASE``), or an int8 graph made without calibration (``registry.Backend.uncalibrated``) measured faster here
     against: str = BASE
     base_graph_s: float | None = None  # seconds per document, the base graph, where ``against`` is another graph
+    # ``base_s`` estimated from the model's multiply-adds at this CPU's probe rate, not timed (``CorpusPlanner``)
+    base_estimated: bool = False
 
     @property
     def against_base(self) -> bool:

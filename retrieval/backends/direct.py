@@ -41,6 +41,13 @@ class BertSpec:
     activation: str  # a value of ACTIVATIONS
     positions: int  # max_position_embeddings
     pooling: str  # "mean" | "cls"
+    intermediate: int  # the feed-forward width
+
+    def macs_per_token(self, length: float) -> float:
+        """Multiply-adds a token costs in a text of ``length`` tokens: each layer's four attention projections and
+        two feed-forward matrices, and its attention's two products (scores, then values) over the text."""
+        h = self.hidden
+        return self.layers * (4 * h * h + 2 * h * self.intermediate + 2 * length * h)
 
 
 def _json(path: Path) -> dict:
@@ -93,7 +100,8 @@ def bert_spec(model_path: Path) -> BertSpec | None:
     try:
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         spec = BertSpec(folder, int(cfg["num_hidden_layers"]), hidden, heads, float(cfg["layer_norm_eps"]),
-                        cfg["hidden_act"], int(cfg["max_position_embeddings"]), pooling)
+                        cfg["hidden_act"], int(cfg["max_position_embeddings"]), pooling,
+                        int(cfg["intermediate_size"]))
     except (KeyError, TypeError, ValueError) as e:
         return no(f"config.json: {e}")
     if hidden % heads:
@@ -365,8 +373,10 @@ class GraphReference:
     def embed(self, texts: list[str], max_length: int) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        known = self.known.get(batching.rows_key(self.feed.ids(texts, max_length)))
-        return known.copy() if known is not None else embed_in_batches(self.runner, self.feed, texts, max_length)
+        known = [self.known.get(batching.row_key(r)) for r in self.feed.ids(texts, max_length)]
+        if all(v is not None for v in known):
+            return np.stack(known).astype(np.float32, copy=False)
+        return embed_in_batches(self.runner, self.feed, texts, max_length)
 
 
 @dataclass(frozen=True)

@@ -315,15 +315,15 @@ def compress_int8_weights(src, dst: Path, calibration: Calibration | None) -> No
     _drop(src)
 
 
-def quantize_static_int8_ffn(src, dst: Path, calibration: Calibration | None) -> None:
+def quantize_static_int8_ffn(src, dst: Path, calibration: Calibration | None, seen=None) -> None:
     """Static int8 in the feed-forward MatMuls only; attention stays in the base precision (bf16 where native)."""
-    quantize_static_int8(src, dst, calibration, feed_forward_only=True)
+    quantize_static_int8(src, dst, calibration, feed_forward_only=True, seen=seen)
 
 
 def quantize_static_int8(src, dst: Path, calibration: Calibration | None,
-                         feed_forward_only: bool = False) -> None:
+                         feed_forward_only: bool = False, seen=None) -> None:
     """Static int8 MatMuls (``quantize.quantize``: SmoothQuant, ranges measured on ``calibration``) of a graph,
-    saved as OpenVINO IR."""
+    saved as OpenVINO IR. ``seen``: given each calibration feed and the graph's own output for it."""
     if calibration is None:
         raise RetrError("static int8 needs a calibration sample")
     vendor_telemetry_off()
@@ -333,7 +333,7 @@ def quantize_static_int8(src, dst: Path, calibration: Calibration | None,
     # the pooled sentence vector before its L2 normalisation is never quantised (only MatMuls' inputs are): NNCF,
     # which quantised it where a graph built from the weights offers it, cost MiniLM's int8 graph cosine 0.966 to
     # its reference on a one-word text against 0.991 without
-    ov.save_model(quantize.quantize(model, list(calibration.feeds()), feed_forward_only), str(dst),
+    ov.save_model(quantize.quantize(model, list(calibration.feeds()), feed_forward_only, seen), str(dst),
                   compress_to_fp16=False)
     _drop(src)
 

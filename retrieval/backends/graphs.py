@@ -26,6 +26,7 @@ from retr.retrieval.artifacts import (
     versions,
     write_json,
 )
+from retr.retrieval.backends import batching
 from retr.retrieval.backends.direct import QUICK_REFERENCE_FLOOR
 from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind, pair_noise, read_graph
 from retr.retrieval.backends.quiet import vendor_telemetry_off
@@ -74,9 +75,10 @@ class Graph:
     precision: str
     calibration: str | None = None  # digest of the texts a calibrated graph was calibrated on
     rank_noise: float | None = None  # ranking noise it adds on retr's sample, where its backend checks it
-    # its vectors of texts it has run, by ``batching.rows_key`` of their token ids: retr's sample passages, which
-    # the planner times it on, are then what the checks of an int8 graph made from it read as their reference
-    # instead of running them through it again (~0.9 s of a first run, MiniLM on 2 cores)
+    # its vectors of texts it has run, each by ``batching.row_key`` of its token ids: retr's sample passages, which
+    # the planner times it on, or retr's calibration sample, which a static int8 graph's statistics pass runs it
+    # over, are then what the checks of an int8 graph made from it read as their reference instead of running
+    # them through it again (~0.9 s of a first run, MiniLM on 2 cores)
     known: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -313,7 +315,15 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
         if calibration is not None:
             logger.info("calibrating static int8 on retr's fixed sample of %d texts (once per model)",
                         len(calibration.rows))
-        backend.convert(graph, final, calibration)
+        if reference_graph is not None and backend.calibrated:
+            # the statistics pass runs the reference's own graph in fp32 over the calibration sample (retr's
+            # passages and questions): its vectors are the reference's for the checks (~1 s of a first run)
+            def seen(feed, vector, known=reference_graph.known):
+                known[batching.row_key(feed["input_ids"][0])] = vector
+
+            backend.convert(graph, final, calibration, seen=seen)
+        else:
+            backend.convert(graph, final, calibration)
         if backend.int8:
             release_memory()  # the quantiser's working memory, before the graphs the checks compile
             if built is not None:

@@ -132,7 +132,7 @@ class Platform:
     @property
     def threads(self) -> int:
         """Inference threads: the machine's cores, at most 4 (one policy for every runner)."""
-        return max(1, min(self.cores, 4))
+        return thread_count(self.cores)
 
     def without(self, *flags: str) -> Platform:
         """This platform with ``flags`` removed: how a CPU lacking them would prune (AVX2-only, no AMX)."""
@@ -144,6 +144,12 @@ class Platform:
                 "precision_probe": self.precision_probe.to_dict() if self.precision_probe else None,
                 "int8_dot": self.int8_dot, "amx": self.amx, "kind": self.kind,
                 "avx512": any(f.startswith("avx512") for f in self.flags), "avx2": "avx2" in self.flags}
+
+
+def thread_count(cores: int | None = None) -> int:
+    """Threads for work spread over the cores (``cores``: this machine's): at most 4, the one policy of every
+    runner and of the tokenizer's threads."""
+    return max(1, min(cores if cores is not None else os.cpu_count() or 1, 4))
 
 
 @functools.lru_cache(maxsize=1)
@@ -206,4 +212,4 @@ def this_platform() -> Platform:
     return here
 
 
-__all__ = ["Platform", "amx_granted", "this_platform", "usable_flags"]
+__all__ = ["Platform", "amx_granted", "thread_count", "this_platform", "usable_flags"]

@@ -26,6 +26,7 @@ from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, faster_enough, tim
 logger = logging.getLogger(__name__)
 
 PROBE_ROWS, PROBE_WIDTH, PROBE_FFN, PROBE_LAYERS = 512, 384, 1536, 2
+PROBE_MACS = PROBE_ROWS * PROBE_LAYERS * 2 * PROBE_WIDTH * PROBE_FFN  # one call's multiply-adds
 PROBE_BUDGET_S = 0.1
 PROBE_VERSION = 1  # another probe, other stored measurements
 
@@ -47,6 +48,12 @@ class PrecisionTiming:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "bf16_pays": self.bf16_pays, "margin": NOISE_FREE_MARGIN}
+
+    def macs_per_second(self, precision: str) -> float:
+        """Multiply-adds per second of the probe's matrices in ``precision`` (``bf16`` or ``fp32``): large
+        matrices, all threads on one call, the rate a transformer's layers approach and do not pass."""
+        ms = self.bf16_ms if precision == "bf16" else self.fp32_ms
+        return PROBE_MACS / max(ms / 1000, 1e-9)
 
 
 def _probe_model():

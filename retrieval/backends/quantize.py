@@ -20,6 +20,7 @@ refused; docs/studies/measured-choices-no-amx.md)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,14 +89,17 @@ def _targets(model, feed_forward_only: bool) -> tuple[list[_Weighted], list[obje
     return weighted, scores
 
 
-def _observed(model, outputs: list, feeds: list[dict], per_channel: list[bool]) -> list[tuple[np.ndarray, np.ndarray]]:
+def _observed(model, outputs: list, feeds: list[dict], per_channel: list[bool],
+              seen: Callable[[dict, np.ndarray], None] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per text of ``feeds``: each of ``outputs``' minimum and maximum, per channel (its last axis: shape
     ``(texts, channels)``) where ``per_channel`` says so, else over the whole tensor (shape ``(texts,)``), from one
-    pass of ``model`` with the reductions added to it."""
+    pass of ``model`` with the reductions added to it. ``seen``: given each feed and the model's own first output
+    for it, from the same pass."""
     import openvino as ov
     from openvino import opset13 as ops
 
-    results = []
+    results = [ops.result(model.get_results()[0].input_value(0))] if seen is not None else []
+    first = len(results)  # the reductions' results start here
     for out, channels in zip(outputs, per_channel, strict=True):
         rank = out.get_partial_shape().rank.get_length()
         axes = ops.constant(np.arange(rank - 1 if channels else rank, dtype=np.int64))
@@ -115,7 +119,10 @@ def _observed(model, outputs: list, feeds: list[dict], per_channel: list[bool]) 
     for i, feed in enumerate(feeds):
         requests.start_async(feed, i)
     requests.wait_all()
-    return [(np.stack([t[2 * k] for t in per_text]), np.stack([t[2 * k + 1] for t in per_text]))
+    if seen is not None:
+        for feed, t in zip(feeds, per_text, strict=True):
+            seen(feed, t[0][0])
+    return [(np.stack([t[first + 2 * k] for t in per_text]), np.stack([t[first + 2 * k + 1] for t in per_text]))
             for k in range(len(outputs))]
 
 
@@ -175,9 +182,11 @@ def int8_weight(weight: np.ndarray, in_axis: int):
     return ops.multiply(ops.convert(ops.constant(q), Type.f32), ops.constant(scale))
 
 
-def quantize(model, feeds: list[dict], feed_forward_only: bool = False):
+def quantize(model, feeds: list[dict], feed_forward_only: bool = False,
+             seen: Callable[[dict, np.ndarray], None] | None = None):
     """``model`` (an OpenVINO model, changed in place and returned) with static int8 MatMuls calibrated on
-    ``feeds`` (one text each)."""
+    ``feeds`` (one text each). ``seen``: given each feed and the unquantised model's first output for it, from
+    the statistics pass (a text's vector, where the model embeds)."""
     from openvino import opset13 as ops
 
     weighted, scores = _targets(model, feed_forward_only)
@@ -190,7 +199,7 @@ def quantize(model, feeds: list[dict], feed_forward_only: bool = False):
     group_inputs = [g[0].op.input_value(0) for g in groups.values()]
     score_inputs = [op.input_value(i) for op in scores for i in range(2)]
     stats = _observed(model, group_inputs + score_inputs, feeds,
-                      [True] * len(group_inputs) + [False] * len(score_inputs))
+                      [True] * len(group_inputs) + [False] * len(score_inputs), seen)
 
     for (lows, highs), members in zip(stats[: len(groups)], groups.values(), strict=True):
         act_absmax = np.maximum(np.abs(lows), np.abs(highs)).max(axis=0)

@@ -28,7 +28,9 @@ class Backend:
     # minimum agreement with torch per graph kind (bi-encoder: min cosine; cross-encoder: 1 - max |diff| / range);
     # a kind not listed is not offered by this backend
     floors: Mapping[str, float] = field(default_factory=dict)
-    convert: Callable | None = None  # (fp32 onnx file, graph file, calibration) -> None
+    # (fp32 onnx file, graph file, calibration) -> None; a calibrated backend's also takes ``seen``: given each
+    # calibration feed and the fp32 graph's output for it (``quantize.quantize``)
+    convert: Callable | None = None
     precision: Callable[[], str] = lambda: "fp32"  # the arithmetic it runs in on this machine
     base: str | None = None  # calibrated on a corpus: the backend for any other text (and for small corpora)
     batch_invariant: bool = True  # False: a text's output depends on the batch it is in (dynamic int8)

@@ -24,10 +24,11 @@ def faster_enough(exact_s: float, noisy_s: float) -> bool:
 
 
 def time_per_unit(run: Callable[[], object], units: int, budget_s: float = BUDGET_S,
-                  min_rounds: int = MIN_ROUNDS) -> float:
-    """Median seconds per unit of ``run()`` (which does ``units`` units of work), after one warm-up call, over at
-    least ``min_rounds`` rounds and at most about ``budget_s`` seconds (``time_alternating`` of one run)."""
-    return time_alternating([run], units, budget_s, min_rounds)[0]
+                  min_rounds: int = MIN_ROUNDS, warm_up: Callable[[], object] | None = None) -> float:
+    """Median seconds per unit of ``run()`` (which does ``units`` units of work), after one warm-up call
+    (``warm_up()`` in its place where given), over at least ``min_rounds`` rounds and at most about ``budget_s``
+    seconds (``time_alternating`` of one run)."""
+    return time_alternating([run], units, budget_s, min_rounds, warm_ups=[warm_up] if warm_up else None)[0]
 
 
 def settled(times: Sequence[Sequence[float]], ratio: float) -> bool:
@@ -40,16 +41,18 @@ def settled(times: Sequence[Sequence[float]], ratio: float) -> bool:
 
 
 def time_alternating(runs: Sequence[Callable[[], object]], units: int, budget_s: float = BUDGET_S,
-                     min_rounds: int = MIN_ROUNDS, clear_ratio: float | None = None) -> list[float]:
+                     min_rounds: int = MIN_ROUNDS, clear_ratio: float | None = None,
+                     warm_ups: Sequence[Callable[[], object]] | None = None) -> list[float]:
     """Median seconds per unit of each of ``runs`` (each does ``units`` units of work), timed in alternation: one
     of each per round, their order reversed every other round, after one warm-up call each, over at least
     ``min_rounds`` rounds and at most about ``budget_s`` seconds for all. A shared machine's speed drifts by a
     quarter from one second to the next (the same two document graphs timed one after the other on an AMX Xeon:
     int8 26% slower, 8% faster, 22% faster); alternating puts the drift on both sides of a comparison.
     ``clear_ratio`` (two runs): stop after ``min_rounds`` once every round has put the same run ahead by more than
-    this (``settled``); close runs still take the budget."""
-    for run in runs:
-        run()  # warm-up: compilation, first allocations
+    this (``settled``); close runs still take the budget. ``warm_ups``: what warms each run up in its place (a
+    smaller call that compiles the same thing)."""
+    for warm_up in warm_ups or runs:
+        warm_up()  # compilation, first allocations
     times: list[list[float]] = [[] for _ in runs]
     start = time.perf_counter()
     rounds = 0
