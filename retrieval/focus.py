@@ -114,12 +114,13 @@ def make_focus(tokenizer, max_length: int) -> Focus:
     from retr.retrieval.bm25 import analyzer
 
     if hasattr(tokenizer, "encode_batch"):
-        from retr.retrieval.backends.batching import ids_only
+        from retr.retrieval.backends.batching import LEAST_PER_THREAD, ids_only, in_chunks
 
         encode = ids_only(tokenizer)
 
-        def count(texts: list[str]) -> list[int]:
-            return [len(e.ids) for e in encode(texts, add_special_tokens=False)]
+        def count(texts: list[str]) -> list[int]:  # a query's new documents' sentences: ~100, ~11 ms on one thread
+            return in_chunks(lambda part: [len(e.ids) for e in encode(part, add_special_tokens=False)], texts,
+                             LEAST_PER_THREAD)
     else:
         def count(texts: list[str]) -> list[int]:
             return [len(x) for x in tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]]

@@ -256,6 +256,18 @@ def test_a_corpus_is_tokenised_in_chunks_on_one_thread_per_core_in_order(monkeyp
     assert len(names) == 2 and all(n.startswith("retr-tokenize") for n in names)
 
 
+@pytest.mark.parametrize("n,chunks", [(15, 1), (16, 2), (40, 2)])
+def test_a_short_list_is_cut_across_the_threads_only_where_each_keeps_its_least(monkeypatch, n, chunks):
+    """A query's pairs or a few documents' sentences (under one ``TOKENIZE_CHUNK``): cut into a chunk a thread where
+    each keeps ``least`` texts, else tokenised on the calling thread; the results in order either way."""
+    from retr.retrieval.backends import batching
+
+    monkeypatch.setattr("retr.retrieval.backends.platform.thread_count", lambda cores=None: 2)
+    seen = []
+    out = batching.in_chunks(lambda part: seen.append(len(part)) or [x * 2 for x in part], list(range(n)), 8)
+    assert out == [2 * x for x in range(n)] and len(seen) == chunks and sum(seen) == n
+
+
 def test_ids_only_encoding_gives_the_full_encodings_ids_and_falls_back_without_it():
     from retr.retrieval.backends.batching import _fast_tokenizer_file, ids_only
     from retr.retrieval.models import bundled_model_path
