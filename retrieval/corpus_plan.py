@@ -64,9 +64,10 @@ WEIGHTS_MAKE_S = 3.1
 WEIGHTS_TIME_S = 1.8
 
 # the base graph is not timed where, its speed estimated from this CPU's precision probe (``_estimated_break``),
-# static int8 would still save more than this many times its calibration's cost: MiniLM's fp32 graph ran at
-# 0.60-0.65x the probe's rate (42.5 against 26.4 ms per 240-token document estimated; 2 cores of an AMX Xeon with
-# AMX refused), so the estimate errs on the side of a smaller saving, and the margin covers a CPU where it does not
+# static int8 would still save more than this many times its calibration's cost. The probe runs large matrices on
+# every thread, a rate the graph approaches and does not pass, so the estimate mostly errs on the side of a smaller
+# saving: 23.4-39.4 ms per 240-token document estimated across a VM's phases where MiniLM's fp32 graph was timed at
+# 28-43 ms (2 cores of an AMX Xeon with AMX refused); the margin covers a probe caught in a slow moment
 ESTIMATE_MARGIN = 2.0
 # the base graph's timing is warmed up on this many of the sample's shortest passages per stream
 WARM_UP_ROWS_PER_STREAM = 2
