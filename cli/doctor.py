@@ -86,7 +86,8 @@ def _report(args: argparse.Namespace) -> dict:
         base_s = brk.base_graph_s if brk.base_graph_s is not None else brk.base_s
     else:
         base_s = enc.planner.doc_seconds(enc.graph, args.doc_tokens)
-    documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000, "doc_tokens": args.doc_tokens}}
+    documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000, "doc_tokens": args.doc_tokens,
+                          "estimated": brk is not None and brk.base_estimated}}
     if brk is not None:
         if not brk.against_base:  # the int8 graph made without calibration, measured faster here
             documents["weights"] = {"backend": brk.against, "ms_per_doc": brk.base_s * 1000, "measured": True,
@@ -153,6 +154,7 @@ def _print(r: dict) -> None:
     print(f"  chosen: {r['queries']['chosen']} - {r['queries']['why']}")
     d = r["documents"]
     print(f"documents (ms per document of {d['base']['doc_tokens']} tokens): {d['base']['backend']} {d['base']['ms_per_doc']:.1f}"
+          + (" (estimated from the precision probe, not timed)" if d["base"].get("estimated") else "")
           + (f", {d['weights']['backend']} {d['weights']['ms_per_doc']:.1f} (measured)"
              if "weights" in d else "")
           + (f", {d['int8']['backend']} {1000 * d['int8']['int8_s']:.1f}"

@@ -93,6 +93,23 @@ def test_doctor_shows_the_int8_weights_graph_a_corpus_too_small_for_a_calibratio
     assert "openvino-int8w 20.0 (measured)" in capsys.readouterr().out
 
 
+def test_doctor_says_where_the_base_graphs_speed_is_estimated_from_the_probe_not_timed(tiny_bi_encoder, capsys,
+                                                                                      monkeypatch):
+    """Where the planner weighs a corpus on the base graph's estimated speed (``Break.base_estimated``), doctor shows
+    that figure as estimated, in its JSON and in its text."""
+    from retr.retrieval.backends.chooser import Break
+    from retr.retrieval.corpus_plan import CorpusPlanner
+
+    monkeypatch.setenv("RETR_INT8_DOT", "1")  # int8 a candidate on any CPU
+    monkeypatch.setattr(CorpusPlanner, "calibration_break",
+                        lambda self, docs, tokens: Break(docs, 0.04, 0.02, 4.0, False, base_estimated=True))
+    assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "5000", "--doc-tokens", "10", "--json"]) == 0
+    base = json.loads(capsys.readouterr().out)["documents"]["base"]
+    assert base["estimated"] is True and base["ms_per_doc"] == pytest.approx(40)
+    assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "5000", "--doc-tokens", "10"]) == 0
+    assert "40.0 (estimated from the precision probe, not timed)" in capsys.readouterr().out
+
+
 def test_doctor_shows_each_query_candidates_ranking_noise_beside_its_speed(tiny_bi_encoder, capsys):
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends.export import EMBEDDING
