@@ -758,6 +758,45 @@ def test_a_static_int8_graphs_checks_read_the_vectors_its_statistics_pass_comput
     assert second.rank_noise == pytest.approx(first.rank_noise, rel=1e-3, abs=1e-5)
 
 
+def test_a_cached_calibration_with_its_speeds_stored_names_a_corpus_graph_without_tokenising_it(tiny_bi_encoder,
+                                                                                               monkeypatch):
+    """Once the calibrated graph is cached and its speed against the base graph stored, the calibration costs
+    nothing and the choice no longer depends on a corpus's token count: a build's cache key (``graph_id``) is named
+    without tokenising the corpus, the same key the tokenising choice gives; where the int8 graph is not faster by
+    the margin there, the base graph's."""
+    from retr.retrieval.backends.platform import Platform
+    from retr.retrieval.corpus_plan import CorpusPlanner
+
+    monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph, as on the platform below
+    corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
+    vnni = Platform.of({"avx2", "avx512f", "avx512_vnni"}, cpu="VNNI, settled")
+    speeds = {"openvino": 2.0, "openvino-int8": 0.5}  # seconds per token (fake): static int8 pays at once
+    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: speeds[g.variant])
+    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating",
+                        lambda self, graphs: [speeds[g.variant] for g in graphs])
+
+    def encoder():
+        enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+        enc.__dict__["platform"] = vnni
+        return enc
+
+    assert encoder().encode_corpus(corpus).graph["backend"] == DEFAULT  # calibrated, its speed assumed
+    timing = encoder()
+    key = timing.planner.graph_id(corpus)  # the calibrated graph timed against the base graph, and stored
+    assert key.startswith(f"{DEFAULT}@")
+    settled = encoder()
+    monkeypatch.setattr(settled.tokens, "counted", lambda texts: pytest.fail("the corpus was tokenised"))
+    assert settled.planner.graph_id(corpus) == key
+    speeds["openvino-int8"] = 1.95  # within the margin: another CPU's stored timings say the base graph
+    other = encoder()
+    other.__dict__["platform"] = Platform.of(vnni.flags, cpu="VNNI, settled slower")
+    base_key = other.planner.graph_id(corpus)
+    again = encoder()
+    again.__dict__["platform"] = other.platform
+    monkeypatch.setattr(again.tokens, "counted", lambda texts: pytest.fail("the corpus was tokenised"))
+    assert again.planner.graph_id(corpus) == base_key == again.exported.identity(again.graph).key
+
+
 def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):
     from retr.retrieval import corpus_plan
     from retr.retrieval.backends.platform import Platform
