@@ -243,14 +243,10 @@ class CorpusPlanner:
     def token_seconds(self, graph: Graph) -> float:
         """Seconds per token of ``graph`` on retr's sample passages (``_sample_rows``), in a short bounded run: a
         corpus's documents cost about their token count times this. Warmed up on the sample's shortest passages
-        only (the graph and its streams compiled): a round over the whole sample right after compilation took
-        what later rounds took (1.17 against 0.99-1.13 s, 1.04 against 1.03-1.13 s; MiniLM's fp32 graph, 2 cores
-        of an AMX Xeon with AMX refused), and a whole warm-up round was ~1 s of a corpus's first run."""
+        only (``_warm_up``)."""
         rows = self._sample_rows()
-        shortest = sorted(rows, key=len)[: WARM_UP_ROWS_PER_STREAM * max(1, getattr(graph.runner, "parallel", 1))]
         return chooser.time_per_unit(self._encode_sample(graph, rows), sum(len(r) for r in rows), min_rounds=1,
-                                     warm_up=lambda: run_sorted(graph.runner, shortest, self.token_budget,
-                                                                np.empty((len(shortest), graph.dim), np.float32)))
+                                     warm_up=self._warm_up(graph, rows))
 
     def tokens_seconds_alternating(self, graphs: list[Graph]) -> list[float]:
         """``token_seconds`` of each of ``graphs``, timed in alternation (``chooser.time_alternating``): their
@@ -258,7 +254,17 @@ class CorpusPlanner:
         rows = self._sample_rows()
         return chooser.time_alternating([self._encode_sample(g, rows) for g in graphs], sum(len(r) for r in rows),
                                         budget_s=PER_TOKEN_BUDGET_S, min_rounds=PER_TOKEN_MIN_ROUNDS,
-                                        clear_ratio=PER_TOKEN_CLEAR_RATIO)
+                                        clear_ratio=PER_TOKEN_CLEAR_RATIO,
+                                        warm_ups=[self._warm_up(g, rows) for g in graphs])
+
+    def _warm_up(self, graph: Graph, rows: list) -> Callable[[], object]:
+        """A run of ``graph`` over the shortest of ``rows``, two a stream: what compiles it and its streams before
+        it is timed. A round over the whole sample right after compilation took what later rounds took (1.17
+        against 0.99-1.13 s, 1.04 against 1.03-1.13 s; MiniLM's fp32 graph, 2 cores of an AMX Xeon with AMX
+        refused), and a whole warm-up round was ~1 s of a corpus's first run."""
+        shortest = sorted(rows, key=len)[: WARM_UP_ROWS_PER_STREAM * max(1, getattr(graph.runner, "parallel", 1))]
+        return lambda: run_sorted(graph.runner, shortest, self.token_budget,
+                                  np.empty((len(shortest), graph.dim), np.float32))
 
     def doc_seconds(self, graph: Graph, tokens_per_doc: float) -> float:
         """Seconds per document of ``tokens_per_doc`` tokens through ``graph`` (``token_seconds``)."""

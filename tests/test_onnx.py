@@ -704,8 +704,8 @@ def test_the_base_graph_is_not_timed_where_its_speed_from_the_precision_probe_cl
 
 def test_the_base_graphs_timing_is_warmed_up_on_a_few_short_passages_not_a_whole_round(tiny_bi_encoder,
                                                                                        monkeypatch):
-    """Timing a graph on retr's sample passages: compiled and warmed up on the shortest few (two a stream), then
-    timed over the whole sample, whose vectors it keeps (``Graph.known``)."""
+    """Timing a graph on retr's sample passages, alone or alternating with another: compiled and warmed up on the
+    shortest few (two a stream), then timed over the whole sample, whose vectors it keeps (``Graph.known``)."""
     from retr.retrieval import corpus_plan
     from retr.retrieval.backends import sample_texts
     from retr.retrieval.backends.batching import row_key
@@ -721,6 +721,12 @@ def test_the_base_graphs_timing_is_warmed_up_on_a_few_short_passages_not_a_whole
     passages = (sample_texts.passages() + sample_texts.long_passages())[:5]  # the tiny model has no prompt
     np.testing.assert_allclose(np.stack([enc.graph.known[row_key(r)] for r in rows[:5]]), enc.encode(passages),
                                atol=1e-5)
+    # two graphs timed in alternation: each warmed up the same way, then whole rounds
+    monkeypatch.setattr(corpus_plan, "PER_TOKEN_BUDGET_S", 0.0)
+    sizes.clear()
+    enc.planner.tokens_seconds_alternating([enc.graph, enc.graph])
+    assert sizes[:2] == [sizes[0], sizes[0]] and sizes[0] < len(rows)
+    assert set(sizes[2:]) == {len(rows)} and len(sizes) == 2 + 2 * corpus_plan.PER_TOKEN_MIN_ROUNDS
 
 
 def test_a_static_int8_graphs_checks_read_the_vectors_its_statistics_pass_computed(tiny_bi_encoder, monkeypatch,
