@@ -186,7 +186,9 @@ class CorpusPlanner:
         if stored is None:
             return None
         self.__dict__["calibrated_graph"] = cached
-        return CALIBRATED if chooser.faster_enough(*stored) else BASE
+        # ``calibration_break``'s rule for a cached graph, on per-token seconds (it is the same at any token count)
+        return CALIBRATED if chooser.calibration_pays(self.min_docs, stored[0], self.platform, stored[1], 0.0).pays \
+            else BASE
 
     def graph_id(self, texts: list[str]) -> str:
         """What names the graph ``texts`` (a corpus, before the document prompt) go through (``choice``), for
