@@ -71,6 +71,12 @@ WEIGHTS_TIME_S = 1.8
 ESTIMATE_MARGIN = 2.0
 # the base graph's timing is warmed up on this many of the sample's shortest passages per stream
 WARM_UP_ROWS_PER_STREAM = 2
+# a corpus's encoding through the static int8 graph is itself a measurement of that graph (``record_encoding``):
+# stored with the base graph's speed as that run weighed it (timed, or estimated from the probe), it stands for the
+# two graphs' alternating timing wherever int8 was faster by more than this (the ratio that settles an
+# alternating timing early): an estimate off by up to a third then still gives the same choice. MiniLM on 2 cores
+# of an AMX Xeon with AMX refused: 2.2-2.3x timed, base estimated 0.8-0.9x its timed speed
+OBSERVED_CLEAR_RATIO = PER_TOKEN_CLEAR_RATIO
 
 BASE, WEIGHTS, CALIBRATED = chooser.BASE, "weights", "calibrated"  # the graphs a corpus can go through
 
@@ -89,6 +95,17 @@ class CorpusPlan:
         """``graph_info`` of its graph, with the measured choice where there was one."""
         info = graph_info(self.graph)
         return {**info, "chosen": self.choice} if self.choice is not None else info
+
+
+@dataclass(frozen=True)
+class PerToken:
+    """Seconds per token of the base graph and of an int8 graph on this machine, as stored: timed against each
+    other in alternation, or ``observed`` (the int8 graph's from an earlier corpus's own encoding, the base graph's
+    as that run weighed it: ``base_estimated`` where estimated from the precision probe)."""
+    base: float
+    int8: float
+    observed: bool = False
+    base_estimated: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,13 +199,13 @@ class CorpusPlanner:
         same from them); None where that is not settled yet. A build's cache key then needs no tokenisation
         (SciFact's 5,183 documents: ~1.2 s of a `retr eval` whose index is cached)."""
         cached = self.exported.find(self.configured, self.calibration)
-        stored = self._stored_pair(self._pair_key(cached), cached.variant) if cached is not None else None
+        stored = self._stored_per_token(cached) if cached is not None else None
         if stored is None:
             return None
         self.__dict__["calibrated_graph"] = cached
         # ``calibration_break``'s rule for a cached graph, on per-token seconds (it is the same at any token count)
-        return CALIBRATED if chooser.calibration_pays(self.min_docs, stored[0], self.platform, stored[1], 0.0).pays \
-            else BASE
+        return CALIBRATED if chooser.calibration_pays(self.min_docs, stored.base, self.platform, stored.int8,
+                                                      0.0).pays else BASE
 
     def graph_id(self, texts: list[str]) -> str:
         """What names the graph ``texts`` (a corpus, before the document prompt) go through (``choice``), for
@@ -290,8 +307,9 @@ class CorpusPlanner:
         cached = self.exported.find(self.configured, self.calibration)
         if cached is not None:
             self.__dict__["calibrated_graph"] = cached
-            base_t, int8_t = self.measured_per_token(cached)
-            brk = chooser.calibration_pays(docs, base_t * per_doc, self.platform, int8_t * per_doc, 0.0)
+            speeds = self.measured_per_token(cached)
+            brk = replace(chooser.calibration_pays(docs, speeds.base * per_doc, self.platform, speeds.int8 * per_doc,
+                                                   0.0), base_estimated=speeds.base_estimated)
         elif self.platform.int8_prior <= 1:
             logger.info("%s for %d documents: int8 is assumed no faster than the base graph on this CPU (x%.2f "
                         "until measured: `retr doctor --export` makes and times it): the base graph", self.configured,
@@ -421,17 +439,65 @@ class CorpusPlanner:
                                   calibration_s=max(0.0, brk.calibration_s - weights_cost_s))
         return brk.pays and against_weights.pays
 
-    def measured_per_token(self, other: Graph) -> tuple[float, float]:
+    def measured_per_token(self, other: Graph) -> PerToken:
         """Seconds per token of the base graph and of ``other`` (an int8 graph), timed once per model, graphs,
         CPU and library versions and then read from the choice store: a property of the machine, not of the
-        corpus, so a later corpus pays no timing (~2 s on 2 cores, the base graph compiled only to be timed)."""
-        key = self._pair_key(other)
-        stored = self._stored_pair(key, other.variant)
+        corpus, so a later corpus pays no timing (~2 s on 2 cores, the base graph compiled only to be timed).
+        Not timed either where an earlier corpus's encoding observed them clearly apart (``_stored_per_token``)."""
+        stored = self._stored_per_token(other)
         if stored is not None:
             return stored
         base_t, other_t = self.tokens_seconds_alternating([self.graph, other])
-        self._store_pair(key, base_t, other.variant, other_t)
-        return base_t, other_t
+        self._store_pair(self._pair_key(other), base_t, other.variant, other_t)
+        return PerToken(base_t, other_t)
+
+    def _stored_per_token(self, other: Graph) -> PerToken | None:
+        """The base graph's and ``other``'s seconds per token as stored on this machine: timed in alternation, else
+        as observed by an earlier corpus's encoding (``record_encoding``) where int8 was faster there by more than
+        ``OBSERVED_CLEAR_RATIO`` (a decision no timing would change); None: time them."""
+        stored = self._stored_pair(self._pair_key(other), other.variant)
+        if stored is not None:
+            return PerToken(*stored)
+        seen = chooser.ChoiceStore(cache_home()).get(self._observed_key(other))
+        timed = {t.backend: t for t in seen.timings} if seen is not None else {}
+        base, int8 = timed.get(self.graph.variant), timed.get(other.variant)
+        if base is None or int8 is None or not base.seconds or not int8.seconds \
+                or base.seconds < int8.seconds * OBSERVED_CLEAR_RATIO:
+            return None
+        return PerToken(base.seconds, int8.seconds, observed=True, base_estimated=base.estimated)
+
+    def record_encoding(self, plan: CorpusPlan, seconds: float) -> None:
+        """Keep what encoding a corpus through the static int8 graph measured (``seconds`` for ``plan``'s tokens),
+        with the base graph's seconds per token as this run weighed it (timed, or estimated from the probe:
+        ``Break.base_estimated``), where neither pair is stored yet: a later corpus reads them
+        (``_stored_per_token``) instead of timing both graphs in alternation (~4 s of its run, and the base graph
+        compiled beside the int8 one). Only where the corpus took the calibrated graph by a weighed break
+        (``plan.choice``) that paid; the encoding's first batches compile the graph's streams, so int8 reads a
+        little slow: on the side of timing again."""
+        brk, graph = plan.choice, self.__dict__.get("calibrated_graph")
+        if graph is None or plan.graph is not graph or not brk or not brk.get("pays") or not plan.tokens \
+                or seconds <= 0 or self._stored_per_token(graph) is not None:
+            return
+        base_doc = brk["base_s"] if brk.get("against") == chooser.BASE else brk.get("base_graph_s")
+        tokens = sum(len(r) for r in plan.tokens)
+        if not base_doc or not tokens:
+            return
+        per_doc = tokens / len(plan.tokens)
+        timings = [chooser.Timing(self.graph.variant, base_doc / per_doc, estimated=bool(brk.get("base_estimated"))),
+                   chooser.Timing(graph.variant, seconds / tokens, why=f"encoding {len(plan.tokens)} documents")]
+        chooser.ChoiceStore(cache_home()).put(self._observed_key(graph),
+                                              chooser.choose(chooser.DOCUMENTS, timings, self.graph.variant),
+                                              model_hash=self.exported.model_hash, cpu=self.platform.cpu,
+                                              unit_note="seconds per token")
+        logger.info("%s: %.1f ms per document encoding %d documents (base graph %.1f ms, %s): stored for later "
+                    "corpora", graph.variant, seconds / len(plan.tokens) * 1000, len(plan.tokens), base_doc * 1000,
+                    "estimated" if brk.get("base_estimated") else "timed")
+
+    def _observed_key(self, other: Graph) -> str:
+        """What ``record_encoding`` stores its pair under (as ``_pair_key``, another procedure)."""
+        ids = [self.exported.identity(self.graph).key, self.exported.identity(other).key,
+               "per-token, int8 from a corpus's encoding, base as weighed"]
+        return chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
 
     def _pair_key(self, other: Graph) -> str:
         """What the base graph's and ``other``'s alternating per-token timings are stored under
@@ -517,4 +583,4 @@ class CorpusPlanner:
         return graph
 
 
-__all__ = ["CorpusChoice", "CorpusPlan", "CorpusPlanner"]
+__all__ = ["CorpusChoice", "CorpusPlan", "CorpusPlanner", "PerToken"]

@@ -61,9 +61,9 @@ def test_doctor_times_the_documents_graphs_as_the_index_will_and_stores_it(tiny_
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
     calibrated = enc.exported.find("openvino-int8", enc.planner.calibration)
     monkeypatch.setattr(chooser, "time_alternating", lambda *a, **k: (_ for _ in ()).throw(AssertionError("timed")))
-    base_t, int8_t = enc.planner.measured_per_token(calibrated)
-    assert abs(docs["base"]["ms_per_doc"] - base_t * 10 * 1000) < 1e-9
-    assert abs(docs["int8"]["int8_s"] - int8_t * 10) < 1e-12
+    speeds = enc.planner.measured_per_token(calibrated)
+    assert abs(docs["base"]["ms_per_doc"] - speeds.base * 10 * 1000) < 1e-9
+    assert abs(docs["int8"]["int8_s"] - speeds.int8 * 10) < 1e-12
 
 
 def test_doctor_shows_the_int8_weights_graph_a_corpus_too_small_for_a_calibration_takes(tiny_bi_encoder, capsys,

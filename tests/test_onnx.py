@@ -803,6 +803,55 @@ def test_a_cached_calibration_with_its_speeds_stored_names_a_corpus_graph_withou
     assert again.planner.graph_id(corpus) == base_key == again.exported.identity(again.graph).key
 
 
+@pytest.mark.parametrize("ratio, timed", [(4.0, False), (1.2, True)])
+def test_a_corpus_encoded_through_static_int8_keeps_its_speed_and_a_later_corpus_times_neither_graph(
+        ratio, timed, tiny_bi_encoder, monkeypatch, tmp_path):
+    """A corpus's encoding through the calibrated graph measures that graph: kept with the base graph's speed as
+    the run weighed it (``record_encoding``), a later corpus reads the pair instead of timing both graphs in
+    alternation, where int8 was faster by more than ``OBSERVED_CLEAR_RATIO``; closer than that, it times them. An
+    estimated base speed stays marked estimated in the later corpus's break."""
+    from retr.retrieval.backends.platform import Platform
+    from retr.retrieval.corpus_plan import OBSERVED_CLEAR_RATIO, CorpusPlanner
+    from retr.retrieval.tokens import prefixed
+
+    monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph, as on the platform below
+    vnni = Platform.of({"avx2", "avx512f", "avx512_vnni"}, cpu=f"VNNI, observed at {ratio}")
+    base_t = 1.0  # seconds per token, the base graph (fake): static int8 pays at once at the platform's prior
+    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: base_t)
+    monkeypatch.setattr(CorpusPlanner, "_weights_cost_s", lambda self: 0.0)
+    alternated = []
+    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating",
+                        lambda self, graphs: alternated.append(len(graphs)) or [base_t, base_t / ratio])
+
+    def encoder(platform=vnni):
+        enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+        enc.__dict__["platform"] = platform
+        return enc
+
+    first = encoder()
+    plan = first.corpus_plan([f"{w} {i}" for i, w in enumerate(TEXTS * 8)])
+    assert plan.graph is first.calibrated_graph and plan.choice["pays"] and not alternated
+    tokens = sum(len(r) for r in plan.tokens)
+    first.planner.record_encoding(replace(plan, choice={**plan.choice, "base_estimated": True}),
+                                  tokens * base_t / ratio)  # int8 ``ratio`` times the base graph's speed
+    later = encoder()
+    other = [f"{w} {w} {i}" for i, w in enumerate(TEXTS * 9)]
+    encoded = later.encode_corpus(other)
+    assert encoded.graph["backend"] == DEFAULT and bool(alternated) is timed and (ratio >= OBSERVED_CLEAR_RATIO) is not timed
+    brk = encoded.graph["chosen"]
+    per_doc = sum(len(r) for r in later.planner._tokens(prefixed(later.prompts.document, other))[0]) / len(other)
+    assert brk["base_s"] == pytest.approx(base_t * per_doc) and brk["int8_s"] == pytest.approx(base_t / ratio * per_doc)
+    assert brk["base_estimated"] is not timed  # the stored pair's base was estimated; timed again: it is not
+    # ``encode_corpus`` keeps what its own encoding measured, where it calibrated the graph (an empty cache)
+    monkeypatch.setenv("RETR_CACHE", str(tmp_path / "empty"))
+    alternated.clear()
+    fresh = encoder()
+    fresh.encode_corpus(other)
+    assert not alternated
+    kept = fresh.planner._stored_per_token(fresh.calibrated_graph)
+    assert kept is not None and kept.observed and kept.base == pytest.approx(base_t) and kept.int8 < base_t
+
+
 def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):
     from retr.retrieval import corpus_plan
     from retr.retrieval.backends.platform import Platform

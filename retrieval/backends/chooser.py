@@ -46,6 +46,7 @@ class Timing:
     passed: bool = True  # passed its agreement and ranking-noise checks
     why: str = ""
     rank_noise: float | None = None  # ranking noise it adds against the base graph, where measured
+    estimated: bool = False  # ``seconds`` estimated (from the model's size and this CPU's probe), not timed
 
     @property
     def ms(self) -> float | None:
@@ -66,6 +67,7 @@ class Choice:
         return {"role": self.role, "backend": self.backend, "why": self.why, "unit": UNITS[self.role],
                 "candidates": [{"backend": t.backend, "ms": t.ms, "passed": t.passed,
                                 **({"rank_noise": t.rank_noise} if t.rank_noise is not None else {}),
+                                **({"estimated": True} if t.estimated else {}),
                                 **({"why": t.why} if t.why else {})} for t in self.timings],
                 "pruned": [{"backend": b, "why": w} for b, w in self.pruned]}
 
@@ -73,7 +75,8 @@ class Choice:
     def from_dict(cls, d: dict) -> Choice:
         timings = tuple(Timing(c["backend"], None if c.get("ms") is None else float(c["ms"]) / 1000,
                                bool(c.get("passed", True)), str(c.get("why", "")),
-                               None if c.get("rank_noise") is None else float(c["rank_noise"]))
+                               None if c.get("rank_noise") is None else float(c["rank_noise"]),
+                               bool(c.get("estimated", False)))
                         for c in d.get("candidates", ()))
         pruned = tuple((p["backend"], p["why"]) for p in d.get("pruned", ()))
         return cls(str(d["role"]), str(d["backend"]), str(d["why"]), timings, pruned, measured=False)
