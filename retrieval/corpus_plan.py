@@ -171,17 +171,37 @@ class CorpusPlanner:
         early = self._by_size(texts)
         if early is not None:
             return early
+        unweighed = (len(texts), -1)  # decided whatever the corpus's tokens: none counted
+        if unweighed in self._choices or self._none_can_pay(len(texts)):
+            return self._choices.setdefault(unweighed, CorpusChoice(BASE, self._unweighed(len(texts))))
         tokens = sum(len(r) for r in self._tokens(texts)[0])  # what the graph will run: truncated
         key = (len(texts), tokens)
         if key not in self._choices:
             brk = self.calibration_break(len(texts), tokens)
-            self._choices[key] = CorpusChoice(BASE, {"docs": len(texts), "pays": False, "measured": False,
-                                                     "int8_prior": self.platform.int8_prior}) \
-                if brk is None else CorpusChoice(CALIBRATED if brk.pays else BASE if brk.against_base else WEIGHTS,
-                                                 brk.to_dict())
+            self._choices[key] = CorpusChoice(BASE, self._unweighed(len(texts))) if brk is None \
+                else CorpusChoice(CALIBRATED if brk.pays else BASE if brk.against_base else WEIGHTS, brk.to_dict())
             if self._choices[key].graph != WEIGHTS and self.__dict__.pop("weights_graph", None) is not None:
                 release_memory()  # made and timed to decide, not taken: its compiled streams go before a calibration
         return self._choices[key]
+
+    def _unweighed(self, docs: int) -> dict:
+        """What a choice made without weighing a calibration records."""
+        return {"docs": docs, "pays": False, "measured": False, "int8_prior": self.platform.int8_prior}
+
+    def _none_can_pay(self, docs: int) -> bool:
+        """Whether no corpus could pay for a calibration here, so nothing is timed or counted: static int8 is not
+        made yet and assumed no faster than the base graph on this CPU (AMX: ``Platform.int8_prior`` <= 1; timing
+        would be ~1.5 s of a first run, and counting SciFact's tokens ~1 s of a `retr eval` whose index is
+        cached). Said in an info line."""
+        if self.platform.int8_prior > 1 or self.exported.find(self.configured, self.calibration) is not None:
+            return False
+        self._say_none_can_pay(docs)
+        return True
+
+    def _say_none_can_pay(self, docs: int) -> None:
+        logger.info("%s for %d documents: int8 is assumed no faster than the base graph on this CPU (x%.2f "
+                    "until measured: `retr doctor --export` makes and times it): the base graph", self.configured,
+                    docs, self.platform.int8_prior)
 
     def _by_size(self, texts: list[str]) -> CorpusChoice | None:
         """The choice where no timing enters it: the base graph under ``min_docs`` documents (or where the size
@@ -311,9 +331,7 @@ class CorpusPlanner:
             brk = replace(chooser.calibration_pays(docs, speeds.base * per_doc, self.platform, speeds.int8 * per_doc,
                                                    0.0), base_estimated=speeds.base_estimated)
         elif self.platform.int8_prior <= 1:
-            logger.info("%s for %d documents: int8 is assumed no faster than the base graph on this CPU (x%.2f "
-                        "until measured: `retr doctor --export` makes and times it): the base graph", self.configured,
-                        docs, self.platform.int8_prior)
+            self._say_none_can_pay(docs)
             return None
         else:
             name, key = self._weights_name, self._weights_speeds_key()

@@ -852,6 +852,41 @@ def test_a_corpus_encoded_through_static_int8_keeps_its_speed_and_a_later_corpus
     assert kept is not None and kept.observed and kept.base == pytest.approx(base_t) and kept.int8 < base_t
 
 
+def test_where_no_corpus_could_pay_for_a_calibration_its_graph_is_named_without_counting_tokens(tiny_bi_encoder,
+                                                                                                 monkeypatch, caplog):
+    """With AMX (static int8 assumed no faster than the base graph) and nothing calibrated yet, no corpus could pay
+    for a calibration: a build names its graph (``graph_id``) and plans it without counting the corpus's tokens for
+    a break (SciFact: ~1 s of a `retr eval` whose index is cached), says so once, and records the unweighed choice
+    as before; once static int8 is calibrated here (``retr doctor --export``), it is weighed again."""
+    import logging
+
+    from retr.retrieval.backends.platform import Platform
+    from retr.retrieval.tokens import prefixed
+
+    amx = Platform.of({"avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"}, cpu="AMX, uncalibrated",
+                      bf16_forced=False)
+    assert amx.int8_prior <= 1
+    corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    enc.__dict__["platform"] = amx
+    assert enc.planner.size_matters
+    counted, real = [], enc.tokens.counted
+    monkeypatch.setattr(enc.tokens, "counted", lambda texts: counted.append(len(texts)) or real(texts))
+    with caplog.at_level(logging.INFO, logger="retr.retrieval.corpus_plan"):
+        assert enc.planner.graph_id(corpus) == enc.exported.identity(enc.graph).key and counted == []
+        encoded = enc.encode_corpus(corpus)  # the plan tokenises the corpus once, to encode it
+    assert encoded.graph["backend"] == "openvino" and counted == [len(corpus)]
+    assert encoded.graph["chosen"] == {"docs": len(corpus), "pays": False, "measured": False,
+                                       "int8_prior": amx.int8_prior}
+    assert sum("int8 is assumed no faster" in r.getMessage() for r in caplog.records) == 1
+    # static int8 calibrated here since: the corpus's tokens are counted and the graphs weighed
+    enc.planner.calibrated_graph  # noqa: B018 - calibrated and cached now
+    weighed = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    weighed.__dict__["platform"] = amx
+    monkeypatch.setattr(type(weighed.planner), "tokens_seconds_alternating", lambda self, graphs: [1.0, 1.0])
+    assert weighed.planner.choice(prefixed(weighed.prompts.document, corpus)).measured["measured"] is True
+
+
 def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):
     from retr.retrieval import corpus_plan
     from retr.retrieval.backends.platform import Platform
