@@ -13,12 +13,12 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from retr.eval.forms import file_and_form
 from retr.indexes.corpus import jsonl_records, lines
-from retr.retrieval.artifacts import atomic_write_text
+from retr.retrieval.artifacts import atomic_write_lines
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Qrels, Run
 
@@ -42,35 +42,31 @@ def check_tag(tag: str, fmt: str = "trec") -> str:
     return _no_space(tag, "run tag", "TREC") if fmt == "trec" else tag
 
 
-def _trec_lines(run: Run, tag: str) -> list[str]:
+def _trec_lines(run: Run, tag: str) -> Iterator[str]:
     check_tag(tag)
-    out = []
     for qid, hits in run.items():
         _no_space(qid, "query id", "TREC")
         for rank, h in enumerate(hits, start=1):
-            out.append(f"{qid} Q0 {_no_space(h.doc_id, 'doc id', 'TREC')} {rank} {h.score!r} {tag}\n")
-    return out
+            yield f"{qid} Q0 {_no_space(h.doc_id, 'doc id', 'TREC')} {rank} {h.score!r} {tag}\n"
 
 
-def _msmarco_lines(run: Run, tag: str) -> list[str]:
-    out = []
+def _msmarco_lines(run: Run, tag: str) -> Iterator[str]:
     for qid, hits in run.items():
         if "\t" in qid or "\n" in qid:
             raise RetrError(f"query id {qid!r} holds a tab or newline: an MS MARCO run cannot hold it")
         for rank, h in enumerate(hits, start=1):
             if "\t" in h.doc_id or "\n" in h.doc_id:
                 raise RetrError(f"doc id {h.doc_id!r} holds a tab or newline: an MS MARCO run cannot hold it")
-            out.append(f"{qid}\t{h.doc_id}\t{rank}\n")
-    return out
+            yield f"{qid}\t{h.doc_id}\t{rank}\n"
 
 
-def _jsonl_lines(run: Run, tag: str) -> list[str]:
-    return [json.dumps({"qid": qid, "tag": tag,
+def _jsonl_lines(run: Run, tag: str) -> Iterator[str]:
+    return (json.dumps({"qid": qid, "tag": tag,
                         "hits": [{"docid": h.doc_id, "rank": r, "score": h.score} for r, h in enumerate(hits, 1)]},
-                       ensure_ascii=False) + "\n" for qid, hits in run.items()]
+                       ensure_ascii=False) + "\n" for qid, hits in run.items())
 
 
-_WRITERS: dict[str, Callable[[Run, str], list[str]]] = {"trec": _trec_lines, "msmarco": _msmarco_lines,
+_WRITERS: dict[str, Callable[[Run, str], Iterator[str]]] = {"trec": _trec_lines, "msmarco": _msmarco_lines,
                                                         "jsonl": _jsonl_lines}
 
 
@@ -80,7 +76,8 @@ def write_run(run: Run, path: str | Path, fmt: str = "trec", tag: str = DEFAULT_
         raise RetrError(f"run format {fmt!r}: choose one of {', '.join(RUN_FORMATS)}")
     if any(not math.isfinite(h.score) for hits in run.values() for h in hits):
         raise RetrError("the run holds a score that is not a finite number: nothing written")
-    atomic_write_text(Path(path), "".join(_WRITERS[fmt](run, tag)))
+    check_tag(tag, fmt)
+    atomic_write_lines(Path(path), _WRITERS[fmt](run, tag))  # streamed: never the whole text at once
 
 
 def write_trec(run: Run, path: str | Path, tag: str = DEFAULT_TAG) -> None:

@@ -126,6 +126,39 @@ def test_a_run_that_a_format_cannot_hold_is_refused_and_nothing_written(tmp_path
     assert read_run(path)["q"][0].doc_id == "a b"
 
 
+def test_a_run_is_written_as_its_lines_come_and_a_bad_line_late_in_it_leaves_the_old_file(tmp_path, monkeypatch):
+    """A run file is streamed to its temporary file a batch of lines at a time (a 300,000-line run is never held
+    as one string and its bytes), and still replaces the old file in one rename: a line refused after some batches
+    were written leaves the old file as it was and no temporary file behind."""
+    from retr.retrieval import artifacts
+
+    monkeypatch.setattr(artifacts.atomic_write_lines, "__defaults__", (3,))  # batches of 3 lines
+    path = tmp_path / "run.trec"
+    path.write_text("old\n", encoding="utf-8")
+    many = Run({f"q{i}": [(f"d{j}", float(10 - j)) for j in range(4)] for i in range(5)})
+    seen_on_disk = []
+    real = artifacts._atomic_write
+
+    def watched(target, write, durable=False):
+        def spy(fh):
+            class Handle:  # what the temporary file holds each time a batch is written
+                def write(self, data):
+                    fh.write(data)
+                    fh.flush()
+                    seen_on_disk.append(max((p.stat().st_size for p in tmp_path.glob(".run.trec.*.tmp")), default=0))
+            write(Handle())
+        real(target, spy, durable)
+
+    monkeypatch.setattr(artifacts, "_atomic_write", watched)
+    write_run(many, path)
+    assert len(seen_on_disk) == 7 and seen_on_disk == sorted(seen_on_disk) and seen_on_disk[0] < seen_on_disk[-1]
+    assert read_run(path) == many
+    bad = Run({**{q: list(h) for q, h in many.items()}, "zz": [("a b", 1.0)]})  # refused on its last line
+    with pytest.raises(RetrError, match="doc id 'a b'"):
+        write_run(bad, path)
+    assert read_run(path) == many and not list(tmp_path.glob(".run.trec.*"))
+
+
 def test_eval_run_scores_as_eval_dataset_does(tmp_path, tiny_dataset, tiny_bi_encoder, capsys):
     """A run written by `retr eval --dataset`, scored again by `retr eval --run`: every metric and per-query value
     equal to the last digit; `retr compare` scores it with the same scorer."""
