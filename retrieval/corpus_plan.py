@@ -556,11 +556,6 @@ class CorpusPlanner:
         backend = get_backend(self.configured)
         if self.corpus_backend != self.backend:  # it does not pay on this CPU: nothing to calibrate
             return None
-        # the base graph's compiled streams are not what a calibration runs (its statistics pass compiles an
-        # observer of the model; the checks read the vectors that pass computed): dropped first, compiled again on
-        # next use. `retr index` of 1,000 new documents on an empty cache, AMX refused, alternating: peak 560-567
-        # against 583-594 MiB, the same checks
-        release_others({"base": self.graph}, None)
         try:
             return self.exported.open(backend.name, self.calibration, base=self.graph)  # checked against it
         except RetrError as e:

@@ -887,23 +887,6 @@ def test_where_no_corpus_could_pay_for_a_calibration_its_graph_is_named_without_
     assert weighed.planner.choice(prefixed(weighed.prompts.document, corpus)).measured["measured"] is True
 
 
-def test_the_base_graphs_compiled_streams_are_dropped_before_a_calibration(tiny_bi_encoder, monkeypatch):
-    """A calibration does not run the base graph's compiled streams (its statistics pass compiles an observer of
-    the model, the checks read that pass's vectors): they are dropped before it, so the process never holds both
-    graphs compiled with the calibration's own, and compiled again where the base graph runs next."""
-    from retr.retrieval.backends.holder import ExportedModel
-
-    monkeypatch.setenv("RETR_INT8_DOT", "1")
-    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
-    before = enc.encode(TEXTS)  # the base graph compiled
-    assert enc.graph.runner._compiled is not None
-    held, real = [], ExportedModel.open
-    monkeypatch.setattr(ExportedModel, "open", lambda self, *a, **k: held.append(
-        enc.graph.runner._compiled is not None) or real(self, *a, **k))
-    assert enc.calibrated_graph is not None and held == [False]
-    np.testing.assert_array_equal(enc.encode(TEXTS), before)  # compiled again: the same vectors
-
-
 def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):
     from retr.retrieval import corpus_plan
     from retr.retrieval.backends.platform import Platform
