@@ -735,6 +735,7 @@ def test_a_static_int8_graphs_checks_read_the_vectors_its_statistics_pass_comput
     the calibrated graph's checks read those vectors as their reference (the base graph does not run the passages
     or questions again), and get the figures of a reference that did."""
     from retr.retrieval.backends import direct, sample_texts
+    from retr.retrieval.backends.export import CHECK_TEXTS
 
     monkeypatch.setenv("RETR_BF16", "0")  # the base graph in fp32: what a reference must compute in
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
@@ -752,7 +753,8 @@ def test_a_static_int8_graphs_checks_read_the_vectors_its_statistics_pass_comput
     first = made(tmp_path / "a", registry.BACKENDS[DEFAULT])
     base_runs = [n for runner, n in ran if runner is enc.graph.runner]
     assert passages not in base_runs and questions not in base_runs
-    assert len(enc.graph.known) == len(set(calibration.rows))
+    check_rows = {tuple(int(x) for x in r) for r in enc.tokens.ids(list(CHECK_TEXTS))}  # kept before the pass
+    assert len(enc.graph.known) == len(set(calibration.rows) | check_rows)
     # the same graph checked against a reference that runs every text through the base graph (nothing seen)
     enc.graph.known.clear()
     quantize = registry.BACKENDS[DEFAULT].convert
@@ -885,6 +887,28 @@ def test_where_no_corpus_could_pay_for_a_calibration_its_graph_is_named_without_
     weighed.__dict__["platform"] = amx
     monkeypatch.setattr(type(weighed.planner), "tokens_seconds_alternating", lambda self, graphs: [1.0, 1.0])
     assert weighed.planner.choice(prefixed(weighed.prompts.document, corpus)).measured["measured"] is True
+
+
+def test_the_base_graphs_compiled_streams_are_dropped_before_a_calibration_and_not_compiled_for_its_checks(
+        tiny_bi_encoder, monkeypatch):
+    """A calibration does not run the base graph's compiled streams: its statistics pass compiles an observer of
+    the model, and the checks read that pass's vectors and those of the check texts, kept just before the streams
+    are dropped (``GraphReference.remember``). So the process never holds the base graph compiled beside the
+    calibration's work, nor compiles it again for the checks; it is compiled again where it runs next."""
+    from retr.retrieval.backends import quantize
+
+    monkeypatch.setenv("RETR_INT8_DOT", "1")
+    monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph: the int8 graph's reference
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
+    before = enc.encode(TEXTS)  # the base graph compiled
+    assert enc.graph.runner._compiled is not None
+    held, real = [], quantize.quantize
+    monkeypatch.setattr(quantize, "quantize", lambda *a, **k: held.append(
+        enc.graph.runner._compiled is not None) or real(*a, **k))
+    calibrated = enc.calibrated_graph
+    assert calibrated is not None and held == [False] and enc.graph.runner._compiled is None
+    assert calibrated.check > 0.9
+    np.testing.assert_array_equal(enc.encode(TEXTS), before)  # compiled again: the same vectors
 
 
 def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):

@@ -473,9 +473,12 @@ class GraphKind:
     # graph as the reference of an int8 graph made from it (``direct.GraphReference``); None: such a graph is
     # checked as any other
     graph_reference: Callable[[object, Path, int, dict], object] | None = None
+    # the texts ``verify`` runs through the reference: kept by a graph reference before a calibration, whose
+    # statistics pass gives the rest (``graphs.load_or_export``)
+    check_texts: tuple[str, ...] = ()
 
 
 EMBEDDING = GraphKind("bi", "bi-encoder", "cosine", "", export_embedding, verify_embedding, embedding_dim, rank_noise,
-                      TorchEmbedding, build_embedding, GraphReference)
+                      TorchEmbedding, build_embedding, GraphReference, CHECK_TEXTS)
 SCORING = GraphKind("ce", "cross-encoder", "agreement", "ce-", export_scoring, verify_scoring, lambda _runner: 1,
                     score_noise)
