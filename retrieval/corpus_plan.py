@@ -74,8 +74,9 @@ WARM_UP_ROWS_PER_STREAM = 2
 # a corpus's encoding through the static int8 graph is itself a measurement of that graph (``record_encoding``):
 # stored with the base graph's speed as that run weighed it (timed, or estimated from the probe), it stands for the
 # two graphs' alternating timing wherever int8 was faster by more than this (the ratio that settles an
-# alternating timing early): an estimate off by up to a third then still gives the same choice. MiniLM on 2 cores
-# of an AMX Xeon with AMX refused: 2.2-2.3x timed, base estimated 0.8-0.9x its timed speed
+# alternating timing early). MiniLM on 2 cores of an AMX Xeon with AMX refused: int8 2.2-2.3x the base graph
+# timed in alternation, 2.0-3.7x as a first run's encoding observed it against the base graph's estimate (which read
+# 0.7-1.1x its alternating timing in the same phases of the VM)
 OBSERVED_CLEAR_RATIO = PER_TOKEN_CLEAR_RATIO
 
 BASE, WEIGHTS, CALIBRATED = chooser.BASE, "weights", "calibrated"  # the graphs a corpus can go through

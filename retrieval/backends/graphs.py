@@ -323,8 +323,8 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
 
             # nor are its compiled streams needed for the checks once it has run their texts (a few ms): dropped
             # before the statistics pass compiles its own observer, compiled again on the graph's next use.
-            # `retr index` of 1,000 new documents on an empty cache, AMX refused, alternating: peak 560-567
-            # against 583-594 MiB, the same checks
+            # `retr index` of 1,000 new documents on an empty cache, AMX refused, alternating: peak 509-521
+            # against 586-592 MiB; the README's first command 547 against 625-633 MiB; the same checks
             reference.remember(list(kind.check_texts), max_length)
             release_others({"reference": reference_graph}, None)
             backend.convert(graph, final, calibration, seen=seen)
