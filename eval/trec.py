@@ -42,8 +42,7 @@ def check_tag(tag: str, fmt: str = "trec") -> str:
     return _no_space(tag, "run tag", "TREC") if fmt == "trec" else tag
 
 
-def _trec_lines(run: Run, tag: str) -> Iterator[str]:
-    check_tag(tag)
+def _trec_lines(run: Run, tag: str) -> Iterator[str]:  # the tag checked by ``write_run``, before the file
     for qid, hits in run.items():
         _no_space(qid, "query id", "TREC")
         for rank, h in enumerate(hits, start=1):

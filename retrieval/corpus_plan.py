@@ -78,6 +78,9 @@ WARM_UP_ROWS_PER_STREAM = 2
 # timed in alternation, 2.0-3.7x as a first run's encoding observed it against the base graph's estimate (which read
 # 0.7-1.1x its alternating timing in the same phases of the VM)
 OBSERVED_CLEAR_RATIO = PER_TOKEN_CLEAR_RATIO
+# how the base and int8 graphs' per-token seconds were measured, part of the key they are stored under
+ALTERNATING = f"per-token, alternating, {PER_TOKEN_BUDGET_S} s"
+OBSERVED = "per-token, int8 from a corpus's encoding, base as weighed"
 
 BASE, WEIGHTS, CALIBRATED = chooser.BASE, "weights", "calibrated"  # the graphs a corpus can go through
 
@@ -341,13 +344,13 @@ class CorpusPlanner:
             if estimated is not None:
                 self._log_break(estimated, per_doc)
                 return estimated
-            base_s = stored[0] * per_doc if stored else self.doc_seconds(self.graph, per_doc)
+            base_s = stored.base * per_doc if stored else self.doc_seconds(self.graph, per_doc)
             # static int8 as the platform assumes it against the base graph, its calibration as the prior says
             brk = chooser.calibration_pays(docs, base_s, self.platform)
             weighing_s = 0.0 if stored else self._weights_cost_s()
             if not self._calibration_clearly_pays(brk, weighing_s) \
                     and (stored or (self._weights_may_pay(docs, base_s, weighing_s) and self.weights_graph is not None)):
-                weights_s = stored[1] * per_doc if stored else self.doc_seconds(self.weights_graph, per_doc)
+                weights_s = stored.int8 * per_doc if stored else self.doc_seconds(self.weights_graph, per_doc)
                 if not stored:
                     self._store_pair(key, base_s / per_doc, name, weights_s / per_doc)
                 faster = chooser.faster_enough(base_s, weights_s) and self.weights_graph is not None
@@ -406,18 +409,22 @@ class CorpusPlanner:
         ids = [self.exported.identity(self.graph).key, weights.key, "per-token, base then int8 weights"]
         return chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
 
-    def _stored_pair(self, key: str, other: str) -> tuple[float, float] | None:
-        """Seconds per token of the base graph and of the ``other`` backend's graph as stored under ``key`` (a
-        property of the machine: a later corpus times neither), or None."""
+    def _stored_pair(self, key: str, other: str) -> PerToken | None:
+        """Seconds per token of the base graph and of the ``other`` backend's graph (an int8 one) as stored under
+        ``key`` (a property of the machine: a later corpus times neither), or None."""
         stored = chooser.ChoiceStore(cache_home()).get(key)
-        timed = {t.backend: t.seconds for t in stored.timings} if stored is not None else {}
-        if {self.graph.variant, other} <= set(timed) and None not in timed.values():
-            return timed[self.graph.variant], timed[other]
+        timed = {t.backend: t for t in stored.timings} if stored is not None else {}
+        if {self.graph.variant, other} <= set(timed) and all(t.seconds is not None for t in timed.values()):
+            base = timed[self.graph.variant]
+            return PerToken(base.seconds, timed[other].seconds, base_estimated=base.estimated)
         return None
 
-    def _store_pair(self, key: str, base_t: float, other: str, other_t: float) -> None:
-        """Seconds per token of the base graph and of the ``other`` backend's graph, stored under ``key``."""
-        timings = [chooser.Timing(self.graph.variant, base_t), chooser.Timing(other, other_t)]
+    def _store_pair(self, key: str, base_t: float, other: str, other_t: float, *, base_estimated: bool = False,
+                    why: str = "") -> None:
+        """Seconds per token of the base graph (``base_estimated``: estimated, not timed) and of the ``other``
+        backend's graph (``why``: how it was measured, where not timed here), stored under ``key``."""
+        timings = [chooser.Timing(self.graph.variant, base_t, estimated=base_estimated),
+                   chooser.Timing(other, other_t, why=why)]
         chooser.ChoiceStore(cache_home()).put(key, chooser.choose(chooser.DOCUMENTS, timings, self.graph.variant),
                                               model_hash=self.exported.model_hash, cpu=self.platform.cpu,
                                               unit_note="seconds per token")
@@ -476,14 +483,11 @@ class CorpusPlanner:
         ``OBSERVED_CLEAR_RATIO`` (a decision no timing would change); None: time them."""
         stored = self._stored_pair(self._pair_key(other), other.variant)
         if stored is not None:
-            return PerToken(*stored)
-        seen = chooser.ChoiceStore(cache_home()).get(self._observed_key(other))
-        timed = {t.backend: t for t in seen.timings} if seen is not None else {}
-        base, int8 = timed.get(self.graph.variant), timed.get(other.variant)
-        if base is None or int8 is None or not base.seconds or not int8.seconds \
-                or base.seconds < int8.seconds * OBSERVED_CLEAR_RATIO:
+            return stored
+        seen = self._stored_pair(self._pair_key(other, OBSERVED), other.variant)
+        if seen is None or not seen.base or not seen.int8 or seen.base < seen.int8 * OBSERVED_CLEAR_RATIO:
             return None
-        return PerToken(base.seconds, int8.seconds, observed=True, base_estimated=base.estimated)
+        return replace(seen, observed=True)
 
     def record_encoding(self, plan: CorpusPlan, seconds: float) -> None:
         """Keep what encoding a corpus through the static int8 graph measured (``seconds`` for ``plan``'s tokens),
@@ -502,27 +506,18 @@ class CorpusPlanner:
         if not base_doc or not tokens:
             return
         per_doc = tokens / len(plan.tokens)
-        timings = [chooser.Timing(self.graph.variant, base_doc / per_doc, estimated=bool(brk.get("base_estimated"))),
-                   chooser.Timing(graph.variant, seconds / tokens, why=f"encoding {len(plan.tokens)} documents")]
-        chooser.ChoiceStore(cache_home()).put(self._observed_key(graph),
-                                              chooser.choose(chooser.DOCUMENTS, timings, self.graph.variant),
-                                              model_hash=self.exported.model_hash, cpu=self.platform.cpu,
-                                              unit_note="seconds per token")
+        self._store_pair(self._pair_key(graph, OBSERVED), base_doc / per_doc, graph.variant, seconds / tokens,
+                         base_estimated=bool(brk.get("base_estimated")),
+                         why=f"encoding {len(plan.tokens)} documents")
         logger.info("%s: %.1f ms per document encoding %d documents (base graph %.1f ms, %s): stored for later "
                     "corpora", graph.variant, seconds / len(plan.tokens) * 1000, len(plan.tokens), base_doc * 1000,
                     "estimated" if brk.get("base_estimated") else "timed")
 
-    def _observed_key(self, other: Graph) -> str:
-        """What ``record_encoding`` stores its pair under (as ``_pair_key``, another procedure)."""
-        ids = [self.exported.identity(self.graph).key, self.exported.identity(other).key,
-               "per-token, int8 from a corpus's encoding, base as weighed"]
-        return chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
-
-    def _pair_key(self, other: Graph) -> str:
-        """What the base graph's and ``other``'s alternating per-token timings are stored under
-        (``chooser.choice_key``: the model, both graphs' identities, the CPU, versions)."""
-        ids = [self.exported.identity(self.graph).key, self.exported.identity(other).key,
-               f"per-token, alternating, {PER_TOKEN_BUDGET_S} s"]
+    def _pair_key(self, other: Graph, procedure: str = ALTERNATING) -> str:
+        """What the base graph's and ``other``'s per-token seconds, measured by ``procedure`` (``ALTERNATING``, or
+        ``OBSERVED``: ``record_encoding``'s), are stored under (``chooser.choice_key``: the model, both graphs'
+        identities, the CPU, versions)."""
+        ids = [self.exported.identity(self.graph).key, self.exported.identity(other).key, procedure]
         return chooser.choice_key(self.exported.model_hash, chooser.DOCUMENTS, ids, self.platform)
 
     @functools.cached_property

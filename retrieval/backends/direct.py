@@ -373,12 +373,11 @@ class GraphReference:
     def remember(self, texts: list[str], max_length: int) -> None:
         """Keep the graph's vectors of ``texts`` (``known``), computed now where they are not kept yet: then its
         compiled streams can go, and ``embed`` still answers for them."""
-        rows = self.feed.ids(texts, max_length)
-        missing = [t for t, r in zip(texts, rows, strict=True) if batching.row_key(r) not in self.known]
+        keys = [batching.row_key(r) for r in self.feed.ids(texts, max_length)]
+        missing = [(t, k) for t, k in zip(texts, keys, strict=True) if k not in self.known]
         if missing:
-            vectors = embed_in_batches(self.runner, self.feed, missing, max_length)
-            self.known.update(zip((batching.row_key(r) for r in self.feed.ids(missing, max_length)), vectors,
-                                  strict=True))
+            vectors = embed_in_batches(self.runner, self.feed, [t for t, _ in missing], max_length)
+            self.known.update(zip((k for _, k in missing), vectors, strict=True))
 
     def embed(self, texts: list[str], max_length: int) -> np.ndarray:
         if not texts:
