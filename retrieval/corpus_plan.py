@@ -47,11 +47,6 @@ PER_TOKEN_MIN_ROUNDS = 2
 # static int8 there, ~2.2x apart, took 4.5 s of the first corpus's run after the graphs were made; graphs within
 # ~5% of each other (AMX) still take the budget
 PER_TOKEN_CLEAR_RATIO = 1.5
-# the int8-weights graph's document throughput over the base graph's, assumed only to judge whether it could change
-# a corpus's choice before it is made and timed (``_calibration_clearly_pays``): 1.56-1.84 per token on retr's
-# sample, MiniLM on 2 cores of an AMX Xeon with AMX refused (fp32 base graph; activations in groups of 64;
-# benchmarks/results/int8w-vs-static-encode-noamx-xeon.json)
-WEIGHTS_PRIOR = 1.7
 # static int8's document throughput over the int8-weights graph's, assumed until static int8 is made and timed here,
 # where the int8-weights graph was measured faster than the base graph: 1.21-1.32 per token on retr's sample and
 # 1.28 on SciFact's documents (same machine and file)
@@ -322,9 +317,9 @@ class CorpusPlanner:
         made without calibration (``weights_graph``, ~3-5 s to make and check, once per model) is timed too, and
         where it is more than ``NOISE_FREE_MARGIN`` faster than the base graph static int8 is assumed
         ``STATIC_OVER_WEIGHTS`` times faster than it and weighed against it; it is neither made nor timed where,
-        assumed ``WEIGHTS_PRIOR`` times the base graph, it could not save the corpus what weighing it costs this
-        run (``_weights_may_pay``). The
-        two graphs' timings are stored once per model, graphs, CPU and versions: a later corpus times neither.
+        assumed ``Platform.weights_prior`` times the base graph, it could not save the corpus what weighing it
+        costs this run (``_weights_may_pay``). The two graphs' timings are stored once per model, graphs, CPU and
+        versions: a later corpus times neither.
         None, with nothing timed, where int8 is not made yet and assumed no faster here (AMX): no corpus could
         pay, so timing (~1.5 s of a first run) would decide nothing. Said in an info line."""
         per_doc = tokens / max(1, docs)
@@ -446,11 +441,12 @@ class CorpusPlanner:
         return WEIGHTS_TIME_S if self.__dict__["weights_graph"] is not None else 0.0
 
     def _weights_may_pay(self, docs: int, base_s: float, weighing_s: float) -> bool:
-        """Whether an int8-weights graph ``WEIGHTS_PRIOR`` times faster than the base graph (``base_s`` seconds a
-        document) would save ``docs`` documents more than weighing it costs this run (``weighing_s``); else it is
-        neither made nor timed, and says so (1,000 NPL-length documents, ~6 ms each through the fp32 base graph on
-        2 cores: ~2.4 s saved for ~5 s spent)."""
-        saving = docs * base_s * (1 - 1 / WEIGHTS_PRIOR)
+        """Whether an int8-weights graph ``Platform.weights_prior`` times faster than the base graph (``base_s``
+        seconds a document) would save ``docs`` documents more than weighing it costs this run (``weighing_s``);
+        else it is neither made nor timed, and says so (1,000 NPL-length documents, ~6 ms each through the fp32
+        base graph on 2 cores: ~2.4 s saved for ~5 s spent; over a bf16 base graph, assumed ~1.1x, it is made only
+        for corpora where static int8 clearly pays)."""
+        saving = docs * base_s * (1 - 1 / self.platform.weights_prior)
         if saving > weighing_s:
             return True
         logger.info("%s for %d documents: %s not made, it would save ~%.1f s for ~%.1f s of making and timing it",
@@ -459,9 +455,10 @@ class CorpusPlanner:
 
     def _calibration_clearly_pays(self, brk: chooser.Break, weights_cost_s: float) -> bool:
         """Whether static int8 (as ``brk`` assumes it) saves more than its calibration's cost even against an
-        int8-weights graph ``WEIGHTS_PRIOR`` times faster than the base graph, once what weighing that graph would
-        cost this run (``weights_cost_s``) is counted on its side: then that graph is neither made nor timed."""
-        against_weights = replace(brk, base_s=brk.base_s / WEIGHTS_PRIOR,
+        int8-weights graph ``Platform.weights_prior`` times faster than the base graph, once what weighing that
+        graph would cost this run (``weights_cost_s``) is counted on its side: then that graph is neither made nor
+        timed."""
+        against_weights = replace(brk, base_s=brk.base_s / self.platform.weights_prior,
                                   calibration_s=max(0.0, brk.calibration_s - weights_cost_s))
         return brk.pays and against_weights.pays
 

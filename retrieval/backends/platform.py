@@ -124,6 +124,16 @@ class Platform:
         return (1.44 if self.bf16 else 2.03) if self.int8_dot else 0.85
 
     @property
+    def weights_prior(self) -> float:
+        """The int8-weights graph's document throughput over the base graph's (``registry.WEIGHTS_INT8``: int8
+        weights, activations quantised at run time, arithmetic in fp32 on every CPU), assumed until measured here:
+        1.56-1.84 over an fp32 base graph (retr's sample, MiniLM on 2 cores of an AMX Xeon with AMX refused), 1.06
+        over a bf16 one on SciFact's documents and 1.12-1.17 on retr's sample (MiniLM on 2 cores of an AVX-512
+        BF16/VNNI EPYC without AMX: 15.1-15.7 against 16.1-16.6 s for 1,000 documents), where static int8 took
+        10.8-11.2 s."""
+        return 1.1 if self.bf16 else 1.7
+
+    @property
     def kind(self) -> str:
         """Which table of expected scores applies here: the precision, ``+int8`` where static int8 is expected to
         pay (``int8_prior`` > 1: ``bf16+int8``, ``bf16``, ``fp32+int8``, ``fp32``)."""
