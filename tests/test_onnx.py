@@ -775,6 +775,43 @@ def test_a_static_int8_graphs_checks_read_the_vectors_its_statistics_pass_comput
     assert second.rank_noise == pytest.approx(first.rank_noise, rel=1e-3, abs=1e-5)
 
 
+def test_a_static_int8_graph_built_from_the_weights_reads_its_statistics_pass_vectors_in_its_checks(
+        tiny_bi_encoder, monkeypatch, tmp_path):
+    """Where the base graph computes in bf16 (no reference itself), static int8 is quantised from the graph built
+    from the weights and checked against that graph compiled in fp32: its ranking-noise check reads the vectors the
+    statistics pass computed for retr's passages and questions instead of running each again one at a time (~1.5 s
+    of a first run on an AVX-512 BF16 EPYC), and gets the figures of a reference that ran them."""
+    from retr.retrieval.backends import direct, sample_texts
+    from retr.retrieval.backends.export import CHECK_TEXTS
+
+    monkeypatch.setenv("RETR_BF16", "1")  # a bf16 base graph: the int8 graph's reference is the built graph
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
+    assert enc.graph.precision == "bf16"
+    calibration = enc.planner.calibration
+
+    def made(folder, backend):
+        return load_or_export(lambda: enc.model, enc.model_hash, backend, EMBEDDING, enc.max_length, folder,
+                              calibration=calibration, model_path=enc.ref.path, base=enc.graph)
+
+    ran, real = [], direct.CompiledReference.forward
+    monkeypatch.setattr(direct.CompiledReference, "forward",
+                        lambda self, input_ids, attention_mask: ran.append(input_ids.shape[0]) or real(
+                            self, input_ids, attention_mask))
+    samples = len(sample_texts.passages() + sample_texts.long_passages() + sample_texts.questions())
+    first = made(tmp_path / "a", registry.BACKENDS[DEFAULT])
+    assert "built from the weights in fp32" in first.path.parent.joinpath("manifest.json").read_text()
+    seen_runs = len(ran)
+    quantize = registry.BACKENDS[DEFAULT].convert
+    blind = replace(registry.BACKENDS[DEFAULT], convert=lambda src, dst, cal, seen=None: quantize(src, dst, cal))
+    ran.clear()
+    second = made(tmp_path / "b", blind)
+    # with them, only the checks' own texts ran: the agreement check's batch and three singles, then their vectors
+    assert seen_runs <= 1 + 3 + len(CHECK_TEXTS)
+    assert len(ran) - seen_runs >= 0.9 * samples  # without them, the sample's texts ran again
+    assert second.check == pytest.approx(first.check, abs=1e-5)
+    assert second.rank_noise == pytest.approx(first.rank_noise, rel=1e-3, abs=1e-5)
+
+
 def test_a_cached_calibration_with_its_speeds_stored_names_a_corpus_graph_without_tokenising_it(tiny_bi_encoder,
                                                                                                monkeypatch):
     """Once the calibrated graph is cached and its speed against the base graph stored, the calibration costs

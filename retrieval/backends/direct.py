@@ -313,7 +313,7 @@ class CompiledReference:
     ~19 s for the numpy pass on 2 cores). Used only once it agrees with the numpy pass on ``export.CHECK_TEXTS``
     (``Built.quick_reference``)."""
 
-    def __init__(self, model, numpy_reference: NumpyBert):
+    def __init__(self, model, numpy_reference: NumpyBert, known: dict | None = None):
         from retr.retrieval.backends.quiet import vendor_telemetry_off
 
         vendor_telemetry_off()
@@ -323,6 +323,10 @@ class CompiledReference:
         self._request = self._compiled.create_infer_request()
         self.feed = numpy_reference.feed  # the tokenizer alone: the numpy weights are not held
         self.dim = numpy_reference.spec.hidden
+        # the same graph's fp32 vectors of texts it ran, one at a time, by their token ids (``batching.row_key``):
+        # those a static int8 graph's statistics pass computed (retr's sample: its ranking-noise check's texts),
+        # and those embedded here; read instead of running a text again
+        self.known = known if known is not None else {}
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         self._request.infer({"input_ids": input_ids, "attention_mask": attention_mask})
@@ -332,7 +336,15 @@ class CompiledReference:
         return self.forward(**feeds)
 
     def embed(self, texts: list[str], max_length: int) -> np.ndarray:
-        return _one_at_a_time(self, texts, max_length, self.dim)
+        """``_one_at_a_time``'s vectors, each text read from ``known`` where it ran before."""
+        out = []
+        for t in texts:
+            feed = self.feed([t], max_length)
+            key = batching.row_key(feed["input_ids"][0])
+            if key not in self.known:
+                self.known[key] = self.forward(**feed)[0]
+            out.append(self.known[key])
+        return np.stack(out).astype(np.float32, copy=False) if out else np.zeros((0, self.dim), dtype=np.float32)
 
 
 # the least cosine of the fp32-compiled built graph to the numpy pass for it to stand in as the reference
@@ -394,11 +406,12 @@ class Built:
     model: object  # openvino.Model
     reference: NumpyBert
 
-    def quick_reference(self, max_length: int, verify) -> tuple[object, str]:
+    def quick_reference(self, max_length: int, verify, known: dict | None = None) -> tuple[object, str]:
         """A faster reference for the checks of a graph quantised from this one: the built graph compiled in fp32
         where it agrees with the numpy pass (``verify``: ``export.verify_embedding``, cosine >=
-        ``QUICK_REFERENCE_FLOOR``), else the numpy pass; and what it is, for the graph's manifest."""
-        compiled = CompiledReference(self.model, self.reference)
+        ``QUICK_REFERENCE_FLOOR``), else the numpy pass; and what it is, for the graph's manifest. ``known``: this
+        graph's fp32 vectors of texts already run (``CompiledReference.known``)."""
+        compiled = CompiledReference(self.model, self.reference, known)
         agreement = verify(compiled, self.reference, max_length)
         if agreement >= QUICK_REFERENCE_FLOOR:
             return compiled, (f"its graph built from the weights in fp32 (cosine {agreement:.6f} to a numpy forward "
