@@ -255,9 +255,16 @@ class Feeder:
 
 def _one_at_a_time(reference, texts: list[str], max_length: int, dim: int) -> np.ndarray:
     """A reference's normalised embeddings of ``texts``, one text at a time (no padding in the reference): its
-    ``feed`` then its ``forward``."""
-    out = [reference.forward(**reference.feed([t], max_length)) for t in texts]
-    return np.concatenate(out) if out else np.zeros((0, dim), dtype=np.float32)
+    ``feed`` then its ``forward``, each text read from its ``known`` (vectors by ``batching.row_key`` of the token
+    ids) where it ran before, and kept there."""
+    out = []
+    for t in texts:
+        feed = reference.feed([t], max_length)
+        key = batching.row_key(feed["input_ids"][0])
+        if key not in reference.known:
+            reference.known[key] = reference.forward(**feed)[0]
+        out.append(reference.known[key])
+    return np.stack(out).astype(np.float32, copy=False) if out else np.zeros((0, dim), dtype=np.float32)
 
 
 class NumpyBert:
@@ -268,6 +275,9 @@ class NumpyBert:
     def __init__(self, spec: BertSpec, weights: dict[str, np.ndarray], tokenizer_dir: Path):
         self.spec, self.w = spec, weights
         self.feed = Feeder(tokenizer_dir)
+        # its vectors of texts it ran (``_one_at_a_time``); a graph checked against it keeps them
+        # (``Graph.reference_known``), and a graph built again from the same weights to be quantised reads them
+        self.known: dict = {}
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """(B, L) ids and mask (a ``feed``) -> (B, D) float32, L2-normalised."""
@@ -336,15 +346,7 @@ class CompiledReference:
         return self.forward(**feeds)
 
     def embed(self, texts: list[str], max_length: int) -> np.ndarray:
-        """``_one_at_a_time``'s vectors, each text read from ``known`` where it ran before."""
-        out = []
-        for t in texts:
-            feed = self.feed([t], max_length)
-            key = batching.row_key(feed["input_ids"][0])
-            if key not in self.known:
-                self.known[key] = self.forward(**feed)[0]
-            out.append(self.known[key])
-        return np.stack(out).astype(np.float32, copy=False) if out else np.zeros((0, self.dim), dtype=np.float32)
+        return _one_at_a_time(self, texts, max_length, self.dim)
 
 
 # the least cosine of the fp32-compiled built graph to the numpy pass for it to stand in as the reference
