@@ -24,7 +24,7 @@ from retr.retrieval.backends.graphs import (
 )
 from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import Platform
-from retr.retrieval.backends.registry import BACKENDS, base_of, get_backend
+from retr.retrieval.backends.registry import BACKENDS, base_of
 from retr.retrieval.errors import RetrError
 from retr.retrieval.tokens import Tokens, prefixed
 
@@ -102,33 +102,7 @@ class QueryGraphs:
                 graph = None
             if graph is not None:
                 found[b.name] = graph
-        weights = self.weights_graph()
-        if weights is not None:
-            found[weights.variant + ONE_STREAM] = weights
         return found
-
-    def weights_graph(self) -> Graph | None:
-        """The documents' backend's int8-weights graph (``Backend.uncalibrated``: int8 weights, activations
-        quantised at run time, arithmetic in fp32) as one stream over every core, offered to queries where the
-        documents' base graph computes in bf16 and int8 is assumed faster than it here (``Platform.int8_prior``:
-        not with AMX): from the cache, or made from the documents' graph and checked now (~3 s for MiniLM on 2
-        cores, once per model). On 2 cores of an AVX-512 BF16 EPYC a lone SciFact query took 2.3 ms through it
-        against 2.9 through the bf16 graph as one stream, with the least ranking noise of the int8 graphs (0.0176;
-        static int8 0.0252, onnx-int8 0.0361) and nDCG@10 within 0.001 of bf16 queries (dense +0.0005, hybrid
-        -0.0002). Not offered over an fp32 base graph, where it has not been measured for queries (NNCF's form of
-        it moved SciFact hybrid -0.0024 on a Xeon with AMX refused). None otherwise, or where it is refused."""
-        name = get_backend(self.backend).uncalibrated if self.backend in BACKENDS else None
-        if name is None or self.documents is None or self.documents.precision != "bf16" \
-                or self.platform.int8_prior <= 1 or not chooser.prune(self.platform, [get_backend(name)])[0]:
-            return None
-        try:
-            graph = self.exported.open(name, base=self.documents)
-        except RetrError:  # refused here (a warning said why): not a candidate
-            return None
-        runner = graph.runner if graph is not None else None
-        if runner is None or getattr(runner, "one_stream", None) is None or runner.parallel < 2:
-            return graph
-        return replace(graph, runner=runner.one_stream())
 
     def one_stream(self) -> Graph | None:
         """The documents' OpenVINO graph compiled as one stream over all its threads (the same file: nothing to

@@ -112,8 +112,7 @@ def test_doctor_says_where_the_base_graphs_speed_is_estimated_from_the_probe_not
     assert "40.0 (estimated from the precision probe, not timed)" in capsys.readouterr().out
 
 
-def test_doctor_shows_each_query_candidates_ranking_noise_beside_its_speed(tiny_bi_encoder, capsys, monkeypatch):
-    monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph: no int8-weights graph offered to queries
+def test_doctor_shows_each_query_candidates_ranking_noise_beside_its_speed(tiny_bi_encoder, capsys):
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends.export import EMBEDDING
     from retr.retrieval.backends.graphs import load_or_export

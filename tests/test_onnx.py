@@ -390,7 +390,6 @@ def _counting_static_int8(monkeypatch, **changes) -> list:
 
 def test_corpora_go_through_one_static_int8_graph_calibrated_once_per_model(tiny_bi_encoder, tmp_path,
                                                                               monkeypatch):
-    monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph: no int8-weights graph offered to queries
     import json
 
     calls = _counting_static_int8(monkeypatch)

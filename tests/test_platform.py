@@ -171,7 +171,6 @@ def test_a_stored_choice_is_keyed_by_model_candidates_cpu_and_versions(tmp_path)
 
 
 def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored(tiny_bi_encoder, monkeypatch):
-    monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph: no int8-weights graph offered to queries
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends.export import EMBEDDING
     from retr.retrieval.backends.graphs import load_or_export
@@ -206,7 +205,6 @@ def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored
 
 
 def test_a_query_candidate_not_taken_holds_no_session_once_the_choice_is_made(tiny_bi_encoder, monkeypatch):
-    monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph: no int8-weights graph offered to queries
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends.export import EMBEDDING
     from retr.retrieval.backends.graphs import load_or_export
@@ -231,7 +229,6 @@ def test_a_query_candidate_not_taken_holds_no_session_once_the_choice_is_made(ti
 
 
 def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast(tiny_bi_encoder, monkeypatch):
-    monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph: no int8-weights graph offered to queries
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends.export import EMBEDDING
     from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE, load_or_export, query_rank_noise
@@ -298,7 +295,6 @@ def test_the_documents_graph_as_one_stream_is_a_query_candidate_timed_and_checke
     """With two or more streams, the documents' OpenVINO graph compiled as one stream over all its threads is a
     query candidate (the same file: nothing made): timed, checked for ranking noise like any other, chosen where
     faster; its vectors are the documents' graph's."""
-    monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph: no int8-weights graph offered to queries
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
     from retr.retrieval.query_graphs import ONE_STREAM, QueryGraphs
 
@@ -321,49 +317,6 @@ def test_the_documents_graph_as_one_stream_is_a_query_candidate_timed_and_checke
     assert noise["openvino"] is None and noise[name] is None  # the same file and precision: not checked
     q = ["wolves in the forest", "solar panels on roofs"]
     np.testing.assert_allclose(fresh.encode_queries(q), enc.encode(q), atol=1e-3)
-
-
-@pytest.mark.parametrize("bf16,amx,offered", [(True, False, True), (False, False, False), (True, True, False)])
-def test_the_int8_weights_graph_is_a_query_candidate_over_a_bf16_base_graph_where_int8_pays(
-        tiny_bi_encoder, monkeypatch, bf16, amx, offered):
-    """Over a bf16 base graph, where int8 is assumed faster than it (int8 dot products, no AMX), the documents'
-    int8-weights graph is made from the documents' graph (once, then cached) and offered to queries as one stream
-    over every core: timed, checked for ranking noise like any other, taken where fastest; its vectors are that
-    graph's. Not offered over an fp32 base graph (not measured for queries there), nor with AMX (int8 assumed no
-    faster: nothing made)."""
-    from retr.retrieval.encoder import BiEncoder, EncoderConfig
-    from retr.retrieval.query_graphs import ONE_STREAM, QueryGraphs
-
-    monkeypatch.setenv("RETR_BF16", "1" if bf16 else "0")
-    flags = {"avx2", "avx512f", "avx512_vnni", *(["avx512_bf16"] if bf16 else []), *(["amx_bf16"] if amx else [])}
-    platform = replace(platform_mod.Platform.of(flags, cpu="test"), bf16_forced=bf16)
-    assert (platform.int8_prior > 1) is not amx
-    cfg = EncoderConfig(model=str(tiny_bi_encoder))
-    enc = BiEncoder(cfg)
-    enc.__dict__["platform"] = platform
-    if enc.graph.runner.parallel < 2:
-        pytest.skip("one core: nothing to compare a one-stream graph with")
-    name = "openvino-int8w" + ONE_STREAM
-    assert (name in enc.query_graphs.candidates) is offered
-    if not offered:
-        assert enc.exported.find("openvino-int8w") is None  # nothing made for queries
-        return
-    weights = enc.query_graphs.candidates[name]
-    assert weights.variant == "openvino-int8w" and weights.runner.parallel == 1
-    timed, checked = [], []
-    monkeypatch.setattr(QueryGraphs, "seconds", lambda self, g: timed.append(g.variant) or (
-        0.001 if g.variant == "openvino-int8w" else 0.004))
-    real_noise = QueryGraphs.noise
-    monkeypatch.setattr(QueryGraphs, "noise", lambda self, g: checked.append(g.variant) or real_noise(self, g))
-    fresh = BiEncoder(cfg)
-    fresh.__dict__["platform"] = platform
-    assert fresh.query_graph.variant == "openvino-int8w" and "openvino-int8w" in timed
-    assert checked == ["openvino-int8w"]  # the one candidate computing otherwise than the documents' graph
-    chosen = fresh.describe_queries()["chosen"]
-    noise = {c["backend"]: c.get("rank_noise") for c in chosen["candidates"]}
-    assert chosen["backend"] == name and 0 <= noise[name] < 0.05
-    q = ["wolves in the forest", "solar panels on roofs"]
-    np.testing.assert_allclose(fresh.encode_queries(q), enc.encode(q), atol=0.05)
 
 
 def _no_weights_graph(monkeypatch) -> None:

@@ -83,11 +83,10 @@ def _static_int8(name: str, help_: str, convert: Callable) -> Backend:
 
 
 # documents of a corpus too small to pay a calibration: int8 weights, activations quantised at run time. Its check
-# against the fp32 graph on retr's sample: cosine >= 0.998 for MiniLM (static int8: 0.991). Not among the generic
-# query candidates: SciFact's queries through it (NNCF's equivalent) moved hybrid nDCG@10 0.7301 -> 0.7277 on an
-# AMX Xeon with AMX refused, fp32 queries (benchmarks/results/int8-query-graphs-noamx-xeon.json); offered to queries
-# over a bf16 base graph alone (``QueryGraphs.weights_graph``), where it was measured. It computes in fp32 on every
-# CPU: OpenVINO quantises its activations to int8 in fp32 alone (asked for bf16 it decompresses the weights to bf16, no int8
+# against the fp32 graph on retr's sample: cosine >= 0.998 for MiniLM (static int8: 0.991). Not a query candidate:
+# SciFact's queries through it (NNCF's equivalent) moved hybrid nDCG@10 0.7301 -> 0.7277 on an AMX Xeon with AMX
+# refused (benchmarks/results/int8-query-graphs-noamx-xeon.json). It computes in fp32 on every CPU: OpenVINO
+# quantises its activations to int8 in fp32 alone (asked for bf16 it decompresses the weights to bf16, no int8
 # arithmetic), and in bf16 on an AMX Xeon a 2-layer BERT of hidden size 32 through it on two streams of one
 # thread each gave cosine -0.11 to the same graph on one stream (OpenVINO 2026.4; MiniLM: 0.9988 either way)
 WEIGHTS_INT8 = "openvino-int8w"
