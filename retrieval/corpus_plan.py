@@ -444,8 +444,8 @@ class CorpusPlanner:
         """Whether an int8-weights graph ``Platform.weights_prior`` times faster than the base graph (``base_s``
         seconds a document) would save ``docs`` documents more than weighing it costs this run (``weighing_s``);
         else it is neither made nor timed, and says so (1,000 NPL-length documents, ~6 ms each through the fp32
-        base graph on 2 cores: ~2.4 s saved for ~5 s spent; over a bf16 base graph, assumed ~1.1x, it is made only
-        for corpora where static int8 clearly pays)."""
+        base graph on 2 cores: ~2.4 s saved for ~5 s spent; over a bf16 base graph, assumed ~1.1x, only a corpus
+        on which static int8 clearly pays, so that this graph is not weighed, could repay it)."""
         saving = docs * base_s * (1 - 1 / self.platform.weights_prior)
         if saving > weighing_s:
             return True

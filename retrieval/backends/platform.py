@@ -127,10 +127,10 @@ class Platform:
     def weights_prior(self) -> float:
         """The int8-weights graph's document throughput over the base graph's (``registry.WEIGHTS_INT8``: int8
         weights, activations quantised at run time, arithmetic in fp32 on every CPU), assumed until measured here:
-        1.56-1.84 over an fp32 base graph (retr's sample, MiniLM on 2 cores of an AMX Xeon with AMX refused), 1.06
-        over a bf16 one on SciFact's documents and 1.12-1.17 on retr's sample (MiniLM on 2 cores of an AVX-512
-        BF16/VNNI EPYC without AMX: 15.1-15.7 against 16.1-16.6 s for 1,000 documents), where static int8 took
-        10.8-11.2 s."""
+        1.56-1.84 over an fp32 base graph (retr's sample, MiniLM on 2 cores of an AMX Xeon with AMX refused;
+        benchmarks/results/int8w-vs-static-encode-noamx-xeon.json), 1.06 over a bf16 one on SciFact's documents
+        and 1.12-1.17 on retr's sample (MiniLM on 2 cores of an AVX-512 BF16/VNNI EPYC without AMX: 15.1-15.7
+        against 16.1-16.6 s for 1,000 documents, where static int8 took 10.8-11.2 s)."""
         return 1.1 if self.bf16 else 1.7
 
     @property
