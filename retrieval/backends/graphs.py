@@ -323,25 +323,23 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
         if calibration is not None:
             logger.info("calibrating static int8 on retr's fixed sample of %d texts (once per model)",
                         len(calibration.rows))
+        # the statistics pass of a calibration runs the reference's own graph in fp32 over the calibration sample
+        # (retr's passages and questions): its vectors are the checks' reference vectors, kept with the base graph
+        # (~1 s of a first run) or, for the graph built from the weights (a base graph in bf16: not itself a
+        # reference), with its fp32 compiled reference, read by the ranking-noise check instead of running its ~110
+        # texts again one at a time (MiniLM, 2 cores of an AVX-512 BF16 EPYC: ~1.5 s)
+        pass_known = reference_graph.known if reference_graph is not None else built_known if built is not None \
+            else None
         if reference_graph is not None and backend.calibrated:
-            # the statistics pass runs the reference's own graph in fp32 over the calibration sample (retr's
-            # passages and questions): its vectors are the reference's for the checks (~1 s of a first run)
-            def seen(feed, vector, known=reference_graph.known):
-                known[batching.row_key(feed["input_ids"][0])] = vector
-
             # nor are its compiled streams needed for the checks once it has run their texts (a few ms): dropped
             # before the statistics pass compiles its own observer, compiled again on the graph's next use.
             # `retr index` of 1,000 new documents on an empty cache, AMX refused, alternating: peak 509-521
             # against 586-592 MiB; the README's first command 547 against 625-633 MiB; the same checks
             reference.remember(list(kind.check_texts), max_length)
             release_others({"reference": reference_graph}, None)
-            backend.convert(graph, final, calibration, seen=seen)
-        elif built is not None and backend.calibrated:
-            # the same for the graph built from the weights (a base graph in bf16: not itself a reference): its
-            # statistics pass's fp32 vectors are the compiled reference's, read by the ranking-noise check instead
-            # of running its ~110 texts again one at a time (MiniLM, 2 cores of an AVX-512 BF16 EPYC: ~1.5 s)
-            def seen(feed, vector, known=built_known):
-                known[batching.row_key(feed["input_ids"][0])] = vector
+        if backend.calibrated and pass_known is not None:
+            def seen(feed, vector):
+                pass_known[batching.row_key(feed["input_ids"][0])] = vector
 
             backend.convert(graph, final, calibration, seen=seen)
         else:
