@@ -21,7 +21,7 @@ import numpy as np
 
 from retr.retrieval.backends.batching import run_sorted
 from retr.retrieval.backends.export import EMBEDDING
-from retr.retrieval.backends.graphs import Graph, graph_info
+from retr.retrieval.backends.graphs import Graph, graph_info, lone_feed
 from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import Platform, this_platform
 from retr.retrieval.backends.quiet import quiet_third_party, tty
@@ -229,8 +229,7 @@ class BiEncoder:
     def _run(self, graph: Graph, tok: list, show_progress: bool) -> np.ndarray:
         """Length-sorted batches under a token budget, each padded only to its own longest text."""
         if len(tok) == 1:  # the query path: no sorting, no progress bar
-            ids = np.asarray(tok, dtype=np.int64)
-            return graph.runner({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+            return graph.runner(lone_feed(graph, tok[0], self.max_length))
         out = np.empty((len(tok), self.dim), dtype=np.float32)
         bar = _progress(len(tok), show_progress)
         run_sorted(graph.runner, tok, self.config.token_budget, out, on_done=lambda idx: bar.update(len(idx)))
@@ -242,7 +241,8 @@ class BiEncoder:
         """Which graph queries go through (given, or chosen among the cached ones by speed and ranking noise)."""
         return QueryGraphs(self.exported, self.tokens, self.graph, given=self.config.query_backend,
                            backend=self.config.backend, query_prompt=self.prompts.query, platform=self.platform,
-                           run=lambda graph, tok: self._run(graph, tok, False))
+                           run=lambda graph, tok: self._run(graph, tok, False),
+                           calibration=lambda: self.planner.calibration)
 
     @property
     def query_graph(self) -> Graph | None:

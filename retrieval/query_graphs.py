@@ -1,6 +1,8 @@
 """Which graph a query goes through: the one ``query_backend`` names, or, where none is named, the fastest for a
 lone query on this machine among the graphs already in the cache that add no more ranking noise than
-``MAX_QUERY_RANK_NOISE`` against the documents' graph (timed and checked once, then stored)."""
+``MAX_QUERY_RANK_NOISE`` against the documents' graph (timed and checked once, then stored). The model's static
+int8 graph is among them where a corpus has paid its calibration: calibrated once per model on retr's fixed sample
+of passages and questions, not on a corpus, it costs a query nothing more to offer."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ import numpy as np
 
 from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
-from retr.retrieval.backends.export import EMBEDDING
+from retr.retrieval.backends.export import EMBEDDING, Calibration
 from retr.retrieval.backends.graphs import (
     MAX_QUERY_RANK_NOISE,
     Graph,
     graph_info,
+    lone_feed,
+    lone_multiple,
     query_rank_noise,
     release_memory,
     release_others,
@@ -37,11 +41,12 @@ ONE_STREAM = ":one-stream"  # a candidate's name suffix: the documents' OpenVINO
 class QueryGraphs:
     """The query graph of one model. ``documents``: the documents' graph (None: torch encodes queries too);
     ``given``: the query backend asked for (None: choose); ``backend``: the documents' backend (what a query takes
-    where nothing is given and nothing else is chosen); ``run(graph, token rows)``: their vectors through a graph."""
+    where nothing is given and nothing else is chosen); ``run(graph, token rows)``: their vectors through a graph;
+    ``calibration()``: what the model's calibrated graphs are calibrated on (None: none is offered)."""
 
     def __init__(self, exported: ExportedModel, tokens: Tokens, documents: Graph | None, *, given: str | None,
                  backend: str, query_prompt: str, platform: Platform,
-                 run: Callable[[Graph, list], np.ndarray]):
+                 run: Callable[[Graph, list], np.ndarray], calibration: Callable[[], Calibration] | None = None):
         self.exported = exported
         self.tokens = tokens
         self.documents = documents
@@ -50,6 +55,7 @@ class QueryGraphs:
         self.query_prompt = query_prompt
         self.platform = platform
         self._run = run
+        self._calibration = calibration
 
     @functools.cached_property
     def graph(self) -> Graph | None:
@@ -85,38 +91,43 @@ class QueryGraphs:
 
     @functools.cached_property
     def candidates(self) -> dict[str, Graph]:
-        """The graphs a query could take without exporting anything: the documents' graph, the same graph as one
-        stream over all its threads (``one_stream``), and every other uncalibrated backend's graph offered for
-        queries (``Backend.queries``) this machine can run that is already in the cache (one thread each)."""
+        """The graphs a query could take without making anything: the documents' graph, the same graph as one
+        stream over all its threads (``one_stream``), and every other graph of a backend offered for queries
+        (``Backend.queries``) this machine can run that is already in the cache: an OpenVINO one (the model's
+        static int8 graph, where a corpus paid its calibration) as one stream over all its threads, an ONNX Runtime
+        one on one thread."""
         found = {self.documents.variant: self.documents}
         one_stream = self.one_stream()
         if one_stream is not None:
             found[self.documents.variant + ONE_STREAM] = one_stream
         kept, _ = chooser.prune(self.platform, [b for name, b in BACKENDS.items() if name != self.documents.variant
-                                                and b.exported and not b.calibrated and b.queries
-                                                and b.supports(EMBEDDING)])
+                                                and b.exported and b.queries and b.supports(EMBEDDING)
+                                                and (not b.calibrated or self._calibration is not None)])
         for b in kept:
+            streams = b.runtime == "openvino"
             try:
-                graph = self.exported.find(b, threads=QUERY_THREADS)
+                graph = self.exported.find(b, self._calibration() if b.calibrated else None,
+                                           threads=None if streams else QUERY_THREADS)
             except RetrError:  # refused here before: not a candidate
                 graph = None
-            if graph is not None:
+            if graph is None:
+                continue
+            single = _one_stream(graph) if streams else None
+            if single is not None:
+                found[b.name + ONE_STREAM] = single
+            else:
                 found[b.name] = graph
         return found
 
     def one_stream(self) -> Graph | None:
         """The documents' OpenVINO graph compiled as one stream over all its threads (the same file: nothing to
         make or check against torch again), where it runs several streams; else None."""
-        runner = self.documents.runner
-        if getattr(runner, "one_stream", None) is None or runner.parallel < 2:
-            return None
-        return replace(self.documents, runner=runner.one_stream())
+        return _one_stream(self.documents)
 
     def seconds(self, graph: Graph) -> float:
         """Seconds per lone query through ``graph`` (retr's sample questions, one at a time; bounded)."""
         rows = self.tokens.ids(prefixed(self.query_prompt, sample_texts.questions()[:8]))
-        feeds = [{"input_ids": np.asarray([r], dtype=np.int64), "attention_mask": np.ones((1, len(r)), np.int64)}
-                 for r in rows]
+        feeds = [lone_feed(graph, r, self.exported.max_length) for r in rows]  # as a query runs
         return chooser.time_per_unit(lambda: [graph.runner(f) for f in feeds], len(feeds), budget_s=0.5)
 
     @functools.cached_property
@@ -149,7 +160,8 @@ class QueryGraphs:
         return self.time_candidates()
 
     def _choice_key(self) -> str:
-        ids = [f"{name}={self.exported.identity(g).key}" for name, g in self.candidates.items()]
+        # each candidate as a query runs through it (padded or not: timed as it runs, so timed again if that changes)
+        ids = [f"{name}={self.exported.identity(g).key}/lone{lone_multiple(g)}" for name, g in self.candidates.items()]
         ids.append(f"max_query_rank_noise={MAX_QUERY_RANK_NOISE}")  # choices made before (or to another bar): again
         return chooser.choice_key(self.exported.model_hash, chooser.QUERIES, ids, self.platform)
 
@@ -186,6 +198,15 @@ class QueryGraphs:
         info = graph_info(self.graph)
         choice = self.choice if self.given is None and self.documents is not None else None
         return {**info, "chosen": choice.to_dict()} if choice is not None else info
+
+
+def _one_stream(graph: Graph) -> Graph | None:
+    """``graph``'s OpenVINO model compiled as one stream over all its runner's threads (a lone query on every core;
+    concurrent ones overflow onto its streams: ``OpenVinoRunner.one_stream``), where it runs several streams."""
+    runner = graph.runner
+    if getattr(runner, "one_stream", None) is None or runner.parallel < 2:
+        return None
+    return replace(graph, runner=runner.one_stream())
 
 
 __all__ = ["ONE_STREAM", "QUERY_THREADS", "QueryGraphs"]

@@ -20,6 +20,8 @@ def in_chunks(work: Callable[[list], list], texts: list, least: int = TOKENIZE_C
     forked after it)."""
     from retr.retrieval.backends.platform import thread_count
 
+    if len(texts) < 2 * least and len(texts) <= TOKENIZE_CHUNK:  # one chunk (a query): no threads to count
+        return work(texts)
     threads = thread_count()
     size = TOKENIZE_CHUNK
     if threads > 1 and len(texts) >= 2 * least:
@@ -189,6 +191,16 @@ def row_key(row) -> str:
 def attention_mask(lengths: np.ndarray, width: int) -> np.ndarray:
     """(len(lengths), width) int64: 1 over each row's tokens, 0 over its padding."""
     return (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+
+
+def lone_feed(row, multiple: int = 1, max_length: int | None = None) -> dict[str, np.ndarray]:
+    """One text's feed (a query alone): its ids right-padded to the next multiple of ``multiple`` tokens (never
+    past ``max_length``, never cut), the mask zero over the padding."""
+    n = len(row)
+    width = max(n, min(-(-n // multiple) * multiple, max_length or n))
+    ids = np.zeros((1, width), dtype=np.int64)
+    ids[0, :n] = row
+    return {"input_ids": ids, "attention_mask": attention_mask(np.array([n]), width)}
 
 
 def padded(rows: list, idx: np.ndarray, width: int, lengths: np.ndarray, fill: int = 0) -> np.ndarray:

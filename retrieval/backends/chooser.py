@@ -109,20 +109,22 @@ def checked(backend: str, seconds: float, noise: float | None, bound: float) -> 
 
 
 def choose(role: str, timings: Sequence[Timing], fallback: str, pruned: Sequence[tuple[str, str]] = ()) -> Choice:
-    """The fastest timed candidate that passed its checks; ``fallback`` (with the reason) when none did. Ties go
-    to the earlier candidate (the configured backend comes first)."""
+    """The fastest timed candidate that passed its checks; ``fallback`` (with the reason) when none did. A candidate
+    that adds more ranking noise than another is taken only where it is more than ``NOISE_FREE_MARGIN`` faster
+    (``faster_enough``): within it, the one that adds the least (none, where it computes as the reference does),
+    the faster of equals. Ties go to the earlier candidate (the configured backend comes first)."""
     ok = [t for t in timings if t.passed and t.seconds is not None]
     if not ok:
         return Choice(role, fallback, "no candidate was timed and passed: the configured graph", tuple(timings),
                       tuple(pruned))
     best = min(ok, key=lambda t: t.seconds)
-    exact = [t for t in ok if t.rank_noise is None]  # computes as the reference does: adds no ranking noise
-    if best.rank_noise is not None and exact:
-        closest = min(exact, key=lambda t: t.seconds)
-        if not faster_enough(closest.seconds, best.seconds):
-            why = (f"{closest.ms:.2f} {UNITS[role]}, within {NOISE_FREE_MARGIN:.0%} of the fastest ({best.backend}, "
-                   f"{best.ms:.2f}), and adds no ranking noise")
-            return Choice(role, closest.backend, why, tuple(timings), tuple(pruned))
+    calmer = [t for t in ok if _noise(t) < _noise(best) and not faster_enough(t.seconds, best.seconds)]
+    if calmer:
+        pick = min(calmer, key=lambda t: (_noise(t), t.seconds))
+        why = f"{pick.ms:.2f} {UNITS[role]}, within {NOISE_FREE_MARGIN:.0%} of the fastest ({best.backend}, {best.ms:.2f}), "
+        why += "and adds no ranking noise" if pick.rank_noise is None else \
+            f"and adds less ranking noise ({pick.rank_noise:.4f} against {best.rank_noise:.4f})"
+        return Choice(role, pick.backend, why, tuple(timings), tuple(pruned))
     others = [t for t in ok if t is not best]
     why = f"fastest of {len(ok)} passing candidate(s): {best.ms:.2f} {UNITS[role]}"
     if others:
@@ -132,6 +134,11 @@ def choose(role: str, timings: Sequence[Timing], fallback: str, pruned: Sequence
     if failed:
         why += f"; failed their checks: {', '.join(failed)}"
     return Choice(role, best.backend, why, tuple(timings), tuple(pruned))
+
+
+def _noise(t: Timing) -> float:
+    """The ranking noise a timed candidate adds (none where it computes as the reference does)."""
+    return t.rank_noise or 0.0
 
 
 @dataclass(frozen=True)

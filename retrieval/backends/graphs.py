@@ -105,6 +105,18 @@ class Graph:
 TORCH_INFO = {"backend": "torch", "precision": "fp32", "check_cosine": None}
 
 
+def lone_feed(graph: Graph, row, max_length: int | None = None) -> dict:
+    """One text's feed through ``graph`` (a query alone): padded to its runner's ``lone_multiple`` tokens where
+    padding cannot change the text's vector (``Backend.batch_invariant``: not dynamic int8, whose activation scales
+    would take in the padding), else at its own length (``batching.lone_feed``)."""
+    return batching.lone_feed(row, lone_multiple(graph), max_length)
+
+
+def lone_multiple(graph: Graph) -> int:
+    """The multiple of tokens a text alone is padded to through ``graph`` (``lone_feed``; 1: not padded)."""
+    return getattr(graph.runner, "lone_multiple", 1) if graph.backend.batch_invariant else 1
+
+
 def graph_info(graph: Graph | None) -> dict:
     """How texts were encoded: a graph's backend, precision and agreement with torch, or torch itself."""
     return graph.info() if graph is not None else dict(TORCH_INFO)

@@ -41,6 +41,7 @@ class OrtRunner:
     (MiniLM's onnx and onnx-int8 sessions, opened by every search once made: +197 MiB and ~0.5 s)."""
 
     parallel = 1  # batches in flight in run_batches
+    lone_multiple = 1  # a text alone runs at its own length (``batching.lone_feed``): a new length costs nothing
 
     def __init__(self, path: Path, threads: int, precision: str = "fp32"):
         self._path = path
@@ -97,6 +98,15 @@ class OpenVinoRunner:
     ``parallel`` at a time; single calls (queries) each take an idle request, so concurrent callers (a server's
     search threads) run side by side on the streams: 246 against 150 queries/s on 2 cores, for 7.6 against 6.2 ms
     for a lone query (MiniLM bf16, measured). Documents and queries go through the same compiled graph."""
+
+    # a text alone (a query) is padded to a multiple of this many tokens (``batching.lone_feed``; where the
+    # padding cannot change its vector: ``Backend.batch_invariant``). OpenVINO compiles kernels for each sequence
+    # length the first time it meets it, and plans every node again when the length differs from the last call's:
+    # MiniLM's static int8 graph on 2 cores of an AVX-512 EPYC, a lone query 11.6 ms at a new length against 2.6
+    # ms at one met before, and 3.3 against 2.8 ms (bf16) where the length changed from the last query's. 100
+    # SciFact queries after 5 (benchmarks/speed.py's section 2), three alternating rounds: p50 2.57-2.75 against
+    # 3.00-3.90 ms unpadded, p95 3.7-3.8 against 13.2-14.3 (4 tokens: p50 2.56-3.42, p95 10.5-12.1)
+    lone_multiple = 8
 
     def __init__(self, path: Path, threads: int, precision: str = "fp32", streams: int | None = None,
                  model=None, overflow: OpenVinoRunner | None = None):
@@ -193,7 +203,10 @@ class OpenVinoRunner:
     def _infer(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         request = self._take()
         try:
-            request.infer(feeds)
+            # the caller's arrays as the request's inputs, not copied into its own (a lone query: ~0.09 ms of ~2.2,
+            # MiniLM bf16 on 2 EPYC cores). Every call on a request shares: one that copied would reshape the
+            # tensor a shared call left, sized to that call's array
+            request.infer(feeds, share_inputs=True)
             return request.get_output_tensor(0).data.copy()  # the request's buffer is reused by the next call
         finally:
             self._idle.put(request)
