@@ -4,7 +4,7 @@ shared machine's drift falls on all of them, and each graph's query ranking nois
 (``QueryGraphs.noise``, the chooser's check). A script, not a test: it decides nothing, it measures what a
 chooser could be offered.
 
-    RETR_CACHE=C python benchmarks/query_graph_speed.py [--dataset ../shared/datasets/scifact] [--rounds 8]
+    RETR_CACHE=C python benchmarks/query_graph_speed.py [--dataset ../shared/datasets/scifact] [--rounds 8] [--unpadded]
                                                         [--out benchmarks/results/query-graph-speed.json]
 
 ``C`` is a cache holding the model's graphs: the documents' base graph and, where they were made, its static int8
@@ -54,9 +54,11 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--out", default="benchmarks/results/query-graph-speed.json")
+    ap.add_argument("--unpadded", action="store_true", help="each query at its own length (retr pads it)")
     args = ap.parse_args()
 
     from retr.eval.data import load_dataset
+    from retr.retrieval.backends.graphs import lone_feed
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
     from retr.retrieval.tokens import prefixed
 
@@ -64,19 +66,22 @@ def main() -> None:
     texts = list(ds.queries.values())[: args.queries]
     enc = BiEncoder(EncoderConfig())
     rows = enc.tokens.ids(prefixed(enc.prompts.query, texts))
-    feeds = [{"input_ids": np.asarray([r], np.int64), "attention_mask": np.ones((1, len(r)), np.int64)}
-             for r in rows]
     graphs = runners(enc)
+    # each query as retr runs it through that graph (``graphs.lone_feed``: padded to a multiple of 8 tokens through
+    # an OpenVINO graph), or at its own length (--unpadded)
+    feeds_of = {name: [{"input_ids": np.asarray([r], np.int64), "attention_mask": np.ones((1, len(r)), np.int64)}
+                       if args.unpadded else lone_feed(replace(g, runner=run), r, enc.max_length) for r in rows]
+                for name, (g, run) in graphs.items()}
     noise = {name: (None if g is enc.graph else enc.query_graphs.noise(replace(g, runner=r)))
              for name, (g, r) in graphs.items()}
-    for _, r in graphs.values():  # every query length compiled once, before any timing
-        for f in feeds:
+    for name, (_, r) in graphs.items():  # every query length compiled once, before any timing
+        for f in feeds_of[name]:
             r(f)
     names = list(graphs)
     rounds: dict[str, list[float]] = {n: [] for n in names}
     for k in range(args.rounds):
         for name in names if k % 2 == 0 else names[::-1]:
-            run = graphs[name][1]
+            run, feeds = graphs[name][1], feeds_of[name]
             for f in feeds[:20]:  # back in its threads' caches
                 run(f)
             times = []
@@ -85,11 +90,11 @@ def main() -> None:
                 run(f)
                 times.append(time.perf_counter() - t0)
             rounds[name].append(statistics.median(times) * 1000)
-    res = {"cpu": cpu(), "queries": len(feeds), "mean_tokens": float(np.mean([len(r) for r in rows])),
+    res = {"cpu": cpu(), "queries": len(rows), "padded": not args.unpadded, "mean_tokens": float(np.mean([len(r) for r in rows])),
            "documents_graph": enc.graph.info(), "rounds": args.rounds,
            "graphs": {n: {"median_ms": statistics.median(rounds[n]), "round_medians_ms": rounds[n],
                           "rank_noise": noise[n]} for n in names}}
-    print(table(f"a lone query's graph alone, {len(feeds)} queries of {args.dataset}, median of {args.rounds} "
+    print(table(f"a lone query's graph alone, {len(rows)} queries of {args.dataset}, median of {args.rounds} "
                 "alternating blocks", ["graph", "median ms", "ranking noise"],
                 [[n, v["median_ms"], "-" if v["rank_noise"] is None else f"{v['rank_noise']:.4f}"]
                  for n, v in res["graphs"].items()]))
