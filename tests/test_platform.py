@@ -537,3 +537,101 @@ def test_the_real_probe_times_both_precisions_of_one_openvino_model_in_a_child_p
     monkeypatch.setattr(precision, "measure", lambda threads: pytest.fail("measured in this process"))
     t = precision.measure_apart(threads=1)
     assert t.bf16_ms > 0 and t.fp32_ms > 0 and isinstance(t.bf16_pays, bool)
+
+
+def test_a_less_noisy_candidate_within_the_margin_of_the_fastest_is_taken_over_it():
+    """Two int8 query graphs about as fast (static int8 and int8 weights on an AVX-512 EPYC: 2.494 against 2.495
+    ms): the one that adds less ranking noise, however close; beyond the margin, the faster."""
+    margin = chooser.NOISE_FREE_MARGIN
+    base = Timing("openvino:one-stream", 0.0036)
+    static = Timing("openvino-int8:one-stream", 0.0025, rank_noise=0.0252)
+    calm = chooser.choose(QUERIES, [base, static, Timing("openvino-int8w:one-stream", 0.0025 * (1 + margin) * 0.99,
+                                                         rank_noise=0.0176)], "openvino")
+    assert calm.backend == "openvino-int8w:one-stream" and "less ranking noise (0.0176 against 0.0252)" in calm.why
+    slow = chooser.choose(QUERIES, [base, static, Timing("openvino-int8w:one-stream", 0.0025 * (1 + margin) * 1.01,
+                                                         rank_noise=0.0176)], "openvino")
+    assert slow.backend == "openvino-int8:one-stream" and "fastest of 3" in slow.why
+    noisier = chooser.choose(QUERIES, [base, static, Timing("onnx-int8", 0.00249, rank_noise=0.0361)], "openvino")
+    assert noisier.backend == "openvino-int8:one-stream"  # the fastest by a hair, noisier: not taken
+
+
+def test_a_lone_text_is_padded_to_a_multiple_of_tokens_never_cut_nor_past_the_max_length():
+    from retr.retrieval.backends.batching import lone_feed
+
+    row = np.arange(1, 12)  # 11 tokens
+    feed = lone_feed(row, 8, 512)
+    assert feed["input_ids"].shape == (1, 16) and feed["attention_mask"].shape == (1, 16)
+    assert feed["input_ids"][0, :11].tolist() == row.tolist() and feed["input_ids"][0, 11:].tolist() == [0] * 5
+    assert feed["attention_mask"][0].tolist() == [1] * 11 + [0] * 5
+    assert lone_feed(row, 8, 13)["input_ids"].shape == (1, 13)  # never past the max length
+    assert lone_feed(row, 8, 5)["input_ids"].shape == (1, 11)  # nor cut (the tokenizer truncates, not this)
+    assert lone_feed(np.arange(16), 8, 512)["input_ids"].shape == (1, 16)  # a multiple already
+    assert lone_feed(row)["attention_mask"].tolist() == [[1] * 11]  # multiple 1: at its own length
+
+
+def test_a_lone_query_through_an_openvino_graph_is_padded_and_keeps_its_vector(tiny_bi_encoder):
+    """OpenVINO compiles kernels per sequence length and plans every node again when it changes: a query alone is
+    padded to a multiple of 8 tokens (fewer lengths), its mask zero there, so its vector stays what it was. A
+    graph whose vectors depend on their batch (dynamic int8: the padding would enter its activation scales) runs
+    it at its own length."""
+    from retr.retrieval.backends.graphs import lone_feed
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
+    text = "wolves in the forest at night"
+    row = enc.tokens.ids([text])[0]
+    assert len(row) % 8 != 0
+    feed = lone_feed(enc.graph, row, enc.max_length)
+    assert feed["input_ids"].shape[1] % 8 == 0 and feed["input_ids"].shape[1] > len(row)
+    ids = np.asarray([row], dtype=np.int64)
+    alone = enc.graph.runner({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    ran = []
+    real = enc.graph.runner.__call__
+
+    class Seen:  # the runner as the encoder calls it, recording each feed's width
+        lone_multiple = enc.graph.runner.lone_multiple
+
+        def __call__(self, feeds):
+            ran.append(feeds["input_ids"].shape[1])
+            return real(feeds)
+
+    graph = replace(enc.graph, runner=Seen())
+    enc.query_graphs.__dict__["graph"] = graph
+    q = enc.encode_queries([text])
+    assert ran == [feed["input_ids"].shape[1]]
+    np.testing.assert_allclose(q, alone, atol=2e-3)
+    unmasked = real({"input_ids": feed["input_ids"], "attention_mask": np.ones_like(feed["input_ids"])})
+    assert np.abs(unmasked - alone).max() > 10 * np.abs(q - alone).max()  # the mask is what keeps it
+    dynamic = replace(enc.graph, backend=registry.BACKENDS["onnx-int8"])
+    assert lone_feed(dynamic, row, enc.max_length)["input_ids"].shape[1] == len(row)
+
+
+def test_the_models_static_int8_graph_is_a_query_candidate_once_calibrated_as_one_stream(tiny_bi_encoder,
+                                                                                          monkeypatch):
+    """Calibrated once per model on retr's fixed sample (not on a corpus), the static int8 graph costs a query
+    nothing more to offer once a corpus has paid for it: a candidate as one stream over every core, timed and
+    checked for ranking noise like any other, and taken where it is fastest (fake timings here)."""
+    import os
+
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+    from retr.retrieval.query_graphs import QueryGraphs
+
+    monkeypatch.setenv("RETR_INT8_DOT", "1")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # two streams to make one of, on any host
+    cfg = EncoderConfig(model=str(tiny_bi_encoder))
+    enc = BiEncoder(cfg)
+    assert list(enc.query_graphs.candidates) == ["openvino", "openvino:one-stream"]  # nothing calibrated yet
+    calibrated = enc.exported.open("openvino-int8", enc.planner.calibration, base=enc.graph)
+    speeds = {("openvino", 2): 0.004, ("openvino", 1): 0.003, ("openvino-int8", 1): 0.001}
+    monkeypatch.setattr(QueryGraphs, "seconds", lambda self, g: speeds[g.variant, g.runner.parallel])
+    fresh = BiEncoder(cfg)
+    single = fresh.query_graphs.candidates["openvino-int8:one-stream"]
+    assert (single.path, single.calibration, single.runner.parallel) == (calibrated.path, calibrated.calibration, 1)
+    assert fresh.query_graph is single
+    chosen = fresh.describe_queries()["chosen"]
+    noise = {c["backend"]: c.get("rank_noise") for c in chosen["candidates"]}
+    assert chosen["backend"] == "openvino-int8:one-stream" and 0 <= noise["openvino-int8:one-stream"] < 0.05
+    assert noise["openvino:one-stream"] is None  # the documents' own file and precision: nothing to check
+    speeds[("openvino-int8", 1)] = 0.0035  # slower than the base graph as one stream: not taken
+    monkeypatch.setattr(QueryGraphs, "_choice_key", lambda self: "another machine")
+    assert BiEncoder(cfg).query_graph.variant == "openvino"

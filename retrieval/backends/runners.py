@@ -203,10 +203,10 @@ class OpenVinoRunner:
     def _infer(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         request = self._take()
         try:
-            # the caller's arrays as the request's inputs, not copied into its own (a lone query: ~0.09 ms of ~2.2,
-            # MiniLM bf16 on 2 EPYC cores). Every call on a request shares: one that copied would reshape the
-            # tensor a shared call left, sized to that call's array
-            request.infer(feeds, share_inputs=True)
+            # copied into the request's own tensors: sharing the caller's arrays (``share_inputs``, ~0.09 ms of a
+            # ~2.2 ms lone query) crashed 2 of 5 first `retr index` runs (a segfault in Python code after it,
+            # OpenVINO 2026.4: the request outlives the arrays it was handed)
+            request.infer(feeds)
             return request.get_output_tensor(0).data.copy()  # the request's buffer is reused by the next call
         finally:
             self._idle.put(request)
