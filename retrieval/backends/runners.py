@@ -203,9 +203,11 @@ class OpenVinoRunner:
     def _infer(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         request = self._take()
         try:
-            # copied into the request's own tensors: sharing the caller's arrays (``share_inputs``, ~0.09 ms of a
-            # ~2.2 ms lone query) crashed 2 of 5 first `retr index` runs (a segfault in Python code after it,
-            # OpenVINO 2026.4: the request outlives the arrays it was handed)
+            # copied into the request's own tensors. Handing the request tensors of its own instead (the caller's
+            # arrays shared, ``share_inputs``, or copied into new ``ov.Tensor``s: a lone query ~0.1 ms faster of
+            # ~2.2) crashed 2 of 5 and 2 of 8 first `retr index` runs of 1,000 documents on an empty cache, a
+            # segfault in Python code while the same compiled model ran batches on its other requests (OpenVINO
+            # 2026.4; copying: 16 of 16 ran, as 8 of 8 at the build before)
             request.infer(feeds)
             return request.get_output_tensor(0).data.copy()  # the request's buffer is reused by the next call
         finally:
