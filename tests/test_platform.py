@@ -578,9 +578,8 @@ def test_a_lone_query_through_an_openvino_graph_is_padded_and_keeps_its_vector(t
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))
-    text = "wolves in the forest at night"
-    row = enc.tokens.ids([text])[0]
-    assert len(row) % 8 != 0
+    texts = ["wolves in the forest at night", "wolves in the forest", "wolves at night", "the forest"]
+    text, row = next((t, r) for t, r in zip(texts, enc.tokens.ids(texts), strict=True) if len(r) % 8)
     feed = lone_feed(enc.graph, row, enc.max_length)
     assert feed["input_ids"].shape[1] % 8 == 0 and feed["input_ids"].shape[1] > len(row)
     ids = np.asarray([row], dtype=np.int64)
