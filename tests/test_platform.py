@@ -634,3 +634,31 @@ def test_the_models_static_int8_graph_is_a_query_candidate_once_calibrated_as_on
     speeds[("openvino-int8", 1)] = 0.0035  # slower than the base graph as one stream: not taken
     monkeypatch.setattr(QueryGraphs, "_choice_key", lambda self: "another machine")
     assert BiEncoder(cfg).query_graph.variant == "openvino"
+
+
+def test_a_query_graph_compiled_once_is_read_back_by_the_next_process_from_the_cache(tiny_bi_encoder, monkeypatch):
+    """A search process compiles its query graph anew; compiled as one stream, it is kept in OpenVINO's model cache
+    under ``$RETR_CACHE/compiled`` and read back from there (the same vectors). The documents' streams are not
+    kept (an index build compiles them once)."""
+    import os
+
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.backends.runners import COMPILED
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # two streams to make one of, on any host
+    cfg = EncoderConfig(model=str(tiny_bi_encoder), backend="openvino")
+    enc = BiEncoder(cfg)
+    kept = cache_home() / COMPILED
+    enc.encode(["documents through the streams"])
+    assert not kept.exists()  # the documents' streams: not kept
+    single = enc.query_graphs.one_stream()
+    assert single.runner.compile_config()["CACHE_DIR"] == str(kept)
+    ids = np.asarray(enc.tokens.ids(["wolves in the forest"]), dtype=np.int64)
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    first = single.runner(feed)
+    blobs = sorted(p.name for p in kept.iterdir())
+    assert blobs, "nothing kept"
+    again = BiEncoder(cfg).query_graphs.one_stream()  # as the next process: read back, nothing new written
+    np.testing.assert_array_equal(again.runner(feed), first)
+    assert sorted(p.name for p in kept.iterdir()) == blobs
