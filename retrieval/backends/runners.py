@@ -87,9 +87,9 @@ class OrtRunner:
         return done
 
 
-# the cache's folder of compiled query graphs (``OpenVinoRunner.one_stream``): a search process compiles its query
-# graph anew, and OpenVINO reads it back from here faster than it compiles it (MiniLM's static int8 graph as one
-# stream: 0.08 against 0.31 s, bf16: 0.09 against 0.12 s, 2 EPYC cores), keyed by the model and its compile options
+# the cache's folder of compiled query graphs (``OpenVinoRunner.keep_compiled``): a search process compiles its
+# query graph anew, and OpenVINO reads it back from here faster than it compiles it (MiniLM's static int8 graph as
+# one stream: 0.08 against 0.31 s, bf16: 0.09 against 0.12 s, 2 EPYC cores), keyed by the model and its options
 COMPILED = "compiled"
 
 # after a single call overflowed from a one-stream runner onto its streams, further calls stay on the streams for
@@ -153,8 +153,12 @@ class OpenVinoRunner:
         83 / 158 on the streams alone (benchmarks/results/serve-overflow-hold-amx.json). The same file in the same
         precision: the streams compute what the one stream does. A query candidate the chooser times
         (``retrieval.query_graphs``); the model is shared, not read again."""
-        return OpenVinoRunner(self._path, self._threads, self.precision, streams=1, model=self._model, overflow=self,
-                              compiled_cache=cache_home() / COMPILED)
+        return OpenVinoRunner(self._path, self._threads, self.precision, streams=1, model=self._model, overflow=self)
+
+    def keep_compiled(self) -> None:
+        """Compile through OpenVINO's model cache (``COMPILED``) from now on: the next process reads the compiled
+        model back instead of compiling it (the query graph a search takes; not every candidate timed)."""
+        self._compiled_cache = cache_home() / COMPILED
 
     def release(self) -> bool:
         """Drop the compiled model and its requests, compiled again on next use: for a documents' graph whose
