@@ -115,7 +115,7 @@ class OpenVinoRunner:
     lone_multiple = 8
 
     def __init__(self, path: Path, threads: int, precision: str = "fp32", streams: int | None = None,
-                 model=None, overflow: OpenVinoRunner | None = None, compiled_cache: Path | None = None):
+                 model=None, overflow: OpenVinoRunner | None = None):
         vendor_telemetry_off()
         import openvino as ov
 
@@ -140,8 +140,8 @@ class OpenVinoRunner:
         self._active = 0  # single calls in flight (counted where there is an overflow runner)
         self._streams_until = 0.0  # time.monotonic() before which single calls take the overflow runner
         self._active_lock = threading.Lock()
-        # where OpenVINO keeps this compiled model for the next process (``CACHE_DIR``), or None
-        self._compiled_cache = compiled_cache
+        # where OpenVINO keeps this compiled model for the next process (``CACHE_DIR``; ``keep_compiled``), or None
+        self._compiled_cache: Path | None = None
 
     def one_stream(self) -> OpenVinoRunner:
         """The same model compiled as one stream over all of this runner's threads: for a lone query, the cores
