@@ -27,7 +27,7 @@ from common import cpu, table, write_result
 def runners(enc) -> dict:
     """name -> (Graph, runner): every graph of the model in the cache that can encode a query here."""
     from retr.retrieval.backends.registry import BACKENDS
-    from retr.retrieval.backends.runners import OpenVinoRunner, OrtRunner, default_threads
+    from retr.retrieval.backends.runners import OrtRunner, default_threads
 
     out = {}
     docs = enc.graph
@@ -38,9 +38,8 @@ def runners(enc) -> dict:
         graph = enc.exported.find(backend, enc.planner.calibration if backend.calibrated else None)
         if graph is None:
             continue
-        if backend.runtime == "openvino":
-            out[f"{name} ({graph.precision}), one stream"] = (graph, OpenVinoRunner(
-                graph.path, default_threads(), graph.precision, streams=1))
+        if backend.runtime == "openvino":  # as the chooser offers it (its model read once)
+            out[f"{name} ({graph.precision}), one stream"] = (graph, graph.runner.one_stream())
         else:
             out[f"{name} ({graph.precision}), 1 thread"] = (graph, OrtRunner(graph.path, 1, graph.precision))
             out[f"{name} ({graph.precision}), {default_threads()} threads"] = (graph, OrtRunner(
@@ -58,6 +57,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from retr.eval.data import load_dataset
+    from retr.retrieval.backends import batching
     from retr.retrieval.backends.graphs import lone_feed
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
     from retr.retrieval.tokens import prefixed
@@ -69,8 +69,8 @@ def main() -> None:
     graphs = runners(enc)
     # each query as retr runs it through that graph (``graphs.lone_feed``: padded to a multiple of 8 tokens through
     # an OpenVINO graph), or at its own length (--unpadded)
-    feeds_of = {name: [{"input_ids": np.asarray([r], np.int64), "attention_mask": np.ones((1, len(r)), np.int64)}
-                       if args.unpadded else lone_feed(replace(g, runner=run), r, enc.max_length) for r in rows]
+    feeds_of = {name: [batching.lone_feed(r) if args.unpadded else lone_feed(replace(g, runner=run), r, enc.max_length)
+                       for r in rows]
                 for name, (g, run) in graphs.items()}
     noise = {name: (None if g is enc.graph else enc.query_graphs.noise(replace(g, runner=r)))
              for name, (g, r) in graphs.items()}
