@@ -60,12 +60,12 @@ class QueryGraphs:
     @functools.cached_property
     def graph(self) -> Graph | None:
         """The graph queries go through: the query backend's (its base graph where calibrated: a query has no
-        corpus to calibrate on), or the document graph when that one is refused or the same. Compiled through
-        OpenVINO's model cache from now on (``keep_compiled``): the next search reads it back."""
+        corpus to calibrate on), or the document graph when that one is refused or the same. Kept compiled in the
+        cache from its next compilation on (``keep_compiled``): the next search reads it back."""
         graph = self._graph()
         keep = getattr(graph.runner, "keep_compiled", None) if graph is not None else None
         if keep is not None:
-            keep()
+            keep(graph.path.parent, self.platform.cpu)
         return graph
 
     def _graph(self) -> Graph | None:

@@ -635,35 +635,3 @@ def test_the_models_static_int8_graph_is_a_query_candidate_once_calibrated_as_on
     monkeypatch.setattr(QueryGraphs, "_choice_key", lambda self: "another machine")
     assert BiEncoder(cfg).query_graph.variant == "openvino"
 
-
-def test_a_query_graph_compiled_once_is_read_back_by_the_next_process_from_the_cache(tiny_bi_encoder, monkeypatch):
-    """A search process compiles its query graph anew: the graph queries take is compiled through OpenVINO's model
-    cache under ``$RETR_CACHE/compiled`` and read back from there (the same vectors). The documents' streams of an
-    index build, and candidates only timed, are not kept."""
-    import os
-
-    from retr.retrieval.artifacts import cache_home
-    from retr.retrieval.backends.runners import COMPILED
-    from retr.retrieval.encoder import BiEncoder, EncoderConfig
-
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # two streams to make one of, on any host
-    cfg = EncoderConfig(model=str(tiny_bi_encoder), backend="openvino")
-    enc = BiEncoder(cfg)
-    kept = cache_home() / COMPILED
-    enc.encode(["documents through the streams"])
-    assert not kept.exists()  # the documents' streams: not kept
-    timed = enc.query_graphs.one_stream()
-    assert "CACHE_DIR" not in timed.runner.compile_config()  # a candidate as such: not kept
-    single = enc.query_graph
-    assert single.runner.compile_config()["CACHE_DIR"] == str(kept)
-    ids = np.asarray(enc.tokens.ids(["wolves in the forest"]), dtype=np.int64)
-    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    first = single.runner(feed)
-    assert not kept.exists()  # compiled already, to be timed: kept from the next compilation on
-    second = BiEncoder(cfg).query_graph  # the next process: the stored choice, compiled and kept
-    np.testing.assert_array_equal(second.runner(feed), first)
-    blobs = sorted((p.name, p.stat().st_mtime_ns) for p in kept.iterdir())
-    assert blobs, "nothing kept"
-    again = BiEncoder(cfg).query_graph  # and the one after it: read back, nothing written
-    np.testing.assert_array_equal(again.runner(feed), first)
-    assert sorted((p.name, p.stat().st_mtime_ns) for p in kept.iterdir()) == blobs

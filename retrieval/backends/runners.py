@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from retr.retrieval.artifacts import cache_home
+from retr.retrieval.backends.compiled import CompiledStore
 from retr.retrieval.backends.platform import this_platform
 from retr.retrieval.backends.quiet import vendor_telemetry_off
 
@@ -87,9 +88,7 @@ class OrtRunner:
         return done
 
 
-# the cache's folder of compiled query graphs (``OpenVinoRunner.keep_compiled``): a search process compiles its
-# query graph anew, and OpenVINO reads it back from here faster than it compiles it (MiniLM's static int8 graph as
-# one stream: 0.08 against 0.31 s, bf16: 0.09 against 0.12 s, 2 EPYC cores), keyed by the model and its options
+# the cache's folder of compiled query graphs (``OpenVinoRunner.keep_compiled``, ``compiled.CompiledStore``)
 COMPILED = "compiled"
 
 # after a single call overflowed from a one-stream runner onto its streams, further calls stay on the streams for
@@ -140,8 +139,8 @@ class OpenVinoRunner:
         self._active = 0  # single calls in flight (counted where there is an overflow runner)
         self._streams_until = 0.0  # time.monotonic() before which single calls take the overflow runner
         self._active_lock = threading.Lock()
-        # where OpenVINO keeps this compiled model for the next process (``CACHE_DIR``; ``keep_compiled``), or None
-        self._compiled_cache: Path | None = None
+        # where this compiled model is kept for the next process (``keep_compiled``), or None
+        self._kept: CompiledStore | None = None
 
     def one_stream(self) -> OpenVinoRunner:
         """The same model compiled as one stream over all of this runner's threads: for a lone query, the cores
@@ -155,10 +154,11 @@ class OpenVinoRunner:
         (``retrieval.query_graphs``); the model is shared, not read again."""
         return OpenVinoRunner(self._path, self._threads, self.precision, streams=1, model=self._model, overflow=self)
 
-    def keep_compiled(self) -> None:
-        """Compile through OpenVINO's model cache (``COMPILED``) from now on: the next process reads the compiled
-        model back instead of compiling it (the query graph a search takes; not every candidate timed)."""
-        self._compiled_cache = cache_home() / COMPILED
+    def keep_compiled(self, source: Path, cpu: str) -> None:
+        """Keep the model compiled from now on in the cache (``COMPILED``) for the next process, which reads it back
+        instead of compiling it where that was measured faster (``compiled.CompiledStore``; the query graph a search
+        takes, not every candidate timed). ``source``: the graph's cache folder; ``cpu``: the CPU it runs on."""
+        self._kept = CompiledStore(cache_home() / COMPILED, Path(source), cpu)
 
     def release(self) -> bool:
         """Drop the compiled model and its requests, compiled again on next use: for a documents' graph whose
@@ -173,14 +173,10 @@ class OpenVinoRunner:
             return held
 
     def compile_config(self) -> dict:
-        """What the model is compiled with: its streams, threads, precision and pinning (and where OpenVINO caches
-        the compiled model, where it does)."""
-        config = {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.parallel,
-                  "INFERENCE_NUM_THREADS": self._threads, "INFERENCE_PRECISION_HINT": self._precision_hint,
-                  "ENABLE_CPU_PINNING": self._pin}
-        if self._compiled_cache is not None:
-            config["CACHE_DIR"] = str(self._compiled_cache)
-        return config
+        """What the model is compiled with: its streams, threads, precision and pinning."""
+        return {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.parallel,
+                "INFERENCE_NUM_THREADS": self._threads, "INFERENCE_PRECISION_HINT": self._precision_hint,
+                "ENABLE_CPU_PINNING": self._pin}
 
     @property
     def compiled(self):
@@ -188,7 +184,9 @@ class OpenVinoRunner:
             if self._compiled is None:
                 import openvino as ov
 
-                self._compiled = ov.Core().compile_model(self._model, "CPU", self.compile_config())
+                core, config = ov.Core(), self.compile_config()
+                self._compiled = (self._kept.compile(core, self._model, config) if self._kept is not None
+                                  else core.compile_model(self._model, "CPU", config))
             return self._compiled
 
     def _take(self):
