@@ -89,9 +89,9 @@ def _kept_entry(tiny_bi_encoder, monkeypatch):
     return cfg, enc, entry, want
 
 
-@pytest.mark.parametrize("damage", ["flipped", "truncated", "garbage manifest"])
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "garbage manifest", "a symlink"])
 def test_a_damaged_kept_model_is_discarded_with_a_warning_and_compiled_again(tiny_bi_encoder, two_cores,
-                                                                             monkeypatch, caplog, damage):
+                                                                             monkeypatch, caplog, tmp_path, damage):
     """OpenVINO's own model cache ran a blob with flipped bytes and ranked with it. A kept model is checked in full
     before it is imported: a damaged one is discarded (a warning naming it), the graph compiled again (its right
     vectors) and kept anew."""
@@ -106,6 +106,10 @@ def test_a_damaged_kept_model_is_discarded_with_a_warning_and_compiled_again(tin
         for i in range(start, start + 4000, 7):
             data[i] ^= 0x40
         blob.write_bytes(bytes(data))
+    elif damage == "a symlink":  # to the same bytes elsewhere: never followed
+        elsewhere = tmp_path / "elsewhere.blob"
+        blob.rename(elsewhere)
+        blob.symlink_to(elsewhere)
     elif damage == "truncated":
         blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])
     else:
@@ -115,7 +119,7 @@ def test_a_damaged_kept_model_is_discarded_with_a_warning_and_compiled_again(tin
     np.testing.assert_array_equal(got, want)
     assert any("damaged" in r.getMessage() and str(entry) in r.getMessage() for r in caplog.records)
     meta = json.loads((entry / "manifest.json").read_text())  # kept again, checked
-    assert meta["files"][BLOB]["bytes"] == blob.stat().st_size > 0
+    assert meta["files"][BLOB]["bytes"] == blob.stat().st_size > 0 and not blob.is_symlink()
 
 
 def test_a_kept_model_stays_only_where_reading_it_back_was_measured_faster_than_compiling(tiny_bi_encoder,
@@ -138,12 +142,7 @@ def test_a_kept_model_stays_only_where_reading_it_back_was_measured_faster_than_
     compiled_mod._measured(entry, meta, compile_s * 2)  # slower: the note alone
     note = json.loads((entry / "manifest.json").read_text())
     assert "files" not in note and "not_kept" in note and not (entry / BLOB).exists()
-    read_at = compiled_mod._read_at
-
-    def manifest_only(dfd, name):
-        assert name != BLOB, "a note is all there is: nothing to read"
-        return read_at(dfd, name)
-    monkeypatch.setattr(compiled_mod, "_read_at", manifest_only)
+    monkeypatch.setattr(compiled_mod, "_map_at", lambda *a: pytest.fail("a note is all there is: nothing to read"))
     np.testing.assert_array_equal(BiEncoder(cfg).query_graph.runner(_feed(enc)), want)  # compiled
     assert sorted(p.name for p in entry.iterdir()) == ["manifest.json"]
 
