@@ -3,6 +3,7 @@ never a timed assertion)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -166,8 +167,14 @@ def test_a_stored_choice_is_keyed_by_model_candidates_cpu_and_versions(tmp_path)
               chooser.choice_key("g" * 64, QUERIES, ["openvino/export4/bf16", "onnx/export4/fp32"], VNNI),
               chooser.choice_key("h" * 64, DOCUMENTS, ["openvino/export4/bf16", "onnx/export4/fp32"], VNNI)}
     assert key not in others and len(others) == 4
-    (tmp_path / "choices" / f"{key}.json").write_text("{not json")
-    assert store.get(key) is None  # a damaged entry: timed again
+    path = tmp_path / "choices" / f"{key}.json"
+    stored = json.loads(path.read_text())
+    path.write_text(json.dumps({**stored, "backend": "openvino", "candidates": [
+        {**c, "passed": c["backend"] != "openvino"} for c in stored["candidates"]]}))
+    assert store.get(key) is None  # names a candidate its own record says failed its check: timed again
+    for damaged in ("{not json", "[]", '{"role": "queries"}', json.dumps({**stored, "candidates": [1]})):
+        path.write_text(damaged)
+        assert store.get(key) is None, damaged  # a damaged entry: timed again
 
 
 def test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored(tiny_bi_encoder, monkeypatch):

@@ -222,11 +222,16 @@ class ChoiceStore:
         return self.root / "choices" / f"{key}.json"
 
     def get(self, key: str, among=None) -> Choice | None:
-        """The choice stored under ``key``; None where there is none, it is unreadable, or (``among``: the
-        candidates there are now) it chose a candidate no longer among them."""
+        """The choice stored under ``key``; None where there is none, it is unreadable, it names a candidate its
+        own timings record as failing its check (a damaged file: timed again), or (``among``: the candidates there
+        are now) it chose a candidate no longer among them."""
         try:
             choice = Choice.from_dict(json.loads(self._path(key).read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if any(t.backend == choice.backend and not t.passed for t in choice.timings):
+            logger.warning("stored choice %s names %s, which failed its check there: timed again",
+                           self._path(key), choice.backend)
             return None
         return choice if among is None or choice.backend in among else None
 
