@@ -62,6 +62,8 @@ def run_batch(args: argparse.Namespace) -> int:
     searcher = Searcher(args.index, options.query_encoder_config(args), options.pipeline_config(args),
                         options.rerank_config(args, args.rerank))
     try:
+        if args.rerank:  # the cross-encoder told how many queries it will rerank: its int8 graph made where it pays
+            searcher.reranker(args.rerank).expect(len(topics))
         searcher.search_run(SearchRequest.one(request.queries[0], k=1, mode=args.mode, rerank=args.rerank,
                                               filter=request.filter))  # everything loaded before the clock
         with tqdm(total=len(topics), desc=request.pipeline, unit="q", leave=False, disable=None) as bar:

@@ -114,6 +114,17 @@ def _as_json(obj):
     return json.loads(json.dumps(obj, default=str))
 
 
+def _reranker(cfg: EvalConfig, queries: int) -> CrossEncoderReranker | None:
+    """The cross-encoder of the rerank pipelines (None: none reranks), told how many queries they will rerank:
+    where those would repay it, its static int8 graph is made first (``CrossEncoderReranker.expect``)."""
+    reranking = sum(p.rerank for p in cfg.pipelines)
+    if not reranking:
+        return None
+    reranker = CrossEncoderReranker(cfg.reranker)
+    reranker.expect(queries * reranking)
+    return reranker
+
+
 def _reranker_record(reranker: CrossEncoderReranker, factory: PipelineFactory) -> dict:
     """The reranker as the report records it: what it is, where it was trained, and the weight it got here."""
     weight = factory.rerank_weight(reranker)
@@ -202,7 +213,7 @@ def run_eval_index(folder: str | Path, topics: Mapping[str, str], qrels: Qrels, 
     try:
         qrels, check = checked_split(qrels, topics, set(index.ids), qrels_source)
         queries = {q: topics[q] for q in qrels}
-        reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
+        reranker = _reranker(cfg, len(queries))
         factory = PipelineFactory(index, None, reranker, cfg.pipeline, encoder_config=cfg.encoder)
         if reranker is not None and factory.dense_model_hash is not None \
                 and reranker.needs_check(factory.corpus_sha256):
@@ -230,7 +241,7 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
     index = cached_index(dataset.name, dataset.corpus, encoder,
                          IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache,
                                      passages=cfg.passages, shards=cfg.shards, executor=cfg.executor))
-    reranker = CrossEncoderReranker(cfg.reranker) if any(p.rerank for p in cfg.pipelines) else None
+    reranker = _reranker(cfg, len(dataset.queries))
     factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
     if reranker is not None and reranker.needs_check(factory.corpus_sha256):
         check_index_reranker(index, encoder, reranker, cfg.pipeline, dataset.corpus)  # as search and serve do

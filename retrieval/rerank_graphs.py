@@ -31,6 +31,13 @@ from retr.retrieval.errors import RetrError
 logger = logging.getLogger(__name__)
 
 NOISE_QUESTIONS = 8  # questions whose pairs the ranking noise is measured on (each against ``depth`` passages)
+# the cross-encoder's static int8 graph: made for a run whose queries repay it (``PairGraphs.worth_making``)
+STATIC_INT8 = "openvino-int8"
+# what making it costs until measured (export, calibration on retr's sample, agreement and noise checks): 16.5 s
+# for a SciFact-trained MiniLM cross-encoder on 2 cores of an AVX-512 BF16/VNNI EPYC without AMX (`retr train
+# cross-encoder` log, 2026-12-07); its pairs then scored 1.53x as fast as bf16 (88.1 against 134.8 ms a query's
+# 20), where the platform's prior (``Platform.int8_prior``, the bi-encoder's documents) says 1.44
+CE_STATIC_INT8_PRIOR_S = 16.5
 
 
 def sample_pairs(depth: int, questions: int | None = None) -> list[tuple[str, list[str]]]:
@@ -125,6 +132,22 @@ class PairGraphs:
             return stored
         return self.time_all()
 
+    def worth_making(self, queries: int) -> chooser.Break | None:
+        """Whether this run's ``queries`` would save more through the model's static int8 graph than making it
+        costs (``chooser.calibration_pays``: the configured graph timed here on a query's pairs, static int8 at the
+        platform's int8 prior, ``CE_STATIC_INT8_PRIOR_S``); None where there is nothing to weigh: that graph is
+        in the cache already, was refused before, or this CPU has no int8 dot products."""
+        static = BACKENDS[STATIC_INT8]
+        if static.name in self.candidates or self.calibration is None or not chooser.prune(self.platform,
+                                                                                           [static])[0]:
+            return None
+        try:
+            self.exported.find(static, self.calibration())
+        except RetrError:  # refused for this model before
+            return None
+        return chooser.calibration_pays(queries, self.seconds(self.base), self.platform,
+                                        calibration_s=CE_STATIC_INT8_PRIOR_S)
+
     def chosen(self) -> tuple[Graph, chooser.Choice | None]:
         """The graph that scores pairs, and the choice that took it (None: the only candidate); the other
         candidates' sessions and compiled models are dropped (``release_others``)."""
@@ -135,4 +158,4 @@ class PairGraphs:
         return graph, choice
 
 
-__all__ = ["NOISE_QUESTIONS", "PairGraphs", "sample_pairs", "score_pairs"]
+__all__ = ["CE_STATIC_INT8_PRIOR_S", "NOISE_QUESTIONS", "STATIC_INT8", "PairGraphs", "sample_pairs", "score_pairs"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from retr.retrieval.backends import sample_texts
+from retr.retrieval.backends import chooser, sample_texts
 from retr.retrieval.backends.batching import fast_pair_tokenizer
 from retr.retrieval.backends.chooser import Choice
 from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
@@ -30,7 +30,7 @@ from retr.retrieval.rerank_check import (
     RerankWeight,
     rule_weight,
 )
-from retr.retrieval.rerank_graphs import PairGraphs, score_pairs
+from retr.retrieval.rerank_graphs import STATIC_INT8, PairGraphs, score_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +150,14 @@ def cross_encoder_ref(name: str) -> ModelRef:
     return ref
 
 
+def _weighed_record(b: chooser.Break) -> dict:
+    """``CrossEncoderReranker.weighed`` as a report records it: per query, not per document."""
+    even = b.break_even_docs
+    return {"queries": b.docs, "base_ms_per_query": b.base_s * 1000, "int8_ms_per_query": b.int8_s * 1000,
+            "making_s": b.calibration_s, "measured": b.measured, "saving_s": b.saving_s, "pays": b.pays,
+            "break_even_queries": None if even == float("inf") else round(even)}
+
+
 class CrossEncoderReranker:
     """Scores (query, document) pairs with a sentence-transformers ``CrossEncoder``: through an exported,
     verified graph (OpenVINO / ONNX Runtime, cached like the bi-encoder's) or with torch."""
@@ -166,6 +174,7 @@ class CrossEncoderReranker:
         self.graph: Graph | None = None
         self.choice: Choice | None = None  # how the graph was chosen, where it was measured
         self.pair_graphs: PairGraphs | None = None
+        self.weighed: chooser.Break | None = None  # whether making its static int8 graph paid a run (``expect``)
         # its graphs: opened, found and named as the bi-encoder's are (the torch model loaded only to export)
         self.exported = ExportedModel(self.ref, SCORING, self.max_length, lambda: self.model,
                                       use_cache_alone=self._fast_pairs is not None)
@@ -186,6 +195,34 @@ class CrossEncoderReranker:
         self.trained_corpus: str | None = record.get("corpus_sha256")  # None: not trained by retr
         self._warned: set[str] = set()
         self._checks: dict[tuple[str, str | None], CorpusCheck] = {}
+
+    def expect(self, queries: int) -> chooser.Break | None:
+        """A run is about to rerank ``queries`` queries (an eval, a topics file). Where its graph is measured here
+        (no backend named) and the model's static int8 graph is not in the cache yet, it is made first where those
+        queries would save more than making it costs (``PairGraphs.worth_making``), and the graphs are chosen
+        among again (timed, checked for ranking noise, stored). What was weighed, or None where nothing was."""
+        if self.pair_graphs is None or self.config.backend is not None or queries < 1:
+            return None
+        weighed = self.pair_graphs.worth_making(queries)
+        if weighed is None:
+            return None
+        self.weighed = weighed
+        saving = f"{queries} queries at {weighed.base_s * 1000:.0f} ms each would save ~{weighed.saving_s:.0f} s"
+        if not weighed.pays:
+            logger.info("cross-encoder: not making its static int8 graph: %s through it, not more than making it "
+                        "costs (~%.0f s)", saving, weighed.calibration_s)
+            return weighed
+        logger.info("cross-encoder: making its static int8 graph (~%.0f s, once per model): %s through it",
+                    weighed.calibration_s, saving)
+        try:
+            self.exported.open(STATIC_INT8, self._calibration())
+        except RetrError as e:  # disagrees with torch, or too noisy: refused, recorded, never weighed again
+            logger.warning("cross-encoder static int8 graph refused (%s): pairs stay on the %s graph", e,
+                           self.backend)
+            return weighed
+        self.pair_graphs = replace(self.pair_graphs)  # its candidates found again, the new graph among them
+        self.graph, self.choice = self.pair_graphs.chosen()
+        return weighed
 
     def trained_on(self, corpus_sha256: str | None) -> bool | None:
         """Whether this cross-encoder was trained on the corpus an index holds (None: unknown: a folder retr did
@@ -291,4 +328,5 @@ class CrossEncoderReranker:
                 "backend": self.backend,
                 "trained_corpus_sha256": self.trained_corpus,
                 "precision": graph_info(self.graph)["precision"],
-                **({"chosen": self.choice.to_dict()} if self.choice is not None else {})}
+                **({"chosen": self.choice.to_dict()} if self.choice is not None else {}),
+                **({"static_int8_weighed": _weighed_record(self.weighed)} if self.weighed is not None else {})}

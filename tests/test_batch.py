@@ -72,10 +72,16 @@ def test_batch_search_with_filter_and_every_format(index, tmp_path, capsys):
         assert idx.search_topics({"a": "water"}, k=10, mode="bm25")["a"]
 
 
-def test_batch_search_with_rerank(index, tmp_path, tiny_cross_encoder):
+def test_batch_search_with_rerank(index, tmp_path, tiny_cross_encoder, monkeypatch):
+    from retr.retrieval.rerank import CrossEncoderReranker
+
+    told = []
+    expect = CrossEncoderReranker.expect
+    monkeypatch.setattr(CrossEncoderReranker, "expect", lambda self, n: told.append(n) or expect(self, n))
     out = tmp_path / "run.trec"
     assert main(["search", str(index), "--topics", str(_topics(tmp_path)), "--out", str(out), "--mode", "bm25",
                  "--rerank", str(tiny_cross_encoder), "--no-rerank-check", "-k", "4"]) == 0
+    assert told == [len(TOPICS)]  # told how many queries it reranks (its int8 graph made where they repay it)
     from retr.retrieval.rerank import RerankConfig
 
     s = Searcher(index, rerank=RerankConfig(model=str(tiny_cross_encoder), corpus_check=False))

@@ -99,3 +99,105 @@ def test_static_int8_pairs_are_candidates_only_where_int8_runs(flags, int8_kept)
     assert ("openvino-int8" in [b.name for b in kept]) is int8_kept
     assert "onnx" in [b.name for b in kept]
     assert (dict(pruned).get("openvino-int8") is None) is int8_kept
+
+
+VNNI = Platform.of({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}, cpu="AMD EPYC (simulated)")  # int8 prior 1.44
+AVX2 = Platform.of({"avx", "avx2", "fma"}, cpu="AVX2 only (simulated)")
+
+
+def _on(monkeypatch, platform: Platform) -> None:
+    import retr.retrieval.rerank_model as rerank_model
+
+    monkeypatch.setattr(rerank_model, "this_platform", lambda: platform)
+
+
+def _noise_bound_lifted(monkeypatch) -> None:
+    """A random tiny cross-encoder's static int8 graph adds ranking noise ~5 (a trained one: ~0.12): here its bound
+    is lifted, so that the graph made is kept and becomes a candidate."""
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    import retr.retrieval.rerank_graphs as rerank_graphs
+    from retr.retrieval.backends import registry
+
+    loose = dict(registry.BACKENDS)
+    loose["openvino-int8"] = replace(loose["openvino-int8"], max_rank_noise={"bi": 0.05, "ce": 100.0},
+                                     floors={"bi": 0.98, "ce": 0.0})
+    for module in (registry, rerank_graphs):
+        monkeypatch.setattr(module, "BACKENDS", MappingProxyType(loose))
+    monkeypatch.setattr(rerank_graphs, "CE_MAX_RANK_NOISE", 100.0)
+
+
+def _static_folder(reranker) -> bool:
+    """Whether the model's static int8 cross-encoder graph was made (kept, or refused and recorded)."""
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.backends.graphs import cache_folder
+    from retr.retrieval.backends.registry import BACKENDS
+
+    return cache_folder(cache_home(), reranker.model_hash, BACKENDS["openvino-int8"], reranker.exported.kind,
+                        reranker._calibration()).is_dir()
+
+
+def test_a_run_whose_queries_repay_it_makes_the_static_int8_graph_and_chooses_again(tiny_cross_encoder,
+                                                                                     monkeypatch):
+    """Told how many queries it will rerank, a reranker whose graph is measured here makes the model's static int8
+    graph first where they would save more than making it costs (the base graph timed: 9 ms a query's pairs;
+    static int8 at the platform's prior, 1.44x; ~16.5 s to make): 10,000 queries save ~27 s. It is then among the
+    candidates timed, checked and chosen; the report records what was weighed."""
+    _on(monkeypatch, VNNI)
+    _noise_bound_lifted(monkeypatch)
+    calls = _fake_speeds(monkeypatch, {"openvino": 9.0, "openvino-int8": 3.0}, {"openvino-int8": 0.01})
+    r = _reranker(tiny_cross_encoder)
+    assert r.backend == "openvino" and calls == []  # one candidate: nothing timed
+    weighed = r.expect(10_000)
+    assert weighed.pays and weighed.base_s == pytest.approx(0.009) and weighed.saving_s > weighed.calibration_s
+    assert _static_folder(r) and "openvino-int8" in r.pair_graphs.candidates  # made now, and a candidate
+    assert r.backend == "openvino-int8" and r.choice.role == chooser.PAIRS and sorted(calls) == [
+        "openvino", "openvino", "openvino-int8"]  # weighed, then both timed: the faster chosen
+    record = r.describe()["static_int8_weighed"]
+    assert record["queries"] == 10_000 and record["pays"] and record["base_ms_per_query"] == pytest.approx(9.0)
+    calls.clear()
+    assert r.expect(10_000) is None and calls == []  # made already: nothing weighed again
+
+
+def test_a_run_too_short_to_repay_it_makes_nothing(tiny_cross_encoder, monkeypatch):
+    """100 queries save ~0.3 s through static int8, far less than making it: nothing is made, the base graph
+    stays; with a backend named, or without int8 dot products, nothing is weighed at all."""
+    _on(monkeypatch, VNNI)
+    calls = _fake_speeds(monkeypatch, {"openvino": 9.0})
+    r = _reranker(tiny_cross_encoder)
+    weighed = r.expect(100)
+    assert weighed is not None and not weighed.pays and not _static_folder(r) and r.backend == "openvino"
+    assert r.describe()["static_int8_weighed"]["pays"] is False and calls == ["openvino"]
+    calls.clear()
+    assert _reranker(tiny_cross_encoder, backend="openvino").expect(10 ** 6) is None
+    _on(monkeypatch, AVX2)
+    assert _reranker(tiny_cross_encoder).expect(10 ** 6) is None
+    assert calls == [] and not _static_folder(r)
+
+
+def test_a_static_int8_graph_refused_when_made_leaves_the_base_graph_and_is_never_weighed_again(
+        tiny_cross_encoder, monkeypatch, caplog):
+    """A random tiny cross-encoder's static int8 graph fails its ranking-noise check when made: a warning, the
+    pairs stay on the base graph, and the refusal (recorded in the cache) is not weighed again."""
+    _on(monkeypatch, VNNI)
+    calls = _fake_speeds(monkeypatch, {"openvino": 9.0})
+    r = _reranker(tiny_cross_encoder)
+    with caplog.at_level("WARNING", logger="retr"):
+        assert r.expect(10_000).pays
+    assert r.backend == "openvino" and any("refused" in m.getMessage() for m in caplog.records)
+    calls.clear()
+    assert _reranker(tiny_cross_encoder).expect(10_000) is None and calls == []
+
+
+def test_an_eval_tells_its_reranker_how_many_queries_its_rerank_pipelines_will_rerank(monkeypatch):
+    from retr.eval.runner import EvalConfig, PipelineSpec
+    from retr.eval.runner import _reranker as eval_reranker
+
+    told = []
+    monkeypatch.setattr(CrossEncoderReranker, "__init__", lambda self, cfg: None)
+    monkeypatch.setattr(CrossEncoderReranker, "expect", lambda self, n: told.append(n))
+    cfg = EvalConfig(pipelines=tuple(PipelineSpec.parse(p) for p in ("bm25", "hybrid+rerank", "dense+rerank")),
+                     reranker=RerankConfig(model="unused"))
+    assert isinstance(eval_reranker(cfg, 300), CrossEncoderReranker) and told == [600]
+    assert eval_reranker(EvalConfig(pipelines=(PipelineSpec.parse("hybrid"),)), 300) is None and told == [600]
