@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -89,7 +90,8 @@ def _kept_entry(tiny_bi_encoder, monkeypatch):
     return cfg, enc, entry, want
 
 
-@pytest.mark.parametrize("damage", ["flipped", "truncated", "garbage manifest", "a symlink"])
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "garbage manifest", "a symlink", "a FIFO manifest",
+                                    "another entry's files", "a symlinked entry"])
 def test_a_damaged_kept_model_is_discarded_with_a_warning_and_compiled_again(tiny_bi_encoder, two_cores,
                                                                              monkeypatch, caplog, tmp_path, damage):
     """OpenVINO's own model cache ran a blob with flipped bytes and ranked with it. A kept model is checked in full
@@ -110,6 +112,22 @@ def test_a_damaged_kept_model_is_discarded_with_a_warning_and_compiled_again(tin
         elsewhere = tmp_path / "elsewhere.blob"
         blob.rename(elsewhere)
         blob.symlink_to(elsewhere)
+    elif damage == "a FIFO manifest":  # never blocks
+        (entry / "manifest.json").unlink()
+        os.mkfifo(entry / "manifest.json")
+    elif damage in ("another entry's files", "a symlinked entry"):  # a consistent pair, of another CPU's entry
+        import openvino as ov
+
+        runner = BiEncoder(cfg).query_graph.runner
+        other = CompiledStore(entry.parent, runner._kept.source, "another CPU")
+        other.compile(ov.Core(), runner._model, runner.compile_config())
+        (theirs,) = [p for p in entry.parent.iterdir() if p != entry and not p.name.startswith(".")]
+        if damage == "a symlinked entry":
+            shutil.rmtree(entry)
+            entry.symlink_to(theirs)
+        else:
+            for name in ("manifest.json", BLOB):
+                (entry / name).write_bytes((theirs / name).read_bytes())
     elif damage == "truncated":
         blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])
     else:
@@ -117,9 +135,11 @@ def test_a_damaged_kept_model_is_discarded_with_a_warning_and_compiled_again(tin
     with caplog.at_level(logging.WARNING, logger="retr"):
         got = BiEncoder(cfg).query_graph.runner(_feed(enc))
     np.testing.assert_array_equal(got, want)
-    assert any("damaged" in r.getMessage() and str(entry) in r.getMessage() for r in caplog.records)
+    assert any(("damaged" in r.getMessage() or "not a folder" in r.getMessage()) and str(entry) in r.getMessage()
+               for r in caplog.records)
     meta = json.loads((entry / "manifest.json").read_text())  # kept again, checked
     assert meta["files"][BLOB]["bytes"] == blob.stat().st_size > 0 and not blob.is_symlink()
+    assert not entry.is_symlink() and meta["cpu"] != "another CPU"
 
 
 def test_a_kept_model_stays_only_where_reading_it_back_was_measured_faster_than_compiling(tiny_bi_encoder,
@@ -175,12 +195,16 @@ def test_writing_a_kept_model_removes_those_it_supersedes_and_what_openvinos_cac
     other = tmp_path / "another graph"
     other.mkdir()
     another = entry("another-0123456789abcdef", source=str(other))
+    # a graph folder whose name begins with this one's (openvino / openvino-int8w): its entry is not this one's
+    longer = tmp_path / (source.name + "-int8w")
+    longer.mkdir()
+    prefixed = entry(source.name + "-int8w-0123456789abcdef", source=str(longer))
     (root / "2719112451699636675.blob").write_bytes(b"OpenVINO's")
     (root / "notes.txt").write_text("not ours")
     BiEncoder(cfg).query_graph.runner(_feed(enc))  # compiled and kept
     names = {p.name for p in _entries(root)}
     assert earlier_export.name not in names and gone.name not in names and "2719112451699636675.blob" not in names
-    assert {another.name, "notes.txt"} <= names and len(names) == 3
+    assert {another.name, prefixed.name, "notes.txt"} <= names and len(names) == 4
 
 
 def test_a_cache_that_cannot_be_written_still_compiles_and_searches(tiny_bi_encoder, two_cores, monkeypatch):

@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from retr.retrieval.artifacts import atomic_dir, new_manifest
+from retr.retrieval.artifacts import atomic_dir, new_manifest, read_small
+from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class CompiledStore:
         if digest is None:
             return core.compile_model(model, "CPU", config)
         folder = self.folder(digest, config)
-        meta, blob, read_s = _read(folder)
+        meta, blob, read_s = _read(folder, self._identity(digest, config))
         if meta is not None and blob is None:  # measured no faster to read than to compile here
             return core.compile_model(model, "CPU", config)
         if blob is not None:
@@ -102,14 +103,17 @@ class CompiledStore:
         self._write(folder, compiled, digest, config, time.perf_counter() - t0)
         return compiled
 
+    def _identity(self, digest: str, config: dict) -> dict:
+        """What an entry's manifest must record to be this graph compiled with ``config`` here."""
+        return {"source": str(self.source.resolve()), "source_manifest_sha256": digest,
+                "config": {k: str(v) for k, v in config.items()}, "cpu": self.cpu, "openvino": _openvino_version()}
+
     def _write(self, folder: Path, compiled, digest: str, config: dict, compile_s: float) -> None:
         try:
             with compiled.export_model().getbuffer() as blob, atomic_dir(folder) as tmp:  # the stream's own bytes
                 (tmp / BLOB).write_bytes(blob)
                 size = len(blob)
-                meta = new_manifest(KIND, source=str(self.source.resolve()), source_manifest_sha256=digest,
-                                    config={k: str(v) for k, v in config.items()}, cpu=self.cpu,
-                                    openvino=_openvino_version(), compile_seconds=compile_s,
+                meta = new_manifest(KIND, **self._identity(digest, config), compile_seconds=compile_s,
                                     files={BLOB: {"sha256": _sha256(blob), "bytes": size}})
                 (tmp / MANIFEST).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         except OSError as e:  # a read-only or full cache: compiled again next time, nothing else lost
@@ -119,22 +123,34 @@ class CompiledStore:
         _prune(self.root, keep=folder)
 
 
-def _read(folder: Path) -> tuple[dict | None, mmap.mmap | None, float]:
+def _read(folder: Path, identity: dict) -> tuple[dict | None, mmap.mmap | None, float]:
     """An entry's manifest, its blob mapped where kept (None: absent, or only the note that it is not kept; the
-    caller closes it) and the seconds mapping and checking it took; a damaged entry is discarded (``(None, None,
-    0)``)."""
+    caller closes it) and the seconds mapping and checking it took. An entry that is not what ``identity`` names
+    (another graph's or options' entry in its place), whose manifest or blob is damaged, or a symlink in the
+    entry's place, is discarded (``(None, None, 0)``)."""
     t0 = time.perf_counter()
     try:
-        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None, None, 0.0
+    except OSError as e:  # a symlink or a file in the entry's place
+        logger.warning("kept compiled model %s is not a folder (%s): removed, the model is compiled again",
+                       folder, e.strerror)
+        with contextlib.suppress(OSError):
+            folder.unlink()
         return None, None, 0.0
     blob = None
     try:
-        fd = os.open(MANIFEST, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
-        with os.fdopen(fd, "rb") as fh:
-            meta = json.loads(fh.read())
+        meta = json.loads(_small_at(dfd, MANIFEST))
         if not isinstance(meta, dict) or meta.get("format") != KIND:
             raise ValueError("not a compiled model's manifest")
+        named = {k: meta.get(k) for k in identity}
+        if named != identity:
+            wrong = ", ".join(k for k in identity if named[k] != identity[k])
+            raise ValueError(f"its manifest names another {wrong}")
+        compile_s = meta.get("compile_seconds")
+        if isinstance(compile_s, bool) or not isinstance(compile_s, (int, float)) or not 0 < compile_s < 1e6:
+            raise ValueError(f"compile_seconds {compile_s!r}")
         if "not_kept" in meta:  # the note that reading it back did not pay
             return meta, None, 0.0
         info = meta["files"][BLOB]
@@ -152,6 +168,17 @@ def _read(folder: Path) -> tuple[dict | None, mmap.mmap | None, float]:
         return None, None, 0.0
     finally:
         os.close(dfd)
+
+
+def _small_at(dfd: int, name: str, limit: int = 1 << 20) -> bytes:
+    """``name`` in the folder ``dfd``: a regular file (never a symlink, FIFO or device: a FIFO never blocks) of at
+    most ``limit`` bytes."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise ValueError(f"{name} is not a regular file of at most {limit} bytes")
+        return fh.read(limit + 1)
 
 
 def _map_at(dfd: int, name: str) -> mmap.mmap:
@@ -203,7 +230,6 @@ def _prune(root: Path, keep: Path) -> None:
         entries = list(root.iterdir())
     except (OSError, ValueError):
         return
-    prefix = Path(ours["source"]).name + "-"
     for p in entries:
         if p == keep or p.name.startswith("."):
             continue
@@ -212,12 +238,14 @@ def _prune(root: Path, keep: Path) -> None:
                 p.unlink()
             continue
         try:
-            theirs = json.loads((p / MANIFEST).read_text(encoding="utf-8"))
+            if p.is_symlink() or not p.is_dir():
+                continue
+            theirs = json.loads(read_small(p / MANIFEST))
             gone = not Path(theirs["source"]).is_dir()
-            superseded = p.name.startswith(prefix) and (
+            superseded = theirs["source"] == ours["source"] and (
                 theirs["source_manifest_sha256"] != ours["source_manifest_sha256"]
                 or (theirs["openvino"] != ours["openvino"] and theirs["cpu"] == ours["cpu"]))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RetrError):
             continue  # not an entry of this kind, or another writer's being replaced: left alone
         if gone or superseded:
             logger.debug("compiled model %s removed (%s)", p, "its graph is gone" if gone else "superseded")
