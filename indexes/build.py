@@ -107,7 +107,9 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
     key = embedding_key(encoder.model_hash, texts.sha256, encoder.max_length,
                         encoder.planner.graph_id(texts.texts), encoder.prompts.document)
     if use_cache:
-        hit = cache.load(key, len(texts.texts), encoder.dim)
+        hit = cache.load(key, len(texts.texts), encoder.dim,
+                         expect={"model_hash": encoder.model_hash, "corpus_sha256": texts.sha256,
+                                 "max_length": encoder.max_length, "doc_prompt": encoder.prompts.document})
         if hit is not None:
             return hit[0], {"cached": True, "cache_key": key, "encode_seconds": 0.0, "graph": hit[1].get("graph"),
                             "truncation": hit[1].get("truncation")}

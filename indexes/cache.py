@@ -11,12 +11,13 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from retr.indexes.dense import row_blocks
-from retr.retrieval.artifacts import atomic_dir, cache_home, file_sha256, write_json
+from retr.retrieval.artifacts import atomic_dir, cache_home, file_sha256, read_small, write_json
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -52,16 +53,21 @@ class EmbeddingCache:
         logger.warning("embedding cache %s is damaged (%s): discarded, the corpus is encoded again", folder, why)
         shutil.rmtree(folder, ignore_errors=True)
 
-    def load(self, key: str, num_docs: int, dim: int) -> tuple[np.ndarray, dict] | None:
-        """(embeddings memory-mapped, the info saved with them), or None (absent, or damaged and discarded)."""
+    def load(self, key: str, num_docs: int, dim: int, expect: Mapping | None = None) -> tuple[np.ndarray, dict] | None:
+        """(embeddings memory-mapped, the info saved with them), or None (absent, or damaged and discarded). An
+        entry is another's where its info names another ``key``, or (an entry of an earlier retr, which recorded no
+        key) differs from ``expect`` in a field both hold: another entry's files in its place."""
         folder = self.path(key)
         if not folder.is_dir():
             return None
         npy = folder / "embeddings.npy"
         try:
-            meta = json.loads((folder / "meta.json").read_text())
+            meta = json.loads(read_small(folder / "meta.json"))
             if not isinstance(meta, dict):
                 raise ValueError("meta.json is not a JSON object")
+            named = {k: meta[k] for k in (expect or {}) if k in meta}
+            if meta.get("key", key) != key or any(named[k] != expect[k] for k in named):
+                raise ValueError("its info names another corpus, model or graph")
             if meta.get("shape") != [num_docs, dim]:
                 raise ValueError(f"shape {meta.get('shape')}, expected {[num_docs, dim]}")
             if file_sha256(npy) != meta.get("sha256"):
@@ -82,5 +88,5 @@ class EmbeddingCache:
     def save(self, key: str, emb: np.ndarray, info: dict) -> None:
         with atomic_dir(self.path(key)) as tmp:
             np.save(tmp / "embeddings.npy", np.asarray(emb, dtype=np.float32))
-            write_json(tmp / "meta.json", {**info, "shape": list(emb.shape),
+            write_json(tmp / "meta.json", {**info, "key": key, "shape": list(emb.shape),
                                            "sha256": file_sha256(tmp / "embeddings.npy")})

@@ -116,3 +116,26 @@ def test_embedding_cache_entries_carry_a_checksum_and_bad_vectors_are_discarded(
     meta["sha256"] = file_sha256(cache.path("k") / "embeddings.npy")
     (cache.path("k") / "meta.json").write_text(json.dumps(meta))  # a checksum that matches: the norms still fail
     assert cache.load("k", 4, 4) is None and "norm 19" in caplog.text and not cache.path("k").exists()
+
+
+def test_an_embedding_entry_holding_another_entrys_files_is_discarded_not_used(tmp_path, caplog):
+    """Another entry's consistent files (vectors of another corpus, same shape) copied into an entry's folder: its
+    info names another key and is discarded, and so is an earlier retr's entry (no key recorded) whose corpus
+    checksum differs from the one asked for; matching info is used."""
+    import shutil
+
+    from retr.indexes.cache import EmbeddingCache
+
+    cache = EmbeddingCache(tmp_path)
+    a, b = np.eye(4, dtype=np.float32), np.eye(4, dtype=np.float32)[::-1].copy()
+    cache.save("a", a, {"corpus_sha256": "A"})
+    cache.save("b", b, {"corpus_sha256": "B"})
+    shutil.rmtree(cache.path("a"))
+    shutil.copytree(cache.path("b"), cache.path("a"))
+    assert cache.load("a", 4, 4) is None and "another corpus" in caplog.text and not cache.path("a").exists()
+    meta = json.loads((cache.path("b") / "meta.json").read_text())
+    del meta["key"]  # as an earlier retr wrote it
+    (cache.path("b") / "meta.json").write_text(json.dumps(meta))
+    got, _ = cache.load("b", 4, 4, expect={"corpus_sha256": "B", "model_hash": "not recorded: not compared"})
+    np.testing.assert_array_equal(got, b)
+    assert cache.load("b", 4, 4, expect={"corpus_sha256": "A"}) is None and not cache.path("b").exists()
