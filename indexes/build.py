@@ -97,6 +97,16 @@ def truncation_report(encoder: BiEncoder, texts: list[str], what: str, known: di
     return t
 
 
+def _save_quietly(cache: EmbeddingCache, key: str, embeddings, info: dict) -> None:
+    """The vectors cached for the next index of the same corpus; where the cache cannot be written (``RETR_CACHE``
+    a file, read-only, full), a warning: the index is built all the same."""
+    try:
+        cache.save(key, embeddings, info)
+    except OSError as e:
+        logger.warning("embeddings not cached in %s (%s): the next index of this corpus encodes it again",
+                       cache.root, e.strerror or e)
+
+
 def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True,
                       cache: EmbeddingCache | None = None, texts: IndexTexts | None = None,
                       executor: ExecutorConfig | None = None) -> tuple[np.ndarray, dict]:
@@ -125,7 +135,7 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
     # recorded with the vectors: measured by the encoding's own tokenisation, else (torch) by counting tokens now
     truncation = encoded.truncation or encoder.tokens.truncation(texts.texts)
     if use_cache:
-        cache.save(key, encoded.embeddings, {
+        _save_quietly(cache, key, encoded.embeddings, {
             "model": encoder.model_id, "model_hash": encoder.model_hash, "backend": encoder.backend,
             "corpus_sha256": texts.sha256, "max_length": encoder.max_length, "encode_seconds": seconds,
             "doc_prompt": encoder.prompts.document,

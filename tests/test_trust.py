@@ -139,3 +139,120 @@ def test_an_embedding_entry_holding_another_entrys_files_is_discarded_not_used(t
     got, _ = cache.load("b", 4, 4, expect={"corpus_sha256": "B", "model_hash": "not recorded: not compared"})
     np.testing.assert_array_equal(got, b)
     assert cache.load("b", 4, 4, expect={"corpus_sha256": "A"}) is None and not cache.path("b").exists()
+
+
+class _Hang(Exception):
+    pass
+
+
+def _within(seconds: int):
+    """A context in which a blocked read fails the test instead of hanging it."""
+    import contextlib
+    import signal
+
+    @contextlib.contextmanager
+    def ctx():
+        def stop(*_):
+            raise _Hang(f"blocked for {seconds} s")
+        old = signal.signal(signal.SIGALRM, stop)
+        signal.alarm(seconds)
+        try:
+            yield
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+    return ctx()
+
+
+@pytest.mark.parametrize("damage", ["a FIFO", "a symlink to /dev/zero", "files as a list", "another dim"])
+def test_a_graph_manifest_that_is_no_file_or_lies_is_discarded_and_the_graph_made_again(tiny_bi_encoder, caplog,
+                                                                                        damage):
+    """A cached graph's manifest that is a FIFO (read, it would block forever), a symlink to an endless device, or
+    that records its files as a list or another vector width than its graph gives: the graph is discarded with a
+    warning and made again, with the same vectors."""
+    import os
+
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    cfg = EncoderConfig(model=str(tiny_bi_encoder), backend="openvino")
+    want = BiEncoder(cfg).encode(["wolves in the forest"])
+    manifest = BiEncoder(cfg).graph.path.parent / "manifest.json"
+    meta = json.loads(manifest.read_text())
+    manifest.unlink()
+    if damage == "a FIFO":
+        os.mkfifo(manifest)
+    elif damage == "a symlink to /dev/zero":
+        manifest.symlink_to("/dev/zero")
+    else:
+        meta = {**meta, "files": list(meta["files"])} if damage == "files as a list" else {**meta, "dim": 128}
+        manifest.write_text(json.dumps(meta))
+    with _within(60), caplog.at_level("WARNING", logger="retr"):
+        enc = BiEncoder(cfg)
+        got = enc.encode(["wolves in the forest"])
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert any("damaged" in r.getMessage() for r in caplog.records)
+    assert json.loads(manifest.read_text())["dim"] == enc.dim == got.shape[1]  # made again, whole
+
+
+@pytest.mark.parametrize("damage", ["a FIFO", "a symlink to /dev/zero", "passed as a string", "ms NaN",
+                                    "ms negative", "noise a string"])
+def test_a_stored_choice_that_is_no_file_or_holds_impossible_values_is_timed_again(tmp_path, caplog, damage):
+    import os
+
+    from retr.retrieval.backends import chooser
+    from retr.retrieval.backends.chooser import QUERIES, Timing
+
+    store = chooser.ChoiceStore(tmp_path)
+    store.put("k", chooser.choose(QUERIES, [Timing("openvino", 0.004), Timing("onnx", 0.003, rank_noise=0.01)],
+                                  "openvino"))
+    path = tmp_path / "choices" / "k.json"
+    stored = json.loads(path.read_text())
+    path.unlink()
+    first = dict(stored["candidates"][0])
+    if damage == "a FIFO":
+        os.mkfifo(path)
+    elif damage == "a symlink to /dev/zero":
+        path.symlink_to("/dev/zero")
+    else:
+        first.update({"passed as a string": {"passed": "false"}, "ms NaN": {"ms": float("nan")},
+                      "ms negative": {"ms": -1.0}, "noise a string": {"rank_noise": "low"}}[damage])
+        path.write_text(json.dumps({**stored, "candidates": [first, *stored["candidates"][1:]]}))
+    with _within(30), caplog.at_level("WARNING", logger="retr"):
+        assert store.get("k") is None
+    assert "timed again" in caplog.text
+
+
+def test_a_stored_precision_probe_with_impossible_figures_is_measured_again(monkeypatch, caplog):
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.backends import precision
+
+    monkeypatch.setattr(precision, "measure_apart", lambda threads: precision.PrecisionTiming(7.0, 14.0))
+    precision.timing.cache_clear()
+    got = precision.timing("a simulated CPU", 2)
+    path = cache_home() / "choices" / f"{precision._key('a simulated CPU', 2)}.json"
+    assert got == precision.PrecisionTiming(7.0, 14.0) and path.is_file()
+    for bad in ({"bf16_ms": float("nan"), "fp32_ms": 14.0}, {"bf16_ms": 7.0, "fp32_ms": 0}, [7.0, 14.0]):
+        path.write_text(json.dumps(bad))
+        precision.timing.cache_clear()
+        monkeypatch.setattr(precision, "measure_apart", lambda threads: precision.PrecisionTiming(6.0, 15.0))
+        with caplog.at_level("WARNING", logger="retr"):
+            assert precision.timing("a simulated CPU", 2) == precision.PrecisionTiming(6.0, 15.0)
+        assert "measured again" in caplog.text
+        caplog.clear()
+    precision.timing.cache_clear()
+
+
+def test_an_index_is_built_where_the_cache_cannot_be_written(tiny_bi_encoder, tmp_path, monkeypatch, caplog):
+    """``RETR_CACHE`` naming a file: the graph falls back to torch and the vectors are not cached (warnings); the
+    index is written all the same."""
+    from retr.cli.main import main
+
+    (tmp_path / "a file").write_text("in the way")
+    monkeypatch.setenv("RETR_CACHE", str(tmp_path / "a file"))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": str(i), "text": f"document {i} about wolves"}) + "\n"
+                              for i in range(5)))
+    with caplog.at_level("WARNING", logger="retr"):
+        assert main(["index", "--corpus", str(corpus), "--out", str(tmp_path / "i.idx"), "--model",
+                     str(tiny_bi_encoder)]) == 0
+    assert (tmp_path / "i.idx" / "manifest.json").is_file() and "not cached" in caplog.text

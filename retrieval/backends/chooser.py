@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from retr.retrieval.artifacts import atomic_write_text, versions
+from retr.retrieval.artifacts import atomic_write_text, read_small, versions
 from retr.retrieval.backends.platform import Platform
 from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, faster_enough, time_alternating, time_per_unit
+from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +74,27 @@ class Choice:
 
     @classmethod
     def from_dict(cls, d: dict) -> Choice:
-        timings = tuple(Timing(c["backend"], None if c.get("ms") is None else float(c["ms"]) / 1000,
-                               bool(c.get("passed", True)), str(c.get("why", "")),
-                               None if c.get("rank_noise") is None else float(c["rank_noise"]),
-                               bool(c.get("estimated", False)))
+        """A stored choice; ``ValueError`` / ``TypeError`` where a field is not what ``to_dict`` writes (a damaged
+        file: a verdict that is not a boolean, a time or a noise that is not a finite number >= 0)."""
+        timings = tuple(Timing(str(c["backend"]), None if c.get("ms") is None else _measure(c["ms"]) / 1000,
+                               _flag(c.get("passed", True)), str(c.get("why", "")),
+                               None if c.get("rank_noise") is None else _measure(c["rank_noise"]),
+                               _flag(c.get("estimated", False)))
                         for c in d.get("candidates", ()))
         pruned = tuple((p["backend"], p["why"]) for p in d.get("pruned", ()))
         return cls(str(d["role"]), str(d["backend"]), str(d["why"]), timings, pruned, measured=False)
+
+
+def _flag(value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{value!r} is not true or false")
+    return value
+
+
+def _measure(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError(f"{value!r} is not a finite number >= 0")
+    return float(value)
 
 
 def prune(platform: Platform, backends: Sequence) -> tuple[list, list[tuple[str, str]]]:
@@ -226,8 +241,11 @@ class ChoiceStore:
         own timings record as failing its check (a damaged file: timed again), or (``among``: the candidates there
         are now) it chose a candidate no longer among them."""
         try:
-            choice = Choice.from_dict(json.loads(self._path(key).read_text()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            choice = Choice.from_dict(json.loads(read_small(self._path(key))))  # never a FIFO or a device
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RetrError) as e:
+            logger.warning("stored choice %s unreadable (%s): timed again", self._path(key), e)
             return None
         if any(t.backend == choice.backend and not t.passed for t in choice.timings):
             logger.warning("stored choice %s names %s, which failed its check there: timed again",

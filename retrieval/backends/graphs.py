@@ -23,6 +23,7 @@ from retr.retrieval.artifacts import (
     check_checksums,
     checksums,
     new_manifest,
+    read_small,
     versions,
     write_json,
 )
@@ -160,13 +161,20 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
     if not folder.is_dir():
         return None
     try:
-        meta = json.loads((folder / "manifest.json").read_text())
+        raw = read_small(folder / "manifest.json")  # a small regular file: a FIFO or /dev/zero is never read
+    except (OSError, RetrError) as e:
+        _discard(folder, f"manifest: {e}")
+        return None
+    try:
+        meta = json.loads(raw)
         if not isinstance(meta, dict):
             raise ValueError("not a JSON object")
         if "refused" in meta:
             _refused_before(folder, meta, model_hash, backend, kind)
             return None
         check, dim, files = float(meta["check_cosine"]), int(meta["dim"]), meta["files"]
+        if not isinstance(files, dict) or dim < 1:
+            raise ValueError(f"files {type(files).__name__}, dim {dim}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         _discard(folder, f"manifest: {e}")
         return None
@@ -193,6 +201,10 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
         runner = _runner(backend, path, threads or default_threads())
     except Exception as e:  # noqa: BLE001 - a graph the runtime cannot read is a damaged entry
         _discard(folder, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+        return None
+    width = getattr(runner, "output_width", None)  # where the runtime knows it before running
+    if width is not None and width != dim:
+        _discard(folder, f"its graph gives {width}-wide outputs, its manifest says {dim}")
         return None
     return Graph(runner, path, backend, check, dim, precision, calibration.digest if calibration else None,
                  meta.get("rank_noise"))

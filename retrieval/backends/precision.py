@@ -19,9 +19,10 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from retr.retrieval.artifacts import atomic_write_text, cache_home, versions
+from retr.retrieval.artifacts import atomic_write_text, cache_home, read_small, versions
 from retr.retrieval.backends.quiet import vendor_telemetry_off
 from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, faster_enough, time_alternating
+from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
 
@@ -119,10 +120,15 @@ def timing(cpu: str, threads: int) -> PrecisionTiming | None:
     device): the flags then decide."""
     path = cache_home() / "choices" / f"{_key(cpu, threads)}.json"
     try:
-        stored = json.loads(path.read_text())
-        return PrecisionTiming(float(stored["bf16_ms"]), float(stored["fp32_ms"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        stored = json.loads(read_small(path))  # a small regular file: a FIFO or /dev/zero is never read
+        bf16_ms, fp32_ms = float(stored["bf16_ms"]), float(stored["fp32_ms"])
+        if not (0 < bf16_ms < 1e6 and 0 < fp32_ms < 1e6):  # NaN, 0, negative: a damaged file
+            raise ValueError(f"bf16 {bf16_ms} ms, fp32 {fp32_ms} ms")
+        return PrecisionTiming(bf16_ms, fp32_ms)
+    except FileNotFoundError:
         pass
+    except (OSError, ValueError, KeyError, TypeError, RetrError) as e:
+        logger.warning("stored precision probe %s unreadable (%s): measured again", path, e)
     try:
         measured = measure_apart(threads)
     except Exception as e:  # noqa: BLE001 - OpenVINO missing or refusing the probe: the flags decide
