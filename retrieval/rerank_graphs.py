@@ -38,6 +38,10 @@ STATIC_INT8 = "openvino-int8"
 # cross-encoder` log, 2026-12-07); its pairs then scored 1.53x as fast as bf16 (88.1 against 134.8 ms a query's
 # 20), where the platform's prior (``Platform.int8_prior``, the bi-encoder's documents) says 1.44
 CE_STATIC_INT8_PRIOR_S = 16.5
+# how long the configured graph is timed to weigh making static int8 (then stored): a rough figure is enough, as the
+# int8 side of the weighing is a prior (two questions' pairs, a warm-up and two rounds: ~0.8 s for a MiniLM
+# cross-encoder at depth 20 on 2 EPYC cores)
+WEIGH_BUDGET_S = 0.5
 
 
 def sample_pairs(depth: int, questions: int | None = None) -> list[tuple[str, list[str]]]:
@@ -89,10 +93,11 @@ class PairGraphs:
                 found[b.name] = graph
         return found
 
-    def seconds(self, graph: Graph) -> float:
-        """Median seconds per query's ``depth`` pairs through ``graph`` (a few questions, bounded)."""
-        pairs = sample_pairs(self.depth, 4)
-        return chooser.time_per_unit(lambda: [self.score(graph, q, d) for q, d in pairs], len(pairs))
+    def seconds(self, graph: Graph, questions: int = 4, **timing) -> float:
+        """Median seconds per query's ``depth`` pairs through ``graph`` (a few questions, bounded; ``timing``:
+        ``chooser.time_per_unit``'s budget and rounds)."""
+        pairs = sample_pairs(self.depth, questions)
+        return chooser.time_per_unit(lambda: [self.score(graph, q, d) for q, d in pairs], len(pairs), **timing)
 
     @functools.cached_property
     def _base_scores(self) -> list[np.ndarray]:
@@ -145,8 +150,25 @@ class PairGraphs:
             self.exported.find(static, self.calibration())
         except RetrError:  # refused for this model before
             return None
-        return chooser.calibration_pays(queries, self.seconds(self.base), self.platform,
+        return chooser.calibration_pays(queries, self.base_seconds(), self.platform,
                                         calibration_s=CE_STATIC_INT8_PRIOR_S)
+
+    def base_seconds(self) -> float:
+        """Seconds per query's pairs through the configured graph, as weighing static int8 needs it: stored per
+        model, graph, depth, length, CPU and versions (a run that did not make it times nothing the next time),
+        else timed now (~``WEIGH_BUDGET_S``)."""
+        key = chooser.choice_key(self.model_hash, chooser.PAIRS, [
+            self.exported.identity(self.base).key, f"depth={self.depth}", f"max_length={self.max_length}",
+            "weighing static int8"], self.platform)
+        store = chooser.ChoiceStore(cache_home())
+        stored = store.get(key)
+        if stored is not None and stored.timings and stored.timings[0].seconds:
+            return stored.timings[0].seconds
+        seconds = self.seconds(self.base, questions=2, budget_s=WEIGH_BUDGET_S, min_rounds=2)
+        store.put(key, chooser.Choice(chooser.PAIRS, self.base.variant, "timed to weigh making static int8",
+                                      (chooser.Timing(self.base.variant, seconds),)), model_hash=self.model_hash,
+                  cpu=self.platform.cpu)
+        return seconds
 
     def chosen(self) -> tuple[Graph, chooser.Choice | None]:
         """The graph that scores pairs, and the choice that took it (None: the only candidate); the other

@@ -21,7 +21,7 @@ def _reranker(model, **options) -> CrossEncoderReranker:
 def _fake_speeds(monkeypatch, ms: dict[str, float], noise: dict[str, float] | None = None):
     calls = []
 
-    def seconds(self, graph):
+    def seconds(self, graph, *args, **timing):
         calls.append(graph.variant)
         return ms[graph.variant] / 1000
 
@@ -170,6 +170,8 @@ def test_a_run_too_short_to_repay_it_makes_nothing(tiny_cross_encoder, monkeypat
     assert weighed is not None and not weighed.pays and not _static_folder(r) and r.backend == "openvino"
     assert r.describe()["static_int8_weighed"]["pays"] is False and calls == ["openvino"]
     calls.clear()
+    again = _reranker(tiny_cross_encoder).expect(100)  # the next run reads the stored timing: nothing timed
+    assert again.base_s == pytest.approx(weighed.base_s) and not again.pays and calls == []
     assert _reranker(tiny_cross_encoder, backend="openvino").expect(10 ** 6) is None
     _on(monkeypatch, AVX2)
     assert _reranker(tiny_cross_encoder).expect(10 ** 6) is None
