@@ -145,7 +145,8 @@ def test_a_run_whose_queries_repay_it_makes_the_static_int8_graph_and_chooses_ag
     static int8 at the platform's prior, 1.44x; ~16.5 s to make): 10,000 queries save ~27 s. It is then among the
     candidates timed, checked and chosen; the report records what was weighed."""
     _on(monkeypatch, VNNI)
-    _noise_bound_lifted(monkeypatch)
+    _noise_bound_lifted(monkeypatch)  # in this process: the graph is made here, not in a child
+    monkeypatch.setattr(CrossEncoderReranker, "_make_apart", lambda self, b: self.exported.open(b, self._calibration()))
     calls = _fake_speeds(monkeypatch, {"openvino": 9.0, "openvino-int8": 3.0}, {"openvino-int8": 0.01})
     r = _reranker(tiny_cross_encoder)
     assert r.backend == "openvino" and calls == []  # one candidate: nothing timed
@@ -203,3 +204,19 @@ def test_an_eval_tells_its_reranker_how_many_queries_its_rerank_pipelines_will_r
                      reranker=RerankConfig(model="unused"))
     assert isinstance(eval_reranker(cfg, 300), CrossEncoderReranker) and told == [600]
     assert eval_reranker(EvalConfig(pipelines=(PipelineSpec.parse("hybrid"),)), 300) is None and told == [600]
+
+
+def test_a_graph_made_apart_is_made_in_a_child_into_the_cache_and_its_refusal_raised_here(tiny_cross_encoder,
+                                                                                          capfd, caplog):
+    """``_make_apart`` makes a graph in a child process (its torch export's memory handed back when it ends): the
+    graph is then in the cache for this process, the child's log lines pass through, and a refusal there is a
+    ``RetrError`` here."""
+    from retr.retrieval.errors import RetrError
+
+    r = _reranker(tiny_cross_encoder)
+    assert r.exported.find("onnx") is None
+    caplog.set_level("INFO", logger="retr")  # the child logs at this process's level
+    r._make_apart("onnx")
+    assert r.exported.find("onnx") is not None and "exporting cross-encoder" in capfd.readouterr().err
+    with pytest.raises(RetrError, match="ranking noise"):  # a random model's static int8: too noisy
+        r._make_apart("openvino-int8")
