@@ -340,7 +340,7 @@ def check_sizes(folder: Path, recorded: dict[str, dict[str, Any]]) -> str | None
             return f"{p}: not a regular file"
         size = st.st_size
         if size != info.get("bytes"):
-            return f"{p}: {size} bytes, its manifest records {info.get('bytes')}"
+            return f"{p}: {size} bytes, its manifest records {info.get('bytes')!r}"
     return None
 
 

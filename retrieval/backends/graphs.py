@@ -150,7 +150,7 @@ def _files_ok(folder: Path, files: dict) -> str | None:
 
 
 def _discard(folder: Path, why: str) -> None:
-    logger.warning("cached graph %s is damaged (%s): discarded, it will be rebuilt", folder, why)
+    logger.warning("cached graph %s is damaged (%s): discarded (made again where it is next needed)", folder, why)
     shutil.rmtree(folder, ignore_errors=True)
 
 
