@@ -256,3 +256,21 @@ def test_an_index_is_built_where_the_cache_cannot_be_written(tiny_bi_encoder, tm
         assert main(["index", "--corpus", str(corpus), "--out", str(tmp_path / "i.idx"), "--model",
                      str(tiny_bi_encoder)]) == 0
     assert (tmp_path / "i.idx" / "manifest.json").is_file() and "not cached" in caplog.text
+
+
+def test_an_onnx_graph_whose_manifest_lies_about_its_width_is_discarded_when_its_session_is_made(tiny_bi_encoder,
+                                                                                               caplog):
+    """ONNX Runtime declares a graph's output width only once its session is made: there a manifest recording
+    another width is a one-line error naming the graph's folder, the entry is discarded, and the next run makes
+    the graph again with the right vectors."""
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    cfg = EncoderConfig(model=str(tiny_bi_encoder), backend="onnx")
+    want = BiEncoder(cfg).encode(["wolves in the forest"])
+    folder = BiEncoder(cfg).graph.path.parent
+    meta = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**meta, "dim": meta["dim"] + 1}))
+    with caplog.at_level("WARNING", logger="retr"), pytest.raises(RetrError, match=str(folder)):
+        BiEncoder(cfg).encode(["wolves in the forest"])
+    assert not folder.exists() and "damaged" in caplog.text
+    np.testing.assert_allclose(BiEncoder(cfg).encode(["wolves in the forest"]), want, atol=1e-6)

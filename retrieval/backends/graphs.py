@@ -202,10 +202,12 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
     except Exception as e:  # noqa: BLE001 - a graph the runtime cannot read is a damaged entry
         _discard(folder, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
         return None
-    width = getattr(runner, "output_width", None)  # where the runtime knows it before running
+    width = getattr(runner, "output_width", None)  # where the runtime knows it before running (OpenVINO)
     if width is not None and width != dim:
         _discard(folder, f"its graph gives {width}-wide outputs, its manifest says {dim}")
         return None
+    if width is None and hasattr(runner, "expect_width"):  # ONNX Runtime: checked when its session is made
+        runner.expect_width(dim, lambda why: _discard(folder, why))
     return Graph(runner, path, backend, check, dim, precision, calibration.digest if calibration else None,
                  meta.get("rank_noise"))
 

@@ -6,6 +6,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends.compiled import CompiledStore
 from retr.retrieval.backends.platform import this_platform
 from retr.retrieval.backends.quiet import vendor_telemetry_off
+from retr.retrieval.errors import RetrError
 
 
 def cpu_has_bf16() -> bool:
@@ -51,6 +53,26 @@ class OrtRunner:
         self.precision = precision
         self._session = None
         self._lock = threading.Lock()
+        # (the output width its cache entry records, what to do where the session declares another: discard the
+        # entry), checked when the session is made (``expect_width``); an OpenVINO runner's is ``output_width``
+        self._expected: tuple[int, Callable[[str], None]] | None = None
+
+    def expect_width(self, width: int, damaged: Callable[[str], None]) -> None:
+        """Check, when the session is made, that its output rows are ``width`` wide as declared in the file (1: one
+        score per row); where they are not, call ``damaged(why)`` and raise a ``RetrError``."""
+        self._expected = (width, damaged)
+
+    def _check_width(self, session) -> None:
+        if self._expected is None:
+            return
+        width, damaged = self._expected
+        shape = session.get_outputs()[0].shape
+        declared = 1 if len(shape) == 1 else shape[-1]
+        if isinstance(declared, int) and declared != width:
+            why = f"its graph gives {declared}-wide outputs, its manifest says {width}"
+            damaged(why)
+            raise RetrError(f"{self._path.parent}: {why}: the cached graph was discarded; run the command again "
+                            f"to make it anew")
 
     @property
     def session(self):
@@ -66,7 +88,9 @@ class OrtRunner:
                 so.inter_op_num_threads = 1
                 so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                 so.log_severity_level = 3
-                self._session = ort.InferenceSession(str(self._path), so, providers=["CPUExecutionProvider"])
+                session = ort.InferenceSession(str(self._path), so, providers=["CPUExecutionProvider"])
+                self._check_width(session)
+                self._session = session
             return self._session
 
     def release(self) -> bool:
