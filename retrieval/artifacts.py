@@ -251,11 +251,12 @@ def atomic_dir(target: Path) -> Iterator[Path]:
         raise
 
 
-def open_regular(path: Path) -> int:
+def open_regular(path: Path, dir_fd: int | None = None) -> int:
     """A read-only fd on ``path``, a regular file: a symlink, FIFO, device or folder is refused without being
-    opened for reading (O_NOFOLLOW | O_NONBLOCK: a FIFO never blocks the open)."""
+    opened for reading (O_NOFOLLOW | O_NONBLOCK: a FIFO never blocks the open). ``dir_fd``: ``path`` is relative
+    to that open folder (the same folder throughout, even where its path is replaced meanwhile)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise RetrError(f"{path}: a symlink, not a regular file") from None
@@ -269,10 +270,11 @@ def open_regular(path: Path) -> int:
 MAX_SMALL_FILE = 64 << 20  # a manifest or other small part larger than this is not read
 
 
-def read_small(path: Path, limit: int = MAX_SMALL_FILE) -> bytes:
+def read_small(path: Path, limit: int = MAX_SMALL_FILE, dir_fd: int | None = None) -> bytes:
     """The bytes of ``path``, a regular file of at most ``limit`` bytes (``open_regular``: never a symlink, FIFO or
-    device); a ``RetrError`` naming it otherwise, ``FileNotFoundError`` where it does not exist."""
-    with os.fdopen(open_regular(path), "rb") as fh:
+    device; ``dir_fd`` as there); a ``RetrError`` naming it otherwise, ``FileNotFoundError`` where it does not
+    exist."""
+    with os.fdopen(open_regular(path, dir_fd), "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size > limit:
             raise RetrError(f"{path}: {size} bytes, more than the {limit} a retr manifest may hold")

@@ -21,12 +21,11 @@ import logging
 import mmap
 import os
 import shutil
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from retr.retrieval.artifacts import atomic_dir, new_manifest, read_small
+from retr.retrieval.artifacts import atomic_dir, new_manifest, open_regular, read_small
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -34,6 +33,7 @@ logger = logging.getLogger(__name__)
 KIND = "retr-compiled-model"
 BLOB = "model.blob"
 MANIFEST = "manifest.json"
+MAX_MANIFEST = 1 << 20  # an entry's manifest larger than this is damaged
 
 
 def _sha256(data) -> str:
@@ -69,9 +69,12 @@ class CompiledStore:
             return None
 
     def folder(self, source_digest: str, config: dict) -> Path:
-        """The entry of this graph (as its manifest now reads) compiled with ``config`` by this OpenVINO here."""
-        raw = json.dumps({"source": source_digest, "config": config, "openvino": _openvino_version(),
-                          "cpu": self.cpu}, sort_keys=True, default=str)
+        """The entry of this graph (as its manifest now reads) compiled with ``config`` by this OpenVINO here: named
+        by its graph folder and a digest of what its manifest must record (``_identity``)."""
+        return self._folder(self._identity(source_digest, config))
+
+    def _folder(self, identity: dict) -> Path:
+        raw = json.dumps(identity, sort_keys=True)
         return self.root / f"{self.source.name}-{_sha256(raw.encode())[:16]}"
 
     def compile(self, core, model, config: dict):
@@ -80,8 +83,9 @@ class CompiledStore:
         digest = self._source_digest()
         if digest is None:
             return core.compile_model(model, "CPU", config)
-        folder = self.folder(digest, config)
-        meta, blob, read_s = _read(folder, self._identity(digest, config))
+        identity = self._identity(digest, config)
+        folder = self._folder(identity)
+        meta, blob, read_s = _read(folder, identity)
         if meta is not None and blob is None:  # measured no faster to read than to compile here
             return core.compile_model(model, "CPU", config)
         if blob is not None:
@@ -100,7 +104,7 @@ class CompiledStore:
                     blob.close()
         t0 = time.perf_counter()
         compiled = core.compile_model(model, "CPU", config)
-        self._write(folder, compiled, digest, config, time.perf_counter() - t0)
+        self._write(folder, compiled, identity, time.perf_counter() - t0)
         return compiled
 
     def _identity(self, digest: str, config: dict) -> dict:
@@ -108,19 +112,19 @@ class CompiledStore:
         return {"source": str(self.source.resolve()), "source_manifest_sha256": digest,
                 "config": {k: str(v) for k, v in config.items()}, "cpu": self.cpu, "openvino": _openvino_version()}
 
-    def _write(self, folder: Path, compiled, digest: str, config: dict, compile_s: float) -> None:
+    def _write(self, folder: Path, compiled, identity: dict, compile_s: float) -> None:
         try:
             with compiled.export_model().getbuffer() as blob, atomic_dir(folder) as tmp:  # the stream's own bytes
                 (tmp / BLOB).write_bytes(blob)
                 size = len(blob)
-                meta = new_manifest(KIND, **self._identity(digest, config), compile_seconds=compile_s,
+                meta = new_manifest(KIND, **identity, compile_seconds=compile_s,
                                     files={BLOB: {"sha256": _sha256(blob), "bytes": size}})
                 (tmp / MANIFEST).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         except OSError as e:  # a read-only or full cache: compiled again next time, nothing else lost
             logger.info("compiled model not kept in %s: %s", self.root, e.strerror or e)
             return
         logger.debug("compiled model kept: %s (%d bytes, compiled in %.2f s)", folder, size, compile_s)
-        _prune(self.root, keep=folder)
+        _prune(self.root, folder, meta)
 
 
 def _read(folder: Path, identity: dict) -> tuple[dict | None, mmap.mmap | None, float]:
@@ -141,7 +145,7 @@ def _read(folder: Path, identity: dict) -> tuple[dict | None, mmap.mmap | None, 
         return None, None, 0.0
     blob = None
     try:
-        meta = json.loads(_small_at(dfd, MANIFEST))
+        meta = json.loads(read_small(MANIFEST, MAX_MANIFEST, dir_fd=dfd))
         if not isinstance(meta, dict) or meta.get("format") != KIND:
             raise ValueError("not a compiled model's manifest")
         named = {k: meta.get(k) for k in identity}
@@ -160,7 +164,7 @@ def _read(folder: Path, identity: dict) -> tuple[dict | None, mmap.mmap | None, 
         if _sha256(blob) != info["sha256"]:
             raise ValueError(f"{BLOB}'s content differs from the checksum in its manifest")
         return meta, blob, time.perf_counter() - t0
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RetrError) as e:
         if blob is not None:
             blob.close()
         if _same_folder(folder, dfd):  # not another writer's entry published since it was opened
@@ -170,24 +174,11 @@ def _read(folder: Path, identity: dict) -> tuple[dict | None, mmap.mmap | None, 
         os.close(dfd)
 
 
-def _small_at(dfd: int, name: str, limit: int = 1 << 20) -> bytes:
-    """``name`` in the folder ``dfd``: a regular file (never a symlink, FIFO or device: a FIFO never blocks) of at
-    most ``limit`` bytes."""
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            raise ValueError(f"{name} is not a regular file of at most {limit} bytes")
-        return fh.read(limit + 1)
-
-
 def _map_at(dfd: int, name: str) -> mmap.mmap:
-    """``name`` in the folder ``dfd``, a regular file, mapped read-only (hashed and imported without a copy of its
-    own: ~0.12 against ~0.15 s read into memory for MiniLM's 59 MB int8 blob)."""
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+    """``name`` in the folder ``dfd``, a regular file (``open_regular``), mapped read-only (hashed and imported
+    without a copy of its own: ~0.12 against ~0.15 s read into memory for MiniLM's 59 MB int8 blob)."""
+    fd = open_regular(name, dfd)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{name} is not a regular file")
         return mmap.mmap(fd, 0, prot=mmap.PROT_READ)  # an empty file: ValueError
     finally:
         os.close(fd)
@@ -208,7 +199,7 @@ def _discard(folder: Path, why: str) -> None:
 def _measured(folder: Path, meta: dict, read_s: float) -> None:
     """After an entry's first read: keep its blob where reading it back took less time than compiling did, else
     replace the entry by the note that it did not pay (the model is compiled from then on)."""
-    compile_s = float(meta.get("compile_seconds") or 0.0)
+    compile_s = meta["compile_seconds"]  # checked by ``_read``
     kept = read_s < compile_s
     logger.debug("compiled model %s read back in %.3f s, compiled in %.3f s: %s", folder, read_s, compile_s,
                  "kept" if kept else "not kept")
@@ -222,13 +213,13 @@ def _measured(folder: Path, meta: dict, read_s: float) -> None:
         (tmp / MANIFEST).write_text(json.dumps(note, indent=2) + "\n", encoding="utf-8")
 
 
-def _prune(root: Path, keep: Path) -> None:
-    """Remove the entries ``keep`` supersedes (its graph folder's from an earlier export of it, or by another
-    OpenVINO on this CPU), entries whose graph folder is gone, and the blobs OpenVINO's own cache left here."""
+def _prune(root: Path, keep: Path, ours: dict) -> None:
+    """Remove the entries ``keep`` (whose manifest is ``ours``) supersedes (its graph folder's from an earlier
+    export of it, or by another OpenVINO on this CPU), entries whose graph folder is gone, and the blobs OpenVINO's
+    own cache left here."""
     try:
-        ours = json.loads((keep / MANIFEST).read_text(encoding="utf-8"))
         entries = list(root.iterdir())
-    except (OSError, ValueError):
+    except OSError:
         return
     for p in entries:
         if p == keep or p.name.startswith("."):

@@ -38,6 +38,14 @@ def default_threads() -> int:
     return this_platform().threads
 
 
+def row_width(dims) -> int | None:
+    """The width of a graph's output rows from its declared dimensions (1: one score per row, a rank-1 output);
+    None where the last is not fixed (a name, or unknown)."""
+    if len(dims) == 1:
+        return 1
+    return dims[-1] if dims and isinstance(dims[-1], int) else None
+
+
 class OrtRunner:
     """An ONNX Runtime session with retr's thread policy; batches run one after the other. Safe to call from
     several threads at once (ONNX Runtime's ``run`` is). The session is made on first use, as an OpenVINO model
@@ -66,9 +74,8 @@ class OrtRunner:
         if self._expected is None:
             return
         width, damaged = self._expected
-        shape = session.get_outputs()[0].shape
-        declared = 1 if len(shape) == 1 else shape[-1]
-        if isinstance(declared, int) and declared != width:
+        declared = row_width(session.get_outputs()[0].shape)
+        if declared is not None and declared != width:
             why = f"its graph gives {declared}-wide outputs, its manifest says {width}"
             damaged(why)
             raise RetrError(f"{self._path.parent}: {why}: the cached graph was discarded; run the command again "
@@ -171,11 +178,9 @@ class OpenVinoRunner:
         """The width of the model's output rows as its file declares it (1: one score per row), or None where
         it is not fixed there."""
         shape = self._model.output(0).get_partial_shape()
-        rank = shape.rank.get_length() if shape.rank.is_static else 0
-        if rank == 1:
-            return 1
-        last = shape[rank - 1] if rank else None
-        return last.get_length() if last is not None and last.is_static else None
+        if not shape.rank.is_static:
+            return None
+        return row_width([d.get_length() if d.is_static else None for d in shape])
 
     def one_stream(self) -> OpenVinoRunner:
         """The same model compiled as one stream over all of this runner's threads: for a lone query, the cores
