@@ -201,9 +201,15 @@ def test_writing_a_kept_model_removes_those_it_supersedes_and_what_openvinos_cac
     prefixed = entry(source.name + "-int8w-0123456789abcdef", source=str(longer))
     (root / "2719112451699636675.blob").write_bytes(b"OpenVINO's")
     (root / "notes.txt").write_text("not ours")
-    BiEncoder(cfg).query_graph.runner(_feed(enc))  # compiled and kept
+    runner = BiEncoder(cfg).query_graph.runner
+    store = runner._kept
+    # the very entry about to be written, under another name (an earlier retr named entries otherwise)
+    renamed = entry(source.name + "-fedcba9876543210",
+                    **store._identity(store._source_digest(), runner.compile_config()))
+    runner(_feed(enc))  # compiled and kept
     names = {p.name for p in _entries(root)}
     assert earlier_export.name not in names and gone.name not in names and "2719112451699636675.blob" not in names
+    assert renamed.name not in names
     assert {another.name, prefixed.name, "notes.txt"} <= names and len(names) == 4
 
 

@@ -34,6 +34,7 @@ KIND = "retr-compiled-model"
 BLOB = "model.blob"
 MANIFEST = "manifest.json"
 MAX_MANIFEST = 1 << 20  # an entry's manifest larger than this is damaged
+IDENTITY = ("source", "source_manifest_sha256", "config", "cpu", "openvino")  # what names an entry (``_identity``)
 
 
 def _sha256(data) -> str:
@@ -108,9 +109,9 @@ class CompiledStore:
         return compiled
 
     def _identity(self, digest: str, config: dict) -> dict:
-        """What an entry's manifest must record to be this graph compiled with ``config`` here."""
-        return {"source": str(self.source.resolve()), "source_manifest_sha256": digest,
-                "config": {k: str(v) for k, v in config.items()}, "cpu": self.cpu, "openvino": _openvino_version()}
+        """What an entry's manifest must record to be this graph compiled with ``config`` here (``IDENTITY``)."""
+        return dict(zip(IDENTITY, (str(self.source.resolve()), digest, {k: str(v) for k, v in config.items()},
+                                   self.cpu, _openvino_version()), strict=True))
 
     def _write(self, folder: Path, compiled, identity: dict, compile_s: float) -> None:
         try:
@@ -235,7 +236,8 @@ def _prune(root: Path, keep: Path, ours: dict) -> None:
             gone = not Path(theirs["source"]).is_dir()
             superseded = theirs["source"] == ours["source"] and (
                 theirs["source_manifest_sha256"] != ours["source_manifest_sha256"]
-                or (theirs["openvino"] != ours["openvino"] and theirs["cpu"] == ours["cpu"]))
+                or (theirs["openvino"] != ours["openvino"] and theirs["cpu"] == ours["cpu"])
+                or all(theirs.get(k) == ours[k] for k in IDENTITY))  # the same entry under an earlier name
         except (OSError, ValueError, KeyError, TypeError, RetrError):
             continue  # not an entry of this kind, or another writer's being replaced: left alone
         if gone or superseded:
