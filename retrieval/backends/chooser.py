@@ -23,7 +23,13 @@ from pathlib import Path
 
 from retr.retrieval.artifacts import atomic_write_text, read_small, versions
 from retr.retrieval.backends.platform import Platform
-from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, faster_enough, time_alternating, time_per_unit
+from retr.retrieval.backends.timing import (
+    NOISE_FREE_MARGIN,
+    faster_enough,
+    recorded,
+    time_alternating,
+    time_per_unit,
+)
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -76,9 +82,9 @@ class Choice:
     def from_dict(cls, d: dict) -> Choice:
         """A stored choice; ``ValueError`` / ``TypeError`` where a field is not what ``to_dict`` writes (a damaged
         file: a verdict that is not a boolean, a time or a noise that is not a finite number >= 0)."""
-        timings = tuple(Timing(str(c["backend"]), None if c.get("ms") is None else _measure(c["ms"]) / 1000,
+        timings = tuple(Timing(str(c["backend"]), None if c.get("ms") is None else recorded(c["ms"]) / 1000,
                                _flag(c.get("passed", True)), str(c.get("why", "")),
-                               None if c.get("rank_noise") is None else _measure(c["rank_noise"]),
+                               None if c.get("rank_noise") is None else recorded(c["rank_noise"]),
                                _flag(c.get("estimated", False)))
                         for c in d.get("candidates", ()))
         pruned = tuple((p["backend"], p["why"]) for p in d.get("pruned", ()))
@@ -89,12 +95,6 @@ def _flag(value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{value!r} is not true or false")
     return value
-
-
-def _measure(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        raise ValueError(f"{value!r} is not a finite number >= 0")
-    return float(value)
 
 
 def prune(platform: Platform, backends: Sequence) -> tuple[list, list[tuple[str, str]]]:

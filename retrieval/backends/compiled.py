@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retr.retrieval.artifacts import atomic_dir, new_manifest, open_regular, read_small
+from retr.retrieval.backends.timing import recorded
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -153,9 +154,7 @@ def _read(folder: Path, identity: dict) -> tuple[dict | None, mmap.mmap | None, 
         if named != identity:
             wrong = ", ".join(k for k in identity if named[k] != identity[k])
             raise ValueError(f"its manifest names another {wrong}")
-        compile_s = meta.get("compile_seconds")
-        if isinstance(compile_s, bool) or not isinstance(compile_s, (int, float)) or not 0 < compile_s < 1e6:
-            raise ValueError(f"compile_seconds {compile_s!r}")
+        recorded(meta.get("compile_seconds"), positive=True)  # ValueError: not a time that passed
         if "not_kept" in meta:  # the note that reading it back did not pay
             return meta, None, 0.0
         info = meta["files"][BLOB]

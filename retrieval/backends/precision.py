@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 from retr.retrieval.artifacts import atomic_write_text, cache_home, read_small, versions
 from retr.retrieval.backends.quiet import vendor_telemetry_off
-from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, faster_enough, time_alternating
+from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, faster_enough, recorded, time_alternating
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -121,9 +121,8 @@ def timing(cpu: str, threads: int) -> PrecisionTiming | None:
     path = cache_home() / "choices" / f"{_key(cpu, threads)}.json"
     try:
         stored = json.loads(read_small(path))  # a small regular file: a FIFO or /dev/zero is never read
-        bf16_ms, fp32_ms = float(stored["bf16_ms"]), float(stored["fp32_ms"])
-        if not (0 < bf16_ms < 1e6 and 0 < fp32_ms < 1e6):  # NaN, 0, negative: a damaged file
-            raise ValueError(f"bf16 {bf16_ms} ms, fp32 {fp32_ms} ms")
+        # NaN, 0, negative, not a number: a damaged file
+        bf16_ms, fp32_ms = recorded(stored["bf16_ms"], positive=True), recorded(stored["fp32_ms"], positive=True)
         return PrecisionTiming(bf16_ms, fp32_ms)
     except FileNotFoundError:
         pass

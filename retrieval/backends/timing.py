@@ -3,6 +3,7 @@ no platform here, so the platform's own measurement can use them)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +16,16 @@ MIN_ROUNDS = 3
 # default to be within 10% of the fastest graph. On that Xeon, int8 documents 8% faster and onnx-int8 queries cost
 # hybrid nDCG@10 0.0014 on SciFact, 0.0047 after reranking.
 NOISE_FREE_MARGIN = 0.10
+
+
+def recorded(value, positive: bool = False) -> float:
+    """A measurement read back from a file retr stored (a time, a ranking noise): a finite number >= 0, > 0 where
+    ``positive`` (a time that must have passed); ``ValueError`` for anything else, a boolean or a string included
+    (a damaged file: its reader measures again)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise ValueError(f"{value!r} is not a finite number {'> 0' if positive else '>= 0'}")
+    return float(value)
 
 
 def faster_enough(exact_s: float, noisy_s: float) -> bool:
