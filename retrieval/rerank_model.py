@@ -5,14 +5,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import subprocess
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from retr.retrieval.backends import chooser, sample_texts
+from retr.retrieval.backends import apart, chooser, sample_texts
 from retr.retrieval.backends.batching import fast_pair_tokenizer
 from retr.retrieval.backends.chooser import Choice
 from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
@@ -230,38 +228,28 @@ class CrossEncoderReranker:
         """Make (export, calibrate, check) this model's graph for ``backend`` into the cache in a child process:
         its torch export and calibration peak at ~1.2 GB for a MiniLM cross-encoder and, made in this process,
         kept it at 1.2-1.4 GB through the 809 queries that followed against 0.55-0.70 GB without it (2 EPYC
-        cores); a child hands it all back when it ends. Its log lines pass through; a refusal raises its
+        cores); a child hands it all back when it ends. Its log records are logged here (``apart``); a refusal raises its
         ``RetrError`` here. Made in this process where a child cannot be started."""
-        code = ("import logging, sys\n"
+        code = ("import sys\n"
+                "from retr.retrieval.backends.apart import relay_logs\n"
+                "relay_logs(int(sys.argv[1]))\n"
                 "from retr.retrieval.errors import RetrError\n"
                 "from retr.retrieval.rerank_model import CrossEncoderReranker, RerankConfig\n"
-                "log = logging.getLogger('retr'); log.setLevel(int(sys.argv[5]))\n"
-                "h = logging.StreamHandler(); h.setFormatter(logging.Formatter('[retr] %(levelname)s %(message)s'))\n"
-                "log.addHandler(h)\n"
                 "try:\n"
-                "    CrossEncoderReranker(RerankConfig(model=sys.argv[1], max_length=int(sys.argv[2]),\n"
-                "                                      inputs=sys.argv[3], backend=sys.argv[4], corpus_check=False))\n"
+                "    CrossEncoderReranker(RerankConfig(model=sys.argv[2], max_length=int(sys.argv[3]),\n"
+                "                                      inputs=sys.argv[4], backend=sys.argv[5], corpus_check=False))\n"
                 "except RetrError as e:\n"
                 "    print('refused: ' + str(e), file=sys.stderr); sys.exit(2)\n")
-        args = [sys.executable, "-c", code, str(self.path), str(self.max_length), self.inputs, backend,
-                str(logging.getLogger("retr").getEffectiveLevel())]
         try:
-            child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            refusal = apart.run(code, [str(self.path), str(self.max_length), self.inputs, backend])
         except OSError as e:
             logger.debug("no child process (%s): the %s graph is made in this one", e, backend)
             self.exported.open(backend, self._calibration())
             return
-        last = ""
-        with child:
-            for line in child.stderr:
-                if line.startswith("refused: "):
-                    last = line[len("refused: "):].strip()
-                else:
-                    sys.stderr.write(line)
-        if child.returncode == 2 and last:
-            raise RetrError(last)
-        if child.returncode != 0:
-            raise RetrError(f"making it in a child process failed (exit {child.returncode})")
+        except RuntimeError as e:
+            raise RetrError(f"making it in a child process failed ({e})") from None
+        if refusal is not None:
+            raise RetrError(refusal)
 
     def trained_on(self, corpus_sha256: str | None) -> bool | None:
         """Whether this cross-encoder was trained on the corpus an index holds (None: unknown: a folder retr did
