@@ -53,6 +53,21 @@ def test_an_exported_model_opens_finds_and_names_its_graphs(tiny_bi_encoder, tmp
     assert held.identity(enc.graph) == enc.graph.identity(enc.model_hash) and held.identity(None).key == "torch"
 
 
+
+def test_without_onnxruntime_a_cached_openvino_graph_still_opens_and_nothing_new_is_exported(tiny_bi_encoder,
+                                                                                              monkeypatch, caplog):
+    """A cached OpenVINO graph needs no onnxruntime (a one-query search does not import it); where a graph would
+    have to be exported (its checks need onnxruntime), the encoder takes torch with a warning."""
+    import importlib.util
+    import sys
+
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="openvino"))  # made and cached
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime: ImportError
+    assert enc.exported.open("openvino").path == enc.graph.path
+    assert enc.exported.open("onnx") is None and "onnxruntime is not installed" in caplog.text
+
 def _legacy_export(st_model, path):
     """A legacy (TorchScript) export traced on one unpadded input."""
     import torch
