@@ -232,7 +232,11 @@ def test_the_site_builds_strict(tmp_path):
     assert not missing, (f"mkdocs is installed without {missing}: the docs extra in pyproject.toml must bring them "
                          "(docs = [\"mkdocs>=1.6\", \"mkdocs-material>=9.5\", \"mkdocstrings[python]>=1.0\"])")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(tmp_path / "site")],
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
+    # (--quiet would hide the warnings from --strict's count: a broken link then built green)
+    assert "WARNING" not in done.stderr, done.stderr
+    changelog = (tmp_path / "site" / "changelog" / "index.html").read_text()  # its links, written from the root
+    assert 'href="../studies/measured-choices/"' in changelog and 'href="docs/' not in changelog
     assert (tmp_path / "site" / "reference" / "python-api" / "index.html").read_text().count('id="retr.Index.') >= 3
