@@ -44,6 +44,8 @@ BEIR_MD5 = {
     "fever": "5a818580227bfb4b35bb6fa46d9b6c03",
     "climate-fever": "8b66f0a9126c521bae2bde127b4dc99d",
 }
+# the names BEIR publishes a zip for (those without a checksum above are downloaded with a warning naming its md5)
+BEIR_DOWNLOADS = frozenset(BEIR_MD5) | {"msmarco", "trec-covid"}
 
 
 def data_home() -> Path:
@@ -167,9 +169,11 @@ def resolve_dataset(spec: str, download: bool = True) -> Path:
     candidate = home / spec
     if candidate.is_dir():
         return candidate
-    if not download:
-        raise RetrError(f"dataset {spec!r} not found: put its BEIR folder (corpus.jsonl, queries.jsonl, "
-                        f"qrels/) at {candidate}, or pass a folder path")
+    if not download or spec not in BEIR_DOWNLOADS:
+        unknown = "" if not download else " (BEIR publishes no download of that name)"
+        raise RetrError(f"dataset {spec!r} not found under {home}{unknown}: put its BEIR folder (corpus.jsonl, "
+                        f"queries.jsonl, qrels/) at {candidate}, set RETR_DATA to the folder that holds it, or pass "
+                        f"a folder path")
     return download_beir(spec, home)
 
 

@@ -100,6 +100,10 @@ def test_dataset_name_resolves_under_retr_data(tiny_dataset, monkeypatch, tmp_pa
     assert resolve_dataset("tiny") == tiny_dataset
     with pytest.raises(RetrError, match=r"put its BEIR folder .* at .*nothere"):
         resolve_dataset("nothere", download=False)
+    # a name BEIR publishes no zip for is never looked for on the network (here it would fail: no urlopen allowed)
+    monkeypatch.setattr("urllib.request.urlopen", lambda *a, **k: pytest.fail("tried to download"))
+    with pytest.raises(RetrError, match=r"'cranfield' not found under .*no download of that name.*RETR_DATA"):
+        resolve_dataset("cranfield")
 
 
 def _zip_of(folder) -> bytes:
