@@ -242,8 +242,9 @@ def delete_documents(folder: str | Path, ids: Sequence[str] | Mapping[str, int],
                 raise RetrError(f"{source}:{lines[missing[0]]}: no live document {missing[0]!r} in {folder} "
                                 f"({len(missing)} of {len(wanted)} ids missing; --missing-ok skips them)")
             gone = set(wanted) & live
-            if not gone:
-                raise RetrError(f"{source}: none of its {len(wanted)} ids is in {folder}: nothing to delete")
+            if not gone:  # (only with missing_ok) deleted already: a script run again changes nothing
+                logger.info("%s: none of its %d ids is in %s: nothing to delete", source, len(wanted), folder)
+                return Change(index.manifest.generation, 0, 0, 0, len(live), index.manifest.tombstones, 0.0, 0.0)
             keep = np.fromiter((i not in gone for i in index.ids), dtype=bool, count=len(index.ids))
             op = {"op": "delete", "source": source, "sha256": _digest(*sorted(gone)), "added": 0, "updated": 0,
                   "deleted": len(gone), "missing": len(missing)}

@@ -124,6 +124,10 @@ def test_bad_changes_are_refused_and_leave_the_index_as_it_was(tiny_bi_encoder, 
     assert (folder / "manifest.json").read_text() == manifest
     assert main(["-q", "delete", str(folder), "--ids", str(ids), "--missing-ok"]) == 0
     assert "d1" not in IndexFolder(folder).ids
+    deleted = (folder / "manifest.json").read_text()
+    capsys.readouterr()
+    assert main(["delete", str(folder), "--ids", str(ids), "--missing-ok"]) == 0  # run again: nothing left to do
+    assert "deleted 0 from" in capsys.readouterr().out and (folder / "manifest.json").read_text() == deleted
     everything = tmp_path / "all.txt"
     everything.write_text("\n".join(d[0] for d in BASE[1:]))
     assert main(["delete", str(folder), "--ids", str(everything)]) == 2
