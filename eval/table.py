@@ -34,6 +34,12 @@ def headline_metrics(k_values: list[int]) -> list[str]:
 
 def main_table(report: EvalReport) -> str:
     metrics = headline_metrics(report.k_values)
+    if "runs" in report.config:  # runs made elsewhere, scored against a qrels file: no latency, no index
+        scored = next(iter(report.pipelines.values())).num_queries_scored if report.pipelines else 0
+        title = (f"runs scored against {report.dataset.path}: {scored} judged quer{'y' if scored == 1 else 'ies'} "
+                 "(made elsewhere: no latency measured)")
+        return title + "\n" + grid(["run", *metrics], [[name, *(_fmt(p.metrics[m]) for m in metrics)]
+                                                         for name, p in report.pipelines.items()])
     stages = [s for s in STAGE_ORDER if any(s in p.latency_ms for p in report.pipelines.values())]
     header = ["pipeline", *metrics, "p50 ms", "p95 ms", "p99 ms", "QPS",
               *(f"{s} p50" for s in stages), "build s", "docs/s", "index MB"]

@@ -121,16 +121,31 @@ def read_trec(path: str | Path) -> Run:
 
 def with_judged_queries(run: Run, qrels: Qrels, source: str = "run") -> Run:
     """``run`` with an empty ranking for every judged query it lacks (trec_eval's ``-c``): a run file cannot write
-    a query that found nothing, and such a query counts 0, as it does when ``retr eval`` runs the queries itself."""
+    a query that found nothing, and such a query counts 0, as it does when ``retr eval`` runs the queries itself.
+    A warning where none of the documents it retrieved for judged queries is judged (``_warn_unjudged``)."""
     missing = [q for q in qrels if q not in run]
     if not missing:
+        _warn_unjudged(run, qrels, source)
         return run
     if len(missing) == len(qrels):
         raise RetrError(f"{source}: the run and the qrels share no query id (run: {next(iter(run), 'none')!r}, "
                         f"qrels: {next(iter(qrels), 'none')!r}, ...)")
     logger.info("%s: %d judged quer(ies) with no hit in the run count 0", source, len(missing))
+    _warn_unjudged(run, qrels, source)
     return Run({**run, **{q: () for q in missing}})
 
+
+
+def _warn_unjudged(run: Run, qrels: Qrels, source: str) -> None:
+    """A warning where not one document ``run`` retrieved for a judged query is judged for it: the run's ids are
+    then almost always written otherwise than the qrels' (``d17`` against ``17``, another id field), and every
+    metric would be a silent 0."""
+    retrieved = sum(len(run[q]) for q in qrels if q in run)
+    if retrieved and not any(h.doc_id in qrels[q] for q in qrels if q in run for h in run[q]):
+        q = next(q for q in qrels if q in run and run[q])
+        logger.warning("%s: none of its %d documents retrieved for judged queries is judged (query %r: run %r, "
+                       "qrels %r, ...): are the document ids written the same way?", source, retrieved, q,
+                       run[q][0].doc_id, next(iter(qrels[q]), None))
 
 def _number(path: Path, lineno: int, text: object, what: str) -> float:
     try:

@@ -175,7 +175,8 @@ def test_eval_run_scores_as_eval_dataset_does(tmp_path, tiny_dataset, tiny_bi_en
     again_path = tmp_path / "again.json"
     assert main(["eval", "--run", first.run_file, "--qrels", str(qrels), "--out", str(again_path)]) == 0
     out = capsys.readouterr().out
-    assert "test (): 0 docs, 6 queries scored" in out.splitlines()[0]
+    assert out.splitlines()[0] == f"runs scored against {qrels}: 6 judged queries (made elsewhere: no latency measured)"
+    assert "p50 ms" not in out and "index MB" not in out
     again = EvalReport.read(again_path)
     (name, scored), = again.pipelines.items()
     assert name == "tiny.test.bm25" and scored.metrics == first.metrics and scored.per_query == first.per_query
@@ -194,6 +195,17 @@ def test_eval_run_input_errors(tmp_path, tiny_dataset, capsys):
     with pytest.raises(SystemExit):  # one source at a time
         main(["eval", "--run", str(run), "--dataset", str(tiny_dataset)])
     assert "not allowed with argument" in capsys.readouterr().err
+    # document ids written otherwise than the qrels' (a prefix): scored (0), with a warning saying why
+    from retr.eval.data import load_qrels
+
+    qrels = load_qrels(tiny_dataset / "qrels" / "test.tsv")
+    write_run(Run({q: [("doc-" + d, 1.0) for d in qrels[q]] for q in qrels}), run)
+    assert main(["eval", "--run", str(run), "--qrels", str(tiny_dataset / "qrels" / "test.tsv")]) == 0
+    err = capsys.readouterr().err
+    assert "none of its" in err and "are the document ids written the same way?" in err
+    write_run(Run({q: [(d, 1.0) for d in qrels[q]] for q in qrels}), run)  # the same ids: no warning
+    assert main(["eval", "--run", str(run), "--qrels", str(tiny_dataset / "qrels" / "test.tsv")]) == 0
+    assert "written the same way" not in capsys.readouterr().err
 
 
 def test_topic_and_run_readers_check_the_file_and_its_form_alike(tmp_path):
