@@ -4,7 +4,7 @@
 
     index = retr.Index.build("notes.jsonl", "notes.idx")           # as `retr index --corpus notes.jsonl --out notes.idx`
     hits = index.search("how do I rotate the keys", k=5, mode="hybrid").hits
-    report = retr.evaluate("scifact", pipelines=("bm25", "dense", "hybrid"))
+    report = retr.evaluate("scifact", mode=("bm25", "dense", "hybrid"))
 
 Errors are ``retr.RetrError`` with the CLI's one-line messages; nothing is printed to stdout.
 """
@@ -55,6 +55,20 @@ def __dir__() -> list[str]:
 
 # every default below is the one its config owns (retr.retrieval.defaults says which; tests/test_api.py checks them)
 _DEFAULT_PIPELINES = defaults.PIPELINES
+_OLD = object()  # an older option name's default: not given
+
+
+def _renamed(value: object, default: object, old: object, old_name: str, name: str) -> object:
+    """``value``, or the one given under ``old_name``, an older name of the option ``name`` (the CLI's names are
+    the API's): a ``FutureWarning``, and a ``RetrError`` where both are given."""
+    if old is _OLD:
+        return value
+    if value is not default and value != default:
+        raise RetrError(f"{old_name} is the older name of {name}: give one of them")
+    import warnings
+
+    warnings.warn(f"{old_name}= is the older name of {name}=: use {name}", FutureWarning, stacklevel=3)
+    return old
 
 
 def _path(value: object, field: str, optional: bool = False) -> Path | None:
@@ -98,7 +112,7 @@ def _names(value: object, field: str) -> list[str]:
 def _passages(passages: object, aggregate: object) -> PassageConfig | None:
     from retr.retrieval.passages import AGGREGATES, PassageConfig
 
-    aggregate = check_choice(aggregate, "aggregate", AGGREGATES)
+    aggregate = check_choice(aggregate, "passage_aggregate", AGGREGATES)
     if passages is None:
         return None
     if not isinstance(passages, str):
@@ -133,19 +147,21 @@ class Index:
               id_field: str | None = None, text_field: str | None = None, title_field: str | None = None,
               max_length: int | None = None, use_cache: bool = defaults.USE_CACHE,
               query_prompt: str | None = None, doc_prompt: str | None = None, passages: str | None = None,
-              aggregate: str = defaults.AGGREGATE, shards: int = defaults.SHARDS,
+              passage_aggregate: str = defaults.AGGREGATE, shards: int = defaults.SHARDS,
               executor: str = defaults.EXECUTOR, ray_address: str | None = None,
-              ray_actors: int = defaults.RAY_ACTORS, **dense_options) -> Index:
+              ray_actors: int = defaults.RAY_ACTORS, aggregate: object = _OLD, **dense_options) -> Index:
         """Build ``out`` from ``corpus`` (a BEIR folder or a JSONL/CSV/TSV file) and open it. The options are
         `retr index`'s (prompts: None takes the model's own; ``passages``: ``"N[:STRIDE]"`` indexes passages and
-        ranks documents by their ``aggregate``; ``executor="ray"`` encodes on a Ray cluster); ``dense_options``
-        are ``DenseIndexConfig`` fields (``hnsw_m``, ``ef_search``, ...), each bounded by the config."""
+        ranks documents by their ``passage_aggregate``; ``executor="ray"`` encodes on a Ray cluster);
+        ``dense_options`` are ``DenseIndexConfig`` fields (``hnsw_m``, ``ef_search``, ...), each bounded by the
+        config. ``aggregate``: the older name of ``passage_aggregate`` (a ``FutureWarning``)."""
         from retr.indexes.build import build_index
         from retr.indexes.corpus import CorpusFormat, load_corpus
 
         corpus_path, out_path = _path(corpus, "corpus"), _path(out, "out")
+        passage_aggregate = _renamed(passage_aggregate, defaults.AGGREGATE, aggregate, "aggregate", "passage_aggregate")
         cfg = _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages,
-                            aggregate, shards, executor, ray_address, ray_actors, dense_options)
+                            passage_aggregate, shards, executor, ray_address, ray_actors, dense_options)
         fmt = CorpusFormat(_text(id_field, "id_field"), _text(text_field, "text_field"),
                            _text(title_field, "title_field"))
         build_index(load_corpus(corpus_path, fmt), out_path, cfg)
@@ -157,8 +173,8 @@ class Index:
                        kind: str = defaults.DENSE_KIND, max_length: int | None = None,
                        use_cache: bool = defaults.USE_CACHE, query_prompt: str | None = None,
                        doc_prompt: str | None = None, passages: str | None = None,
-                       aggregate: str = defaults.AGGREGATE, shards: int = defaults.SHARDS,
-                       **dense_options) -> Index:
+                       passage_aggregate: str = defaults.AGGREGATE, shards: int = defaults.SHARDS,
+                       aggregate: object = _OLD, **dense_options) -> Index:
         """An index of documents held in memory: strings (ids "0", "1", ... by position) or dicts with ``text``
         and optionally ``id`` (or ``_id``/``doc_id``), ``title`` and any other fields (metadata, usable in
         ``filter``). ``out``: the folder to write (the one `retr index` writes); None: a temporary folder,
@@ -170,8 +186,9 @@ class Index:
         from retr.indexes.corpus import corpus_of
 
         out_path = _path(out, "out", optional=True)
+        passage_aggregate = _renamed(passage_aggregate, defaults.AGGREGATE, aggregate, "aggregate", "passage_aggregate")
         cfg = _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages,
-                            aggregate, shards, "local", None, defaults.RAY_ACTORS, dense_options)
+                            passage_aggregate, shards, "local", None, defaults.RAY_ACTORS, dense_options)
         corpus = corpus_of(_documents(docs), Path("<documents>"))
         temp = Path(tempfile.mkdtemp(prefix="retr-index-")) if out_path is None else None
         try:
@@ -399,16 +416,20 @@ def _new_file(value: object, field: str) -> Path | None:
     return path
 
 
-def evaluate(dataset: str | Path, pipelines: Sequence[str] = _DEFAULT_PIPELINES, *, split: str = "test",
+def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, split: str = "test",
              model: str | None = None, backend: str = defaults.BACKEND, query_backend: str | None = None,
-             reranker: str | None = None, k_values: Sequence[int] = defaults.K_VALUES,
-             kind: str = defaults.DENSE_KIND, fusion: str = defaults.FUSION,
+             rerank: str | None = None, rerank_depth: int = defaults.RERANK_DEPTH,
+             k_values: Sequence[int] = defaults.K_VALUES, kind: str = defaults.DENSE_KIND,
+             fusion: str = defaults.FUSION, fusion_depth: int = defaults.FUSION_DEPTH,
              warmup: int = defaults.WARMUP, download: bool = True, run_dir: str | Path | None = None,
              out: str | Path | None = None, query_prompt: str | None = None,
              doc_prompt: str | None = None, passages: str | None = None,
-             aggregate: str = defaults.AGGREGATE) -> EvalReport:
-    """`retr eval` from Python: the typed report (written to ``out`` as JSON when given; its folder must exist,
-    as must ``run_dir``'s parent)."""
+             passage_aggregate: str = defaults.AGGREGATE, pipelines: object = _OLD, reranker: object = _OLD,
+             aggregate: object = _OLD) -> EvalReport:
+    """`retr eval` from Python, with its options' names (``mode``: the pipelines, e.g. ``("bm25", "hybrid")``;
+    ``rerank``: a cross-encoder folder for ``+rerank`` pipelines): the typed report (written to ``out`` as JSON
+    when given; its folder must exist, as must ``run_dir``'s parent). ``pipelines``, ``reranker`` and
+    ``aggregate``: the older names of ``mode``, ``rerank`` and ``passage_aggregate`` (a ``FutureWarning``)."""
     from retr.eval.data import load_dataset
     from retr.eval.runner import EvalConfig, run_eval
     from retr.indexes.dense import DenseIndexConfig
@@ -416,20 +437,25 @@ def evaluate(dataset: str | Path, pipelines: Sequence[str] = _DEFAULT_PIPELINES,
     from retr.retrieval.pipeline import PipelineConfig, parse_pipelines
     from retr.retrieval.rerank import RerankConfig
 
+    mode = _renamed(mode, _DEFAULT_PIPELINES, pipelines, "pipelines", "mode")
+    rerank = _renamed(rerank, None, reranker, "reranker", "rerank")
+    passage_aggregate = _renamed(passage_aggregate, defaults.AGGREGATE, aggregate, "aggregate", "passage_aggregate")
     dataset = _path(dataset, "dataset")
-    names = _names(pipelines, "pipelines")
+    names = _names(mode, "mode")
     if not names or any("," in n for n in names):
-        raise RetrError(f"pipelines must name one pipeline per item, e.g. {list(_DEFAULT_PIPELINES)}, got {names}")
+        raise RetrError(f"mode must name one pipeline per item, e.g. {list(_DEFAULT_PIPELINES)}, got {names}")
     ks = _cutoffs(k_values)
     out_path, run_path = _new_file(out, "out"), _new_file(run_dir, "run_dir")
-    reranker = _text(reranker, "reranker")
+    rerank = _text(rerank, "rerank")
     cfg = EvalConfig(pipelines=parse_pipelines(",".join(names)), k_values=ks,
                      encoder=_encoder(model, backend, query_backend, None, query_prompt, doc_prompt),
                      dense=DenseIndexConfig(kind=kind),
-                     pipeline=PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS)),
-                     reranker=RerankConfig(model=reranker) if reranker else None,
+                     pipeline=PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS),
+                                             fusion_depth=check_int(fusion_depth, "fusion_depth", 1, 100_000)),
+                     reranker=RerankConfig(model=rerank, depth=check_int(rerank_depth, "rerank_depth", 1, 10_000))
+                     if rerank else None,
                      warmup=check_int(warmup, "warmup", 0, 1_000_000),
-                     passages=_passages(passages, aggregate))
+                     passages=_passages(passages, passage_aggregate))
     split = _text(split, "split")
     report = run_eval(load_dataset(str(dataset), split or "", download=_flag(download, "download")), cfg, run_path)
     if out_path is not None:

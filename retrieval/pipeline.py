@@ -10,6 +10,7 @@ import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from retr.retrieval import defaults
 from retr.retrieval.bm25 import BM25Retriever
 from retr.retrieval.dense import DenseRetriever, check_dimension, check_model, check_prompts
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
@@ -62,7 +63,7 @@ def parse_pipelines(spec: str) -> tuple[PipelineSpec, ...]:
 @dataclass(frozen=True)
 class PipelineConfig:
     fusion: str = DEFAULT_FUSION
-    fusion_depth: int = 100
+    fusion_depth: int = defaults.FUSION_DEPTH
     rrf_k: int = 60
     passage_aggregate: str | None = None  # an index of passages: None takes the one it was built with
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retr.retrieval import defaults
 from retr.retrieval.backends import apart, chooser, sample_texts
 from retr.retrieval.backends.batching import fast_pair_tokenizer
 from retr.retrieval.backends.chooser import Choice
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 # README "Reranking within a budget"): SciFact dev, 1-epoch cross-encoders over the trained hybrid. fp32, depths
 # 10/20/30/50/100: +0.0181/+0.0153/+0.0155/+0.0152/+0.0158 over the first stage; bf16, depths 10/20/30:
 # 0.7745/0.7806/0.7836. 100 (the default before) reranked no better, at 6x the cost of 20
-DEFAULT_RERANK_DEPTH = 20
+DEFAULT_RERANK_DEPTH = defaults.RERANK_DEPTH
 DEFAULT_RERANK_MAX_LENGTH = 256  # for a cross-encoder that records no training length
 
 

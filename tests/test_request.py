@@ -113,7 +113,7 @@ def test_hostile_api_inputs_are_one_line_errors(index, built, tiny_dataset, tiny
          r"hnsw_m \(--hnsw-m\) must be from 2 to 256, got -5"),
         (lambda: retr.Index.build(tiny_dataset, tmp_path / "d", ef_search=1.5), "ef_search"),
         (lambda: retr.evaluate(tiny_dataset, k_values="10"), "k_values must be a list"),
-        (lambda: retr.evaluate(tiny_dataset, pipelines="bm25"), r"pipelines must be a list of str.*\['bm25'\]"),
+        (lambda: retr.evaluate(tiny_dataset, mode="bm25"), r"mode must be a list of str.*\['bm25'\]"),
         (lambda: retr.Index.load(built, fusion=None), "fusion must be one of"),
     ]
     for call, message in cases:
@@ -156,9 +156,9 @@ def test_a_closed_index_refuses_every_call(built):  # case 25
 def test_evaluate_refuses_an_out_whose_folder_is_missing(tiny_dataset, tiny_bi_encoder, tmp_path):  # case 26
     out = tmp_path / "no" / "such" / "r.json"
     with pytest.raises(RetrError, match=r"out: .*no/such is not an existing folder"):
-        retr.evaluate(tiny_dataset, pipelines=["bm25"], out=out)
+        retr.evaluate(tiny_dataset, mode=["bm25"], out=out)
     with pytest.raises(RetrError, match="run_dir: .* is not an existing folder"):
-        retr.evaluate(tiny_dataset, pipelines=["bm25"], run_dir=tmp_path / "none" / "runs")
+        retr.evaluate(tiny_dataset, mode=["bm25"], run_dir=tmp_path / "none" / "runs")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -188,7 +188,7 @@ def test_any_search_argument_gives_hits_or_a_retr_error(index, query, k, mode, f
 
 @PROPERTY
 @given(value=ANY, name=st.sampled_from(["hnsw_m", "ef_search", "nlist", "pq_nbits", "nprobe", "lean_m", "seed",
-                                        "kind", "shards", "passages", "aggregate", "bm25", "use_cache", "backend",
+                                        "kind", "shards", "passages", "passage_aggregate", "bm25", "use_cache", "backend",
                                         "max_length", "executor", "ray_actors", "id_field", "model"]))
 def test_any_build_argument_is_refused_or_reaches_the_corpus(tmp_path, value, name):
     # a corpus that does not exist: every check runs first, so the only other answer is "no such file"
@@ -200,8 +200,9 @@ def test_any_build_argument_is_refused_or_reaches_the_corpus(tmp_path, value, na
 
 
 @PROPERTY
-@given(value=ANY, name=st.sampled_from(["pipelines", "k_values", "split", "warmup", "fusion", "kind", "out",
-                                        "run_dir", "reranker", "passages", "download", "backend"]))
+@given(value=ANY, name=st.sampled_from(["mode", "k_values", "split", "warmup", "fusion", "fusion_depth", "kind", "out",
+                                        "run_dir", "rerank", "rerank_depth", "passages", "passage_aggregate",
+                                        "download", "backend"]))
 def test_any_evaluate_argument_is_refused_or_reaches_the_dataset(tmp_path, value, name):
     try:
         retr.evaluate(tmp_path / "missing", **{"download": False, name: value})
