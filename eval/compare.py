@@ -2,7 +2,8 @@
 
 Systems come from eval reports (one per dataset and pipeline; a report of many datasets gives many) or from TREC
 run files scored against qrels. Within each dataset the first system is the baseline and every other one is
-compared with it, per metric, on the queries both scored: the mean difference, a paired two-sided t-test and a
+compared with it; where several reports are given, a pipeline of a later report is compared with the first
+report's pipeline of the same name where it has one (A's hybrid with B's hybrid, A's bm25 with B's bm25), per metric, on the queries both scored: the mean difference, a paired two-sided t-test and a
 paired randomization test, both corrected with Holm-Bonferroni across *everything* compared in the call; per-query
 wins, ties and losses; and, where both carry per-query latency, the difference in median latency with a paired
 bootstrap interval.
@@ -31,6 +32,8 @@ class System:
     dataset: str
     per_query: dict[str, dict[str, float]]  # query -> metric -> value
     latency_ms: dict[str, float] | None = None  # query -> total ms
+    pipeline: str | None = None  # its pipeline's name in a report (None: a run file)
+    source: str = ""  # the file it came from
 
 
 @dataclass(frozen=True)
@@ -92,18 +95,31 @@ def systems_from(paths: Sequence[str | Path], qrels: Qrels | None = None, qrels_
             for report in read_reports(path):
                 for name, p in report.pipelines.items():
                     latency = {q: v["total"] for q, v in p.per_query_latency_ms.items() if "total" in v} or None
-                    out.append(System(f"{path.stem}:{name}", report.dataset.name, p.per_query, latency))
+                    out.append(System(f"{path.stem}:{name}", report.dataset.name, p.per_query, latency, name,
+                                      str(path)))
         else:
             if qrels is None:
                 raise RetrError(f"{path}: a run file needs --qrels to be scored")
             run = with_judged_queries(read_run(path), qrels, str(path))
             ev = evaluate(run, qrels, DEFAULT_K_VALUES)  # the scorer of `retr eval` (pipeline_result)
-            out.append(System(path.stem, qrels_name, ev.per_query))
+            out.append(System(path.stem, qrels_name, ev.per_query, source=str(path)))
     keys = [(s.dataset, s.label) for s in out]
     dup = next((k for k in keys if keys.count(k) > 1), None)
     if dup:
         raise RetrError(f"two systems on {dup[0]} are both named {dup[1]!r}: give the files different names")
     return out
+
+
+def pairs(group: Sequence[System]) -> list[tuple[System, System]]:
+    """(baseline, system) pairs within one dataset: every system against the first one, except that a pipeline
+    from a later file than the first is compared with the first file's pipeline of the same name where that file
+    has one (the same pipeline in two configurations; the first file's pipelines are not compared among
+    themselves then)."""
+    first = group[0]
+    if all(s.source == first.source for s in group):
+        return [(first, s) for s in group[1:]]
+    named = {s.pipeline: s for s in group if s.source == first.source and s.pipeline is not None}
+    return [(named.get(s.pipeline, first), s) for s in group if s.source != first.source]
 
 
 def compare(systems: Sequence[System], metrics: Sequence[str] = DEFAULT_METRICS, resamples: int = RESAMPLES,
@@ -115,8 +131,7 @@ def compare(systems: Sequence[System], metrics: Sequence[str] = DEFAULT_METRICS,
         raise RetrError("nothing to compare: give at least two systems on the same dataset")
     rows, latency = [], []
     for dataset, group in by_dataset.items():
-        base = group[0]
-        for other in group[1:]:
+        for base, other in pairs(group):
             queries = sorted(set(base.per_query) & set(other.per_query))
             if not queries:
                 raise RetrError(f"{base.label} and {other.label} share no scored query on {dataset}")

@@ -131,3 +131,19 @@ def test_compare_trec_runs_and_bad_input(tmp_path, capsys):
     assert "nothing to compare" in capsys.readouterr().err
     assert main(["compare", str(bad), str(good), "--qrels", str(qrels), "--metrics", "NOPE@3"]) == 2
     assert "metric 'NOPE@3'" in capsys.readouterr().err
+
+
+def test_pipelines_of_two_reports_are_compared_name_with_name():
+    """`retr compare base.json new.json`: base's hybrid against new's hybrid, bm25 against bm25 (not everything
+    against base's first pipeline); a pipeline base lacks against base's first; one report alone: every pipeline
+    against its first."""
+    from retr.eval.compare import pairs
+
+    def sys(file, name):
+        return System(f"{file}:{name}", "d", {}, pipeline=name, source=f"{file}.json")
+
+    base = [sys("base", "bm25"), sys("base", "hybrid")]
+    new = [sys("new", "bm25"), sys("new", "hybrid"), sys("new", "hybrid+rerank")]
+    got = [(a.label, b.label) for a, b in pairs(base + new)]
+    assert got == [("base:bm25", "new:bm25"), ("base:hybrid", "new:hybrid"), ("base:bm25", "new:hybrid+rerank")]
+    assert [(a.label, b.label) for a, b in pairs(base)] == [("base:bm25", "base:hybrid")]
