@@ -163,9 +163,11 @@ def _build_lean(emb: np.ndarray, cfg: DenseIndexConfig):
     sample = rounded(_train_sample(emb, cfg, nlist))
     sampled = len(sample)
     _warn_if_thin(sampled, nlist, "--nlist")
+    repeated = ""
     if sampled < 256:  # 16 centroids per sub-quantizer: a tiny corpus is repeated (k-means needs >= 16 points)
         sample = np.tile(sample, (-(-256 // max(1, len(sample))), 1))
-    logger.info("training lean IVF%d,PQ%dx4fs on %d of %d vectors", nlist, m, len(sample), n)
+        repeated = f", repeated to {len(sample)} rows"
+    logger.info("training lean IVF%d,PQ%dx4fs on %d of %d vectors%s", nlist, m, sampled, n, repeated)
     base.train(sample)
     base.nprobe = min(cfg.lean_nprobe, nlist)
     index = faiss.IndexRefine(base, refine)

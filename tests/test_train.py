@@ -581,7 +581,8 @@ def test_training_without_the_train_extra_says_what_to_install(tiny_train, tiny_
     assert main(["train", "bi-encoder", "--dataset", str(tiny_train), "--out", str(tmp_path / "bi")]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == ("retr: error: training needs datasets, which is not installed: "
-                                            "pip install 'retr[train]'")
+                                            "pip install 'retr[train]' (from a source checkout: "
+                                            "pip install -e '.[train]')")
     assert "fields used" not in err and not (tmp_path / "bi").exists()  # refused before the data was read
     with pytest.raises(RetrError, match=r"pip install 'retr\[train\]'"):  # the Python API refuses alike
         train_bi_encoder(tmp_path / "bi", _cfg(tiny_bi_encoder.parent / "bert"),
@@ -636,3 +637,16 @@ def test_training_a_cross_encoder_makes_this_machines_graphs_and_stores_which_on
     held = [r for r in others if getattr(r, "_compiled", None) is not None or getattr(r, "_session", None) is not None
             or "session" in vars(r)]  # (an eagerly opened session would be an attribute of its own)
     assert any(type(r).__name__ == "OrtRunner" for r in others) and not held
+
+
+def test_self_supervised_training_on_too_few_usable_documents_says_what_makes_a_pair(tmp_path, capsys):
+    from retr.cli.main import main
+
+    corpus = tmp_path / "notes.jsonl"
+    corpus.write_text('{"id": "n0", "text": "Rotate the API keys every 90 days from the admin console."}\n'
+                      '{"id": "n1", "text": "Backups run nightly and are kept for 30 days."}\n')
+    assert main(["train", "bi-encoder", "--corpus", str(corpus), "--self-supervised",
+                 "--out", str(tmp_path / "bi")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("retr: error: too little training data: 0 pairs, 0 dev queries from 2 documents: ")
+    assert "title and body" in err and not (tmp_path / "bi").exists()

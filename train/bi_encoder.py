@@ -142,7 +142,10 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
         dev_qrels = Qrels({q: qrels[q] for q in dev_q})
         doc_text_pos = doc_text
     if not train_pairs or not dev_queries:
-        raise RetrError(f"too little training data: {len(train_pairs)} pairs, {len(dev_queries)} dev queries")
+        why = (f" from {len(corpus.docs)} documents: --self-supervised makes a pair of a document's title and body "
+               "(>= 20 characters), or of one of its sentences and the others (two of >= 20 characters at least); "
+               "each pair needs both, and a tenth of the pairs go to dev") if cfg.self_supervised else ""
+        raise RetrError(f"too little training data: {len(train_pairs)} pairs, {len(dev_queries)} dev queries{why}")
     logger.info("%d training pairs, %d dev queries", len(train_pairs), len(dev_queries))
     with temporary_bm25(corpus.ids, texts) as bm25:  # one BM25 for mining and for the dev candidates
         negatives = (mine_bm25_negatives(train_pairs, bm25, qrels, cfg.num_negatives, cfg.seed,

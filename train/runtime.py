@@ -29,7 +29,8 @@ def require_training_stack() -> None:
     missing = [name for name in TRAIN_EXTRA if importlib.util.find_spec(name) is None]
     if missing:
         are = "is" if len(missing) == 1 else "are"
-        raise RetrError(f"training needs {' and '.join(missing)}, which {are} not installed: pip install 'retr[train]'")
+        raise RetrError(f"training needs {' and '.join(missing)}, which {are} not installed: pip install 'retr[train]' "
+                        "(from a source checkout: pip install -e '.[train]')")
 
 
 @contextmanager
