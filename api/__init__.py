@@ -205,16 +205,20 @@ class Index:
     @classmethod
     def load(cls, folder: str | Path, *, model: str | None = None, backend: str = defaults.BACKEND,
              query_backend: str | None = None, fusion: str = defaults.FUSION,
-             query_prompt: str | None = None) -> Index:
+             fusion_depth: int = defaults.FUSION_DEPTH, query_prompt: str | None = None) -> Index:
         """Open an index folder (checked against its manifest). ``model``: the query encoder (default: the one
-        that built the index; ``query_prompt``: the index's unless given, and refused when another)."""
+        that built the index; ``query_prompt``: the index's unless given, and refused when another); ``fusion``,
+        ``fusion_depth``: the hybrid's, unless a search gives its own."""
         from retr.indexes.searcher import Searcher
         from retr.retrieval.fusion import FUSIONS
         from retr.retrieval.pipeline import PipelineConfig
 
         folder = _path(folder, "folder")
         encoder = _encoder(model, backend, query_backend, query_prompt=query_prompt)
-        pipeline = PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS))
+        from retr.retrieval.request import check_k
+
+        pipeline = PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS),
+                                  fusion_depth=check_k(fusion_depth, "fusion_depth"))
         # a search only reads a stored reranker check (`retr check-reranker`, `retr eval`): it never builds one
         return cls(Searcher(folder, encoder, pipeline))
 
@@ -237,30 +241,33 @@ class Index:
 
     def search(self, query: str, k: int = defaults.K, mode: str = defaults.MODE, rerank: str | None = None,
                filter: Mapping[str, object] | None = None, *, fusion: str | None = None,
-               passage_aggregate: str | None = None) -> SearchResult:
+               passage_aggregate: str | None = None, fusion_depth: int | None = None) -> SearchResult:
         """The top ``k`` documents for ``query``: ``mode`` bm25, dense or hybrid; ``rerank`` a cross-encoder
         folder; ``filter`` ``{field: value}`` on the corpus records' other fields (every stage restricted);
-        ``fusion`` / ``passage_aggregate``: this search's, instead of the index's. Defaults and checks are
+        ``fusion`` / ``fusion_depth`` / ``passage_aggregate``: this search's, instead of the index's. Defaults and
+        checks are
         ``retr.SearchRequest``'s. The result's ``hits`` are typed (rank, id, score, title, text, metadata);
         ``latency_ms`` per stage."""
         from retr.retrieval.request import SearchRequest
 
         return self.run(SearchRequest.one(query, k=k, mode=mode, rerank=rerank, filter=filter, fusion=fusion,
-                                          passage_aggregate=passage_aggregate))[0]
+                                          passage_aggregate=passage_aggregate, fusion_depth=fusion_depth))[0]
 
     def search_batch(self, queries: Sequence[str], k: int = defaults.K, mode: str = defaults.MODE,
                      rerank: str | None = None, filter: Mapping[str, object] | None = None, *,
-                     fusion: str | None = None, passage_aggregate: str | None = None) -> list[SearchResult]:
+                     fusion: str | None = None, passage_aggregate: str | None = None,
+                     fusion_depth: int | None = None) -> list[SearchResult]:
         """``search`` for each query of ``queries`` (a list of str; a str is refused), in order, each searched
         alone: its hits never depend on the others."""
         from retr.retrieval.request import SearchRequest
 
         return self.run(SearchRequest.batch(queries, k=k, mode=mode, rerank=rerank, filter=filter, fusion=fusion,
-                                            passage_aggregate=passage_aggregate))
+                                            passage_aggregate=passage_aggregate, fusion_depth=fusion_depth))
 
     def search_topics(self, topics: Mapping[str, str] | str | Path, k: int = defaults.K, mode: str = defaults.MODE,
                       rerank: str | None = None, filter: Mapping[str, object] | None = None, *,
-                      fusion: str | None = None, passage_aggregate: str | None = None):
+                      fusion: str | None = None, passage_aggregate: str | None = None,
+                      fusion_depth: int | None = None):
         """A batch search to a ``Run`` (query id -> ranked hits, as `retr search --topics` writes it): ``topics``
         a mapping of query id -> query, or a topic file (TSV, JSONL, BEIR queries.jsonl, TREC topics). The path
         of ``search`` and ``search_batch``: each query's hits are the ones it gets alone. Write the run with
@@ -278,7 +285,7 @@ class Index:
         if any(not isinstance(q, str) for q in ids):
             raise RetrError("topics: every query id must be a str")
         request = SearchRequest.batch(list(topics.values()), k=k, mode=mode, rerank=rerank, filter=filter,
-                                      fusion=fusion, passage_aggregate=passage_aggregate)
+                                      fusion=fusion, passage_aggregate=passage_aggregate, fusion_depth=fusion_depth)
         return self._open.search_run(request, ids)
 
     def run(self, request: SearchRequest) -> list[SearchResult]:
@@ -435,6 +442,7 @@ def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, s
     from retr.indexes.dense import DenseIndexConfig
     from retr.retrieval.fusion import FUSIONS
     from retr.retrieval.pipeline import PipelineConfig, parse_pipelines
+    from retr.retrieval.request import check_k
     from retr.retrieval.rerank import RerankConfig
 
     mode = _renamed(mode, _DEFAULT_PIPELINES, pipelines, "pipelines", "mode")
@@ -451,7 +459,7 @@ def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, s
                      encoder=_encoder(model, backend, query_backend, None, query_prompt, doc_prompt),
                      dense=DenseIndexConfig(kind=kind),
                      pipeline=PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS),
-                                             fusion_depth=check_int(fusion_depth, "fusion_depth", 1, 100_000)),
+                                             fusion_depth=check_k(fusion_depth, "fusion_depth")),
                      reranker=RerankConfig(model=rerank, depth=check_int(rerank_depth, "rerank_depth", 1, 10_000))
                      if rerank else None,
                      warmup=check_int(warmup, "warmup", 0, 1_000_000),

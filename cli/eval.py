@@ -6,9 +6,7 @@ import argparse
 
 from retr.cli import options
 from retr.eval.runner import DEFAULT_PIPELINES, EvalConfig
-from retr.retrieval.pipeline import PIPELINES, PipelineConfig
-
-_PIPELINE = PipelineConfig()
+from retr.retrieval.pipeline import PIPELINES
 
 
 def add_parser(sub) -> None:
@@ -41,8 +39,6 @@ def add_parser(sub) -> None:
                    help="cross-encoder folder for the +rerank modes (default: none)")
     options.add_rerank_args(p)
     options.add_fusion_arg(p)
-    p.add_argument("--fusion-depth", type=options.positive_int, default=_PIPELINE.fusion_depth,
-                   help="hybrid: hits each of BM25 and dense hands to the fusion")
     options.add_k_values_arg(p)
     p.add_argument("--ignore-identical-ids", action="store_true",
                    help="drop hits whose doc id equals the query id (BEIR's ArguAna/Quora setting)")

@@ -111,6 +111,8 @@ def add_fusion_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fusion", choices=FUSIONS, default=_PIPELINE.fusion,
                    help="hybrid: how the BM25 and dense rankings are fused (minmax, zscore: normalised scores "
                         "summed; rrf: reciprocal rank fusion)")
+    p.add_argument("--fusion-depth", type=positive_int, default=_PIPELINE.fusion_depth,
+                   help="hybrid: hits each of BM25 and dense hands to the fusion (at least k)")
     add_passage_aggregate_arg(p, building=False)
 
 
@@ -144,8 +146,7 @@ def passage_config(args):
 
 
 def pipeline_config(args) -> PipelineConfig:
-    return PipelineConfig(fusion=args.fusion, passage_aggregate=args.passage_aggregate,
-                          **({"fusion_depth": args.fusion_depth} if hasattr(args, "fusion_depth") else {}))
+    return PipelineConfig(fusion=args.fusion, fusion_depth=args.fusion_depth, passage_aggregate=args.passage_aggregate)
 
 
 def add_index_args(p: argparse.ArgumentParser) -> None:

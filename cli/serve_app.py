@@ -630,6 +630,8 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
         mode: Literal[FIRST_STAGES] = DEFAULT_MODE
         fusion: Literal[tuple(FUSIONS)] | None = Field(None, description=f"hybrid's fusion (default: "
                                                                           f"{cfg.pipeline.fusion})")
+        fusion_depth: int | None = Field(None, ge=1, le=max_k, description=f"hybrid: hits each of BM25 and dense "
+                                         f"hands to the fusion (default: {cfg.pipeline.fusion_depth}; at least k)")
         rerank: bool = False
         filter: dict[str, str | int | float | bool] | None = Field(None, max_length=16)
 
@@ -654,8 +656,8 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
         return error(400, str(exc))
 
     def request_of(body: SearchBody) -> SearchRequest:
-        options = {"k": body.k, "mode": body.mode, "fusion": body.fusion, "filter": body.filter,
-                   "rerank": cfg.rerank.model if body.rerank else None}
+        options = {"k": body.k, "mode": body.mode, "fusion": body.fusion, "fusion_depth": body.fusion_depth,
+                   "filter": body.filter, "rerank": cfg.rerank.model if body.rerank else None}
         if body.query is not None:
             return SearchRequest.one(body.query, **options)
         return SearchRequest.batch(body.queries, **options)

@@ -169,10 +169,12 @@ class Searcher:
         return self._filters[key]
 
     def _factory_for(self, request: SearchRequest) -> PipelineFactory:
-        """The factory of the pipeline options ``request`` overrides (its fusion, passage aggregate), sharing the
-        searcher's query encoder and BM25; the searcher's own when it overrides none. Called under the lock."""
+        """The factory of the pipeline options ``request`` overrides (its fusion, fusion depth, passage aggregate),
+        sharing the searcher's query encoder and BM25; the searcher's own when it overrides none. Called under the
+        lock."""
         base = self._factory
         config = replace(base.config, fusion=request.fusion or base.config.fusion,
+                         fusion_depth=request.fusion_depth or base.config.fusion_depth,
                          passage_aggregate=request.passage_aggregate or base.config.passage_aggregate)
         if config == base.config:
             return base

@@ -145,7 +145,9 @@ class SearchRequest:
     ``fusion``: the hybrid's fusion (None: the searcher's, ``DEFAULT_FUSION`` unless it was opened with another);
     ``rerank``: a cross-encoder folder rescoring the first stage's top hits (its depth is the searcher's
     ``RerankConfig.depth``); ``filter``: ``{field: value}`` every hit's record must hold; ``passage_aggregate``:
-    an index of passages: how passage scores make a document's (None: the index's own). Build one with ``one``
+    an index of passages: how passage scores make a document's (None: the index's own); ``fusion_depth``: hits each
+    of BM25 and dense hands to the hybrid's fusion (None: the searcher's, 100 unless it was opened with another;
+    never fewer than ``k``). Build one with ``one``
     (a single query) or ``batch``; constructing directly checks the same way.
     """
 
@@ -156,6 +158,7 @@ class SearchRequest:
     rerank: str | None = None
     filter: Mapping[str, Scalar] | None = None
     passage_aggregate: str | None = None
+    fusion_depth: int | None = None
 
     def __post_init__(self) -> None:
         checked = {
@@ -166,6 +169,7 @@ class SearchRequest:
             "rerank": _rerank(self.rerank),
             "filter": _filter(self.filter),
             "passage_aggregate": check_choice(self.passage_aggregate, "passage_aggregate", AGGREGATES, optional=True),
+            "fusion_depth": None if self.fusion_depth is None else check_k(self.fusion_depth, "fusion_depth"),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)

@@ -258,6 +258,13 @@ def test_a_requests_fusion_and_aggregate_are_those_of_an_index_opened_with_them(
         want = [(h.id, h.score) for h in rrf.search(query).hits]
     got = [(h.id, h.score) for h in index.search(query, fusion="rrf").hits]
     assert got == want and got != [(h.id, h.score) for h in index.search(query).hits]
+    # the fusion depth alike: a request's, or the one an index was opened with (min-max over the top 2, not 100)
+    with retr.Index.load(built, backend="onnx", fusion_depth=2) as shallow:
+        want = [(h.id, h.score) for h in shallow.search(query, k=2).hits]
+    got = [(h.id, h.score) for h in index.search(query, k=2, fusion_depth=2).hits]
+    assert got == want and got != [(h.id, h.score) for h in index.search(query, k=2).hits]
+    assert [(h.id, h.score) for h in index.search(query, k=2, fusion_depth=100).hits] == \
+        [(h.id, h.score) for h in index.search(query, k=2).hits]  # 100: the searcher's own
     folder = tmp_path / "passages"
     with retr.Index.build(tiny_dataset, folder, model=str(tiny_bi_encoder), backend="onnx", passages="8:4",
                           bm25=False) as passages:

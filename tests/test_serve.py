@@ -65,6 +65,8 @@ def test_search_health_metrics_and_docs_over_http(served, capsys):
     ({"query": "solar", "k": 10.5}, 422, "k"),
     ({"query": "solar", "mode": None}, 422, "mode"),
     ({"query": "solar", "fusion": "max"}, 422, "fusion"),
+    ({"query": "solar", "fusion_depth": 0}, 422, "fusion_depth"),
+    ({"query": "solar", "fusion_depth": "5"}, 422, "fusion_depth"),
     ({"query": "solar", "filter": "x"}, 422, "filter"),
     ({"query": "x" * 2001}, 422, "query"),
     ({"query": "solar", "k": 0}, 422, "k"),
@@ -239,3 +241,18 @@ def test_the_service_and_the_cli_agree_on_a_request_with_no_options(served, caps
     cli = json.loads(capsys.readouterr().out)
     assert status == 200 and http["pipeline"] == cli["pipeline"] == DEFAULT_MODE and http["k"] == DEFAULT_K
     assert [r["id"] for r in http["results"]] == [r["id"] for r in cli["results"]]
+
+
+def test_the_service_and_the_cli_agree_on_a_fusion_depth(served, capsys):
+    """`fusion_depth` in a body and `--fusion-depth` on the command line: the same hits and scores, other than the
+    default depth's."""
+    server, idx = served
+    query = "solar electricity for the night"
+    status, http = server.request("/search", {"query": query, "k": 2, "fusion_depth": 2})
+    assert main(["search", str(idx), query, "-k", "2", "--fusion-depth", "2", "--json", "--backend", "onnx"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    status_default, default = server.request("/search", {"query": query, "k": 2})
+    assert status == status_default == 200
+    hits = [(r["id"], r["score"]) for r in http["results"]]
+    assert hits == [(r["id"], r["score"]) for r in cli["results"]]
+    assert hits != [(r["id"], r["score"]) for r in default["results"]]

@@ -452,6 +452,7 @@ BODIES = st.fixed_dictionaries({}, optional={
     "k": st.integers(-3, 20000) | JSON,
     "mode": st.sampled_from(["bm25", "dense", "hybrid", "colbert", ""]) | JSON,
     "fusion": st.sampled_from(["minmax", "zscore", "rrf", "max"]) | JSON,
+    "fusion_depth": st.integers(-3, 20000) | JSON,
     "rerank": st.booleans() | JSON,
     "filter": st.dictionaries(st.text(max_size=8), SCALARS, max_size=3) | JSON,
     "extra": JSON,
