@@ -475,7 +475,9 @@ def _cutoffs(k_values: object) -> tuple[int, ...]:
     """``k_values``: a list or tuple of cutoffs (ints >= 1), never a str."""
     if isinstance(k_values, (str, bytes, bytearray, Mapping)) or not isinstance(k_values, Iterable):
         raise RetrError(f"k_values must be a list of whole numbers >= 1, e.g. [10, 100], got {shown(k_values)}")
-    ks = tuple(sorted({check_int(k, "k_values", 1, 1_000_000) for k in k_values}))
+    from retr.eval.metrics import MAX_CUTOFF
+
+    ks = tuple(sorted({check_int(k, "k_values", 1, MAX_CUTOFF) for k in k_values}))
     if not ks:
         raise RetrError("k_values is empty: give at least one cutoff, e.g. [10, 100]")
     return ks

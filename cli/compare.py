@@ -30,12 +30,15 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from retr.eval.compare import compare, comparison_table, systems_from, write_comparison
+    from retr.eval.compare import compare, comparison_table, metric_cutoffs, systems_from, write_comparison
     from retr.eval.data import load_qrels
 
-    qrels = load_qrels(args.qrels) if args.qrels else None
-    systems = systems_from(args.files, qrels, Path(args.qrels).stem if args.qrels else "qrels")
+    options.refuse_out_over_inputs(args.out, input=args.files, qrels=args.qrels)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    qrels = load_qrels(args.qrels) if args.qrels else None
+    # run files are scored at the default cut-offs and at those the metrics name (NDCG@20 on runs of 100 hits)
+    systems = systems_from(args.files, qrels, Path(args.qrels).stem if args.qrels else "qrels",
+                           metric_cutoffs(metrics))
     result = compare(systems, metrics, args.resamples, args.seed)
     print(comparison_table(result, args.alpha))
     if args.out:

@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if run_dir is None and args.out:
         out = Path(args.out)
         run_dir = out.with_name(f"{out.stem}-runs")
+    options.check_run_dir(run_dir)
     reports = []
     for dataset in datasets:
         sub = run_dir / dataset.name if run_dir is not None and len(datasets) > 1 else run_dir
@@ -139,6 +140,7 @@ def _score_runs(args: argparse.Namespace) -> int:
         if name in runs:
             raise RetrError(f"two runs are both named {name!r} ({runs[name]}, {path}): give the files different names")
         runs[name] = path
+    options.refuse_out_over_inputs(args.out, run=args.runs, qrels=args.qrels)
     report = score_runs(runs, args.qrels, args.k_values, args.ignore_identical_ids)
     return _show(report, args.out)
 
@@ -154,10 +156,12 @@ def _eval_index(args: argparse.Namespace, cfg) -> int:
 
     if not args.topics or not args.qrels:
         raise RetrError("--index needs --topics FILE (the queries) and --qrels FILE (their judgements)")
+    options.refuse_out_over_inputs(args.out, topics=args.topics, qrels=args.qrels)
     topics = read_topics(args.topics, field=args.topic_field)
     qrels = load_qrels(args.qrels)
     run_dir = Path(args.run_dir) if args.run_dir else (Path(args.out).with_name(f"{Path(args.out).stem}-runs")
                                                        if args.out else None)
+    options.check_run_dir(run_dir)
     report = run_eval_index(args.index, topics, qrels, cfg, run_dir, args.qrels)
     return _show(report, args.out)
 

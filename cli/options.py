@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from retr.eval.metrics import DEFAULT_K_VALUES
+from retr.eval.metrics import DEFAULT_K_VALUES, MAX_CUTOFF
 from retr.indexes.dense import KINDS, DenseIndexConfig
 from retr.indexes.executors import EXECUTORS, ExecutorConfig
 from retr.retrieval.backends.registry import DEFAULT_BACKEND, DEFAULT_RERANK_BACKEND, SCORING, choices
 from retr.retrieval.encoder import EncoderConfig
+from retr.retrieval.errors import RetrError
 from retr.retrieval.focus import INPUT_FORMS
 from retr.retrieval.fusion import FUSIONS
 from retr.retrieval.passages import AGGREGATES, DEFAULT_AGGREGATE
@@ -50,8 +51,8 @@ def k_values(text: str) -> tuple[int, ...]:
         ks = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: k values are comma-separated integers") from None
-    if not ks or ks[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: k values must be >= 1")
+    if not ks or ks[0] < 1 or ks[-1] > MAX_CUTOFF:
+        raise argparse.ArgumentTypeError(f"{text!r}: k values must be from 1 to {MAX_CUTOFF:,}")
     return ks
 
 
@@ -237,3 +238,25 @@ def bm25_config(args):
 
     return BM25Config.for_language(args.bm25_language, k1=args.bm25_k1, b=args.bm25_b, method=args.bm25_method,
                                    delta=args.bm25_delta)
+
+
+def refuse_out_over_inputs(out: str | None, **inputs) -> None:
+    """A one-line error where the file ``out`` is one of the command's inputs (``inputs``: what each is -> its path
+    or paths), which writing it would replace: a run written over its topics, a report over the run it scores."""
+    import os
+
+    if not out or not os.path.exists(out):
+        return
+    for what, paths in inputs.items():
+        for path in [paths] if isinstance(paths, str) else paths or ():
+            if path and os.path.exists(path) and os.path.samefile(out, path):
+                raise RetrError(f"{out}: --out names the {what} read ({path}), which it would replace: "
+                                f"give another path")
+
+
+def check_run_dir(run_dir) -> None:
+    """A one-line error, before any work, where the run files' folder is a file."""
+    import os
+
+    if run_dir is not None and os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise RetrError(f"{run_dir}: the run files' folder (--run-dir) is a file: give a folder path")

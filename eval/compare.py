@@ -12,6 +12,7 @@ bootstrap interval.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ from retr.eval.report import read_reports
 from retr.eval.stats import RESAMPLES, bootstrap_ci, holm, paired_t_test, randomization_test
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Qrels
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_METRICS = ("NDCG@10", "Recall@100")
 
@@ -34,6 +37,8 @@ class System:
     latency_ms: dict[str, float] | None = None  # query -> total ms
     pipeline: str | None = None  # its pipeline's name in a report (None: a run file)
     source: str = ""  # the file it came from
+    judgements: str | None = None  # ``Qrels.digest`` of what it was scored against (None: a report from before)
+    ranked: frozenset[str] | None = None  # a run file's judged queries it has hits for (None: a report's: all)
 
 
 @dataclass(frozen=True)
@@ -80,29 +85,33 @@ class Comparison:
         return {"format": "retr-comparison", **asdict(self)}
 
 
-def systems_from(paths: Sequence[str | Path], qrels: Qrels | None = None, qrels_name: str = "qrels") -> list[System]:
-    """Systems from eval reports (JSON) and run files (TREC, MS MARCO or JSONL; scored against ``qrels``)."""
+def systems_from(paths: Sequence[str | Path], qrels: Qrels | None = None, qrels_name: str = "qrels",
+                 k_values: Sequence[int] | None = None) -> list[System]:
+    """Systems from eval reports (JSON) and run files (TREC, MS MARCO or JSONL; scored against ``qrels`` at
+    ``k_values``, default ``DEFAULT_K_VALUES``)."""
     from retr.eval.metrics import DEFAULT_K_VALUES, evaluate
+
+    k_values = sorted(set(k_values or DEFAULT_K_VALUES))
     from retr.eval.trec import read_run, with_judged_queries
 
     out: list[System] = []
     for path in map(Path, paths):
         if not path.is_file():
             raise RetrError(f"{path}: no such file")
-        with path.open("rb") as fh:
-            head = fh.read(1)
-        if head == b"{":
+        if _is_report(path):
             for report in read_reports(path):
                 for name, p in report.pipelines.items():
                     latency = {q: v["total"] for q, v in p.per_query_latency_ms.items() if "total" in v} or None
                     out.append(System(f"{path.stem}:{name}", report.dataset.name, p.per_query, latency, name,
-                                      str(path)))
+                                      str(path), report.dataset.qrels_sha256))
         else:
             if qrels is None:
                 raise RetrError(f"{path}: a run file needs --qrels to be scored")
-            run = with_judged_queries(read_run(path), qrels, str(path))
-            ev = evaluate(run, qrels, DEFAULT_K_VALUES)  # the scorer of `retr eval` (pipeline_result)
-            out.append(System(path.stem, qrels_name, ev.per_query, source=str(path)))
+            raw = read_run(path)
+            run = with_judged_queries(raw, qrels, str(path))
+            ev = evaluate(run, qrels, k_values)  # the scorer of `retr eval` (pipeline_result)
+            out.append(System(path.stem, qrels_name, ev.per_query, source=str(path), judgements=qrels.digest(),
+                              ranked=frozenset(q for q in qrels if q in raw and raw[q])))
     keys = [(s.dataset, s.label) for s in out]
     dup = next((k for k in keys if keys.count(k) > 1), None)
     if dup:
@@ -122,11 +131,76 @@ def pairs(group: Sequence[System]) -> list[tuple[System, System]]:
     return [(named.get(s.pipeline, first), s) for s in group if s.source != first.source]
 
 
+def _is_report(path: Path) -> bool:
+    """Whether ``path`` holds an eval report (one JSON document) rather than a run file: its first line, past a
+    byte-order mark, opens a JSON object that is not a whole JSONL run record (``{"qid": ..., "hits": [...]}``)."""
+    with path.open("rb") as fh:
+        first = fh.readline(1 << 20).removeprefix(b"\xef\xbb\xbf").strip()
+    if not first.startswith(b"{"):
+        return False
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return True  # a document that goes on past its first line
+    return not (isinstance(record, dict) and "qid" in record and "hits" in record)
+
+
+def _by_judgements(systems: Sequence[System]) -> dict[str, list[System]]:
+    """Systems grouped by what they were scored against: a dataset's name, and its judgements where the reports
+    record them. Systems of one name scored against other judgements (another split, another qrels file of the
+    same name) are never compared, with a warning; a report from before the digest joins the one set of
+    judgements its dataset has."""
+    known: dict[str, list[str]] = {}
+    for s in systems:
+        if s.judgements is not None and s.judgements not in known.setdefault(s.dataset, []):
+            known[s.dataset].append(s.judgements)
+    groups: dict[str, list[System]] = {}
+    for s in systems:
+        digests = known.get(s.dataset, [])
+        judgements = s.judgements or (digests[0] if len(digests) == 1 else None)
+        key = s.dataset if len(digests) <= 1 else f"{s.dataset} [{(judgements or 'unknown')[:8]}]"
+        groups.setdefault(key, []).append(s)
+    for name, digests in known.items():
+        if len(digests) > 1:
+            sets = "; ".join(", ".join(s.label for s in g) for k, g in groups.items() if k.startswith(f"{name} ["))
+            logger.warning("%s: the systems were scored against %d different sets of judgements, each compared "
+                           "only within its own: %s", name, len(digests), sets)
+    return groups
+
+
+def metric_cutoffs(metrics: Sequence[str]) -> list[int]:
+    """The default cut-offs and those ``metrics`` name (``NDCG@20`` -> 20): what run files are scored at. A metric
+    not of the form NAME@K is a one-line error."""
+    from retr.eval.metrics import DEFAULT_K_VALUES
+
+    ks = set(DEFAULT_K_VALUES)
+    for m in metrics:
+        name, _, k = m.partition("@")
+        if not name or not k.isdigit() or int(k) < 1 or int(k) > 1_000_000:
+            raise RetrError(f"metric {m!r}: give NAME@K, e.g. NDCG@10, MAP@100, Recall@1000, P@5, MRR@10")
+        ks.add(int(k))
+    return sorted(ks)
+
+
+def _check_ranked(base: System, other: System, dataset: str) -> None:
+    """Two run files that ranked other judged queries: none in common is refused (every pair would hold a 0 of a
+    missing ranking, trec_eval -c's); some queries ranked by one alone, a warning."""
+    if base.ranked is None or other.ranked is None or base.ranked == other.ranked:
+        return
+    both = base.ranked & other.ranked
+    if not both:
+        raise RetrError(f"{base.label} and {other.label} ranked no judged query in common on {dataset} "
+                        f"({len(base.ranked)} and {len(other.ranked)} others): nothing to pair")
+    logger.warning("%s: %s ranked %d judged quer(ies) %s did not, and %d the other way: a missing ranking counts 0 "
+                   "(trec_eval -c) in the paired tests", dataset, base.label, len(base.ranked - other.ranked),
+                   other.label, len(other.ranked - base.ranked))
+
+
 def compare(systems: Sequence[System], metrics: Sequence[str] = DEFAULT_METRICS, resamples: int = RESAMPLES,
             seed: int = 0) -> Comparison:
-    by_dataset: dict[str, list[System]] = {}
-    for s in systems:
-        by_dataset.setdefault(s.dataset, []).append(s)
+    if not metrics:
+        raise RetrError("no metric to compare: give --metrics, e.g. NDCG@10,Recall@100")
+    by_dataset = _by_judgements(systems)
     if not any(len(v) > 1 for v in by_dataset.values()):
         raise RetrError("nothing to compare: give at least two systems on the same dataset")
     rows, latency = [], []
@@ -135,6 +209,7 @@ def compare(systems: Sequence[System], metrics: Sequence[str] = DEFAULT_METRICS,
             queries = sorted(set(base.per_query) & set(other.per_query))
             if not queries:
                 raise RetrError(f"{base.label} and {other.label} share no scored query on {dataset}")
+            _check_ranked(base, other, dataset)
             for metric in metrics:
                 if metric not in base.per_query[queries[0]] or metric not in other.per_query[queries[0]]:
                     have = ", ".join(sorted(base.per_query[queries[0]]))

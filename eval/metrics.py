@@ -17,6 +17,7 @@ from retr.retrieval.types import Qrels, Run
 
 DEFAULT_K_VALUES: tuple[int, ...] = defaults.K_VALUES
 MRR_CUTOFF = 10
+MAX_CUTOFF = 1_000_000  # the deepest cut-off scored (`--k-values`, ``retr.evaluate``'s ``k_values``)
 
 
 def ndcg_at_k(ranked: Sequence[str], grades: Mapping[str, int], k: int) -> float:
@@ -67,8 +68,9 @@ def _query_metrics(ranked: Sequence[str], grades: Mapping[str, int], k_values: S
     dcg = idcg = ap_sum = 0.0
     hits = 0
     i = 0
+    seen = max(len(gains), len(ideal))  # past both, no cut-off adds gain or ideal gain
     for k in k_values:
-        while i < k:
+        while i < min(k, seen):
             if i < len(gains):
                 g = gains[i]
                 if g > 0:

@@ -48,6 +48,7 @@ class DatasetInfo:
     num_queries: int
     empty_docs: int = 0
     qrels_check: dict[str, int] = field(default_factory=dict)
+    qrels_sha256: str | None = None  # ``Qrels.digest`` of the judgements scored (None: a report from before it)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class EvalReport:
 
     @classmethod
     def read(cls, path: str | Path) -> EvalReport:
-        return cls.from_json(read_text(Path(path)), str(path))
+        return cls.from_json(read_text(Path(path)).removeprefix("\ufeff"), str(path))
 
 
 SUITE_FORMAT = "retr-eval-suite"
@@ -139,7 +140,7 @@ def read_reports(path: str | Path) -> list[EvalReport]:
     """The reports in a JSON file written by `retr eval`: one dataset's report, or a suite of several."""
     path = Path(path)
     try:
-        d = json.loads(read_text(path))
+        d = json.loads(read_text(path).removeprefix("\ufeff"))  # a byte-order mark an editor added
     except json.JSONDecodeError as e:
         raise RetrError(f"{path}: unreadable JSON ({e})") from None
     if isinstance(d, dict) and d.get("format") == SUITE_FORMAT:

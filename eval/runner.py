@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from retr.eval.data import Dataset
-from retr.eval.metrics import DEFAULT_K_VALUES, evaluate
+from retr.eval.metrics import DEFAULT_K_VALUES, MAX_CUTOFF, evaluate
 from retr.eval.pseudo import check_index_reranker
 from retr.eval.report import DatasetInfo, EvalReport, Percentiles, PipelineResult
 from retr.eval.trec import write_trec
@@ -31,6 +31,7 @@ from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageConfig
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
 from retr.retrieval.protocol import StageTimer
+from retr.retrieval.request import MAX_K
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 from retr.retrieval.types import Hit, Qrels, Run
 
@@ -62,6 +63,9 @@ class EvalConfig:
             raise RetrError("rerank pipelines need a cross-encoder: pass --rerank DIR")
         if not self.k_values or min(self.k_values) < 1:
             raise RetrError(f"k values must be positive integers, got {self.k_values}")
+        if max(self.k_values) > MAX_K:  # each query is searched to the deepest cut-off
+            raise RetrError(f"k values: a search returns at most {MAX_K:,} hits, got {max(self.k_values):,} "
+                            f"(scoring a run file made elsewhere, `retr eval --run`, takes up to {MAX_CUTOFF:,})")
         if self.warmup < 0:
             raise RetrError(f"warmup must be >= 0, got {self.warmup}")
 
@@ -174,7 +178,7 @@ def score_runs(runs: Mapping[str, str | Path], qrels_path: str | Path, k_values:
                                      ignore_identical_ids, str(path), stages=("total",)) for name, path in runs.items()}
     return EvalReport(
         dataset=DatasetInfo(name=qrels_path.stem, path=str(qrels_path), split="", num_docs=0,
-                            num_queries=len(qrels)),
+                            num_queries=len(qrels), qrels_sha256=qrels.digest()),
         k_values=sorted(set(k_values)), ignore_identical_ids=ignore_identical_ids, pipelines=results, index={},
         reranker=None, config={"runs": {n: str(p) for n, p in runs.items()}, "qrels": str(qrels_path)},
         environment=environment(), total_seconds=time.perf_counter() - t_start)
@@ -225,7 +229,7 @@ def run_eval_index(folder: str | Path, topics: Mapping[str, str], qrels: Qrels, 
         encoder = factory._encoder
         return EvalReport(
             dataset=DatasetInfo(name=name, path=str(index.folder), split=split, num_docs=len(index.ids),
-                                num_queries=len(queries), qrels_check=asdict(check)),
+                                num_queries=len(queries), qrels_check=asdict(check), qrels_sha256=qrels.digest()),
             k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
             index={"folder": str(index.folder), "manifest": index.manifest.to_dict()},
             reranker=_reranker_record(reranker, factory) if reranker else None, config=_as_json(asdict(cfg)),
@@ -250,7 +254,8 @@ def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> 
     return EvalReport(
         dataset=DatasetInfo(name=dataset.name, path=str(dataset.path), split=dataset.split,
                             num_docs=len(dataset.corpus), num_queries=len(dataset.queries),
-                            empty_docs=dataset.corpus.empty_docs, qrels_check=asdict(dataset.check)),
+                            empty_docs=dataset.corpus.empty_docs, qrels_check=asdict(dataset.check),
+                            qrels_sha256=dataset.qrels.digest()),
         k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
         index={"folder": str(index.folder), "manifest": index.manifest.to_dict()},
         reranker=_reranker_record(reranker, factory) if reranker else None, config=_as_json(asdict(cfg)),

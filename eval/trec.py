@@ -130,7 +130,13 @@ def with_judged_queries(run: Run, qrels: Qrels, source: str = "run") -> Run:
     if len(missing) == len(qrels):
         raise RetrError(f"{source}: the run and the qrels share no query id (run: {next(iter(run), 'none')!r}, "
                         f"qrels: {next(iter(qrels), 'none')!r}, ...)")
-    logger.info("%s: %d judged quer(ies) with no hit in the run count 0", source, len(missing))
+    unjudged = [q for q in run if q not in qrels]
+    if unjudged:  # ids written otherwise (01 against 1) would score 0 here: said where -q still shows it
+        logger.warning("%s: %d judged quer(ies) missing from the run count 0 (e.g. %r), and %d of its queries are "
+                       "not judged (e.g. %r): are the query ids written the same way?", source, len(missing),
+                       missing[0], len(unjudged), unjudged[0])
+    else:
+        logger.info("%s: %d judged quer(ies) with no hit in the run count 0", source, len(missing))
     _warn_unjudged(run, qrels, source)
     return Run({**run, **{q: () for q in missing}})
 
@@ -183,9 +189,14 @@ def _msmarco_hits(path: Path):
 
 
 def _jsonl_hits(path: Path):
+    seen: dict[str, int] = {}
     for lineno, rec in jsonl_records(path):
         if not isinstance(rec.get("qid"), str) or not isinstance(rec.get("hits"), list):
             raise RetrError(f"{path}:{lineno}: expected {{\"qid\": str, \"hits\": [...]}}")
+        if rec["qid"] in seen:  # one object per query: a second would be merged into the first without a word
+            raise RetrError(f"{path}:{lineno}: query {rec['qid']!r} again (first at line {seen[rec['qid']]}): "
+                            f"one object per query")
+        seen[rec["qid"]] = lineno
         yield lineno, rec["qid"], None, 0.0
         for h in rec["hits"]:
             if not isinstance(h, dict) or not isinstance(h.get("docid"), str) or "score" not in h:

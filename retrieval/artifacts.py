@@ -91,6 +91,22 @@ def _atomic_write(path: Path, write: Callable[[Any], object], durable: bool = Fa
     """``path`` replaced, in one rename, by a file ``write`` fills (given its binary handle); on any error the
     temporary file goes and ``path`` stays as it was."""
     path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise RetrError(f"{path}: is a folder: give the path of a file to write")
+    if mode is not None and not stat.S_ISREG(mode):  # /dev/null, /dev/stdout, a FIFO: written into, never replaced
+        try:  # (a FIFO no process reads would block forever)
+            fd = os.open(path, os.O_WRONLY | (os.O_NONBLOCK if stat.S_ISFIFO(mode) else 0))
+        except OSError as e:
+            raise RetrError(f"{path}: cannot be written ({'a FIFO no process reads' if e.errno == errno.ENXIO else e.strerror})"
+                            f": nothing written") from None
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

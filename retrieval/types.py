@@ -123,6 +123,14 @@ class Qrels(Mapping[str, Mapping[str, int]]):
     def num_relevant(self, qid: str) -> int:
         return sum(1 for g in self._data.get(qid, {}).values() if g > 0)
 
+    def digest(self) -> str:
+        """sha256 of the judgements (in no particular order): what two reports were scored against is the same
+        exactly where their digests are."""
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
 
 def shown(value: object) -> str:
     """``value`` and its type, for a one-line message: ``'10' (type str)`` (the text cut to 40 characters)."""

@@ -1,0 +1,166 @@
+"""The hostile probe of the everyday workflow (topics in, runs out, runs scored and compared): each defect it found,
+as a case that fails without its fix."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+
+import pytest
+
+from retr.cli.main import main
+from retr.eval.data import load_qrels
+from retr.eval.trec import read_run, write_run
+from retr.retrieval.artifacts import atomic_write_text
+from retr.retrieval.errors import RetrError
+from retr.retrieval.types import Run
+
+
+def _qrels(tiny_dataset):
+    return tiny_dataset / "qrels" / "test.tsv"
+
+
+def _run(qrels, path, keep=lambda i, q: True, prefix="", tag_docs=lambda d: d):
+    write_run(Run({prefix + q: [(tag_docs(d), 1.0) for d in qrels[q]] + [("zz-not-judged", 0.5)]
+                   for i, q in enumerate(qrels) if keep(i, q)}), path)
+    return path
+
+
+# -- outputs -----------------------------------------------------------------------------------------------------
+def test_an_output_that_is_a_device_or_fifo_is_written_into_never_replaced(tmp_path):
+    null = tmp_path / "null"  # a null device of the test's own (as root /dev/null itself was replaced by a file)
+    try:
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, AttributeError):
+        null = None  # (no CAP_MKNOD: the FIFO below stands for every special file)
+    if null is not None:
+        atomic_write_text(null, "discarded\n")
+        assert stat.S_ISCHR(os.stat(null).st_mode)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(RetrError, match=r"a FIFO no process reads\): nothing written"):  # (would block for ever)
+        atomic_write_text(fifo, "x")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        atomic_write_text(fifo, "through the pipe\n")
+        assert os.read(reader, 100) == b"through the pipe\n" and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    finally:
+        os.close(reader)
+    with pytest.raises(RetrError, match="is a folder: give the path of a file"):  # (an IsADirectoryError traceback)
+        atomic_write_text(tmp_path, "x")
+
+
+def test_out_never_replaces_an_input(tiny_dataset, tmp_path, capsys):
+    qrels_path = _qrels(tiny_dataset)
+    run = _run(load_qrels(qrels_path), tmp_path / "r.trec")
+    before = run.read_bytes()
+    assert main(["eval", "--run", str(run), "--qrels", str(qrels_path), "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run}: --out names the run read" in err and err.count("\n") == 1 and run.read_bytes() == before
+    assert main(["compare", str(run), str(run), "--qrels", str(qrels_path), "--out", str(qrels_path)]) == 2
+    assert "--out names the qrels read" in capsys.readouterr().err
+    topics = tmp_path / "t.tsv"
+    topics.write_text("q1\tsolar panels\n")
+    assert main(["search", str(tmp_path / "no-index"), "--topics", str(topics), "--out", str(topics)]) == 2
+    assert "--out names the topics read" in capsys.readouterr().err and topics.read_text() == "q1\tsolar panels\n"
+
+
+def test_a_run_dir_that_is_a_file_is_refused_before_any_search(tiny_dataset, tiny_bi_encoder, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    t0 = time.perf_counter()
+    assert main(["eval", "--dataset", str(tiny_dataset), "--mode", "bm25", "--run-dir", str(afile)]) == 2
+    assert "the run files' folder (--run-dir) is a file" in capsys.readouterr().err
+    assert afile.read_text() == "x" and time.perf_counter() - t0 < 30
+
+
+# -- scoring -----------------------------------------------------------------------------------------------------
+def test_query_ids_written_otherwise_warn_at_warning_level(tiny_dataset, tmp_path, caplog):
+    qrels_path = _qrels(tiny_dataset)
+    qrels = load_qrels(qrels_path)
+    run = _run(qrels, tmp_path / "padded.trec", keep=lambda i, q: i % 2 == 0)
+    write_run(Run({**{q: list(read_run(run)[q]) for q in read_run(run)},
+                   **{"0" + q: [(d, 1.0) for d in qrels[q]] for i, q in enumerate(qrels) if i % 2}}), run)
+    caplog.set_level(logging.WARNING, logger="retr")
+    assert main(["-q", "eval", "--run", str(run), "--qrels", str(qrels_path)]) == 0
+    assert "are the query ids written the same way?" in caplog.text
+
+
+def test_a_huge_cut_off_scores_at_once_and_the_cli_bounds_it(tiny_dataset, tmp_path, capsys):
+    from retr.eval.metrics import evaluate
+
+    qrels = load_qrels(_qrels(tiny_dataset))
+    run = read_run(_run(qrels, tmp_path / "r.trec"))
+    t0 = time.perf_counter()
+    deep = evaluate(run, qrels, [10, 10**12]).mean  # looped to k before: never returned
+    assert time.perf_counter() - t0 < 5 and deep["Recall@1000000000000"] == 1.0
+    assert deep["NDCG@1000000000000"] == evaluate(run, qrels, [10, 1000]).mean["NDCG@1000"]
+    with pytest.raises(SystemExit):
+        main(["eval", "--run", str(tmp_path / "r.trec"), "--qrels", str(_qrels(tiny_dataset)),
+              "--k-values", "99999999999999999999"])
+    assert "k values must be from 1 to 1,000,000" in capsys.readouterr().err
+    assert main(["eval", "--dataset", str(tiny_dataset), "--mode", "bm25", "--k-values", "10,100000"]) == 2
+    assert "a search returns at most 10,000 hits" in capsys.readouterr().err
+
+
+def test_a_jsonl_run_naming_a_query_twice_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"qid": "q1", "hits": [{"docid": "d1", "score": 1}]}\n'
+                    '{"qid": "q2", "hits": []}\n{"qid": "q1", "hits": [{"docid": "d2", "score": 2}]}\n')
+    with pytest.raises(RetrError, match=r"r.jsonl:3: query 'q1' again \(first at line 1\)"):
+        read_run(path)
+
+
+# -- compare -----------------------------------------------------------------------------------------------------
+def test_reports_scored_against_other_judgements_are_not_compared(tiny_dataset, tmp_path, caplog, capsys):
+    """Two qrels files of one name (another folder): their reports were paired as one dataset, a 'significant'
+    loss that was a gain."""
+    qrels_path = _qrels(tiny_dataset)
+    qrels = load_qrels(qrels_path)
+    other = tmp_path / "other" / "test.tsv"
+    other.parent.mkdir()
+    lines = qrels_path.read_text().splitlines()
+    other.write_text("\n".join(lines[:1] + lines[2:]) + "\n")  # one judgement fewer
+    run = _run(qrels, tmp_path / "r.trec")
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["eval", "--run", str(run), "--qrels", str(qrels_path), "--out", str(a)]) == 0
+    assert main(["eval", "--run", str(run), "--qrels", str(other), "--out", str(b)]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "nothing to compare" in capsys.readouterr().err
+    assert "scored against 2 different sets of judgements" in caplog.text
+    assert main(["compare", str(a), str(a.with_name("a2.json"))]) == 2  # (no such file: the usual error)
+    a2 = tmp_path / "a2.json"
+    a2.write_bytes(b"\xef\xbb\xbf" + a.read_bytes())  # a report an editor gave a byte-order mark: still a report
+    assert main(["compare", str(a), str(a2)]) == 0
+
+
+def test_runs_with_no_ranked_query_in_common_are_refused_and_some_in_common_warned(tiny_dataset, tmp_path, capsys,
+                                                                                   caplog):
+    qrels_path = _qrels(tiny_dataset)
+    qrels = load_qrels(qrels_path)
+    first = _run(qrels, tmp_path / "first.trec", keep=lambda i, q: i < 3)
+    second = _run(qrels, tmp_path / "second.trec", keep=lambda i, q: i >= 3)
+    assert main(["compare", str(first), str(second), "--qrels", str(qrels_path)]) == 2
+    assert "ranked no judged query in common" in capsys.readouterr().err
+    most = _run(qrels, tmp_path / "most.trec", keep=lambda i, q: i >= 1)
+    assert main(["compare", str(first), str(most), "--qrels", str(qrels_path)]) == 0
+    assert "a missing ranking counts 0" in caplog.text
+
+
+def test_compare_reads_jsonl_runs_and_scores_the_cut_offs_its_metrics_name(tiny_dataset, tmp_path, capsys):
+    qrels_path = _qrels(tiny_dataset)
+    qrels = load_qrels(qrels_path)
+    trec = _run(qrels, tmp_path / "base.trec")
+    jsonl = tmp_path / "other.jsonl"
+    write_run(read_run(trec), jsonl, "jsonl")  # read as a report before ('unreadable JSON')
+    assert main(["compare", str(trec), str(jsonl), "--qrels", str(qrels_path), "--metrics", "NDCG@20,MAP@7"]) == 0
+    out = capsys.readouterr().out
+    assert "NDCG@20" in out and "MAP@7" in out
+    assert main(["compare", str(trec), str(jsonl), "--qrels", str(qrels_path), "--metrics", ","]) == 2
+    assert "no metric to compare" in capsys.readouterr().err  # (a TypeError traceback)
+    assert main(["compare", str(trec), str(jsonl), "--qrels", str(qrels_path), "--metrics", "NDCG"]) == 2
+    assert "give NAME@K" in capsys.readouterr().err
