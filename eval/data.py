@@ -86,9 +86,13 @@ def _grade(path: Path, lineno: int, text: str) -> int:
     return int(value)
 
 
+# the first column's name in a qrels file's header line (BEIR's `query-id`, and the names topic files use)
+QRELS_HEADERS = frozenset({"query-id", "query_id", "queryid", "qid", "query", "topic", "topic-id", "topic_id"})
+
+
 def load_qrels(path: str | Path) -> Qrels:
     """Read BEIR qrels (``query-id<TAB>corpus-id<TAB>score``, header optional: ids may hold spaces) or TREC qrels
-    (``qid iter docid rel``, whitespace-separated)."""
+    (``qid iter docid rel``, whitespace- or tab-separated)."""
     path = Path(path)
     judgements: dict[str, dict[str, int]] = {}
     first: dict[tuple[str, str], int] = {}  # (query, document) -> the line that judged it first
@@ -96,12 +100,13 @@ def load_qrels(path: str | Path) -> Qrels:
     for lineno, line in lines(path):
         if not line.strip():
             continue
+        header = tabbed is None  # the first line with something on it may name the columns
         if tabbed is None:
             tabbed = "\t" in line
         parts = [p.strip() for p in line.rstrip("\r\n").split("\t")] if tabbed else line.split()
-        if lineno == 1 and parts[0].lower() in ("query-id", "query_id", "qid"):
+        if header and parts[0].lower() in QRELS_HEADERS:
             continue
-        if len(parts) == 4 and not tabbed:  # TREC: qid iter docid rel
+        if len(parts) == 4:  # TREC: qid iter docid rel (MS MARCO's qrels are tab-separated)
             parts = [parts[0], parts[2], parts[3]]
         if len(parts) != 3 or not parts[0] or not parts[1]:
             raise RetrError(f"{path}:{lineno}: expected 'query-id corpus-id score', got {len(parts)} fields")

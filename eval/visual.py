@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,15 +155,27 @@ def _pair(entries: Sequence[Entry], dataset: str, pair: tuple[str, str] | None) 
     return found[0], found[1]
 
 
+def _shown(x, digits: int) -> str:
+    """A figure of the summary table, '-' where there is none (a run made elsewhere has no latency)."""
+    return "-" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _timed(e: Entry) -> bool:
+    """Whether ``e``'s latency was measured (``retr eval --run`` scores runs made elsewhere: none)."""
+    p50 = e.result.latency_ms["total"].p50
+    return p50 is not None and math.isfinite(p50) and p50 > 0
+
+
 def render(entries: Sequence[Entry], pair: tuple[str, str] | None = None, title: str = "retr report") -> str:
     esc = html.escape
     datasets = list(_by_dataset(entries))
     rows = []
     for e in entries:
         m, lat = e.result.metrics, e.result.latency_ms["total"]
-        rows.append(f"<tr><td>{esc(e.dataset)}</td><td>{esc(e.label)}</td><td>{m['NDCG@10']:.4f}</td>"
-                    f"<td>{m.get('Recall@100', float('nan')):.4f}</td><td>{lat.p50:.2f}</td><td>{lat.p95:.2f}</td>"
-                    f"<td>{e.result.qps:.1f}</td></tr>")
+        rows.append(f"<tr><td>{esc(e.dataset)}</td><td>{esc(e.label)}</td><td>{_shown(m.get('NDCG@10'), 4)}</td>"
+                    f"<td>{_shown(m.get('Recall@100'), 4)}</td><td>{_shown(lat.p50, 2)}</td>"
+                    f"<td>{_shown(lat.p95, 2)}</td><td>{_shown(e.result.qps, 1)}</td></tr>")
+    timed = [e for e in entries if _timed(e)]
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{esc(title)}</title><style>"
              "body{font-family:system-ui,sans-serif;max-width:75rem;margin:2rem auto;padding:0 1rem;color:#222}"
              "table{border-collapse:collapse}td,th{padding:.25rem .6rem;border-bottom:1px solid #ddd;text-align:right}"
@@ -170,8 +183,12 @@ def render(entries: Sequence[Entry], pair: tuple[str, str] | None = None, title:
              f"</style></head><body><h1>{esc(title)}</h1>",
              "<h2>Summary</h2><table id=summary><tr><th>dataset</th><th>pipeline</th><th>nDCG@10</th>"
              "<th>Recall@100</th><th>p50 ms</th><th>p95 ms</th><th>QPS</th></tr>" + "".join(rows) + "</table>",
-             "<h2>Quality against latency</h2><p>Red: the Pareto front (no other pipeline is both faster and "
-             "better).</p>", f'<img id=pareto alt="nDCG@10 against p50 latency" src="{quality_latency_figure(entries)}">',
+             "<h2>Quality against latency</h2>" + (
+                 "<p>Red: the Pareto front (no other pipeline is both faster and better).</p>"
+                 f'<img id=pareto alt="nDCG@10 against p50 latency" src="{quality_latency_figure(timed)}">'
+                 if timed and all("NDCG@10" in e.result.metrics for e in timed)
+                 else "<p>No latency was measured (runs made elsewhere, scored by <code>retr eval --run</code>), "
+                      "or no nDCG@10.</p>"),
              "<h2>Recall@k</h2>", f'<img id=recall alt="Recall at each k" src="{recall_figure(entries)}">']
     deltas = []
     for d in datasets:

@@ -47,3 +47,26 @@ def test_report_refuses_an_unknown_pair_and_a_non_report(reports, tmp_path, caps
     assert main(["report", str(bad), "--out", str(tmp_path / "r.html")]) == 2
     assert "not a retr eval report" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_a_report_of_runs_made_elsewhere_renders_without_latency(tiny_dataset, tmp_path, capsys):
+    """`retr eval --run` then `retr report` (the documented workflow) was a matplotlib traceback: a run made
+    elsewhere has no latency to draw on a log axis."""
+    from retr.eval.data import load_qrels
+    from retr.eval.trec import write_run
+    from retr.retrieval.types import Run
+
+    qrels_path = tiny_dataset / "qrels" / "test.tsv"
+    qrels = load_qrels(qrels_path)
+    runs = []
+    for name, docs in (("base", lambda q: list(qrels[q])), ("other", lambda q: list(qrels[q])[::-1])):
+        runs.append(tmp_path / f"{name}.trec")
+        write_run(Run({q: [(d, 1.0 / (i + 1)) for i, d in enumerate(docs(q))] for q in qrels}), runs[-1])
+    report = tmp_path / "runs.json"
+    assert main(["eval", *(a for r in runs for a in ("--run", str(r))), "--qrels", str(qrels_path),
+                 "--out", str(report)]) == 0
+    page = tmp_path / "runs.html"
+    assert main(["report", str(report), "--out", str(page)]) == 0
+    text = page.read_text()
+    assert "No latency was measured" in text and "id=pareto" not in text and 'id=recall' in text
+    assert "<td>-</td>" in text and "nan" not in text

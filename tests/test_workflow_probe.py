@@ -164,3 +164,16 @@ def test_compare_reads_jsonl_runs_and_scores_the_cut_offs_its_metrics_name(tiny_
     assert "no metric to compare" in capsys.readouterr().err  # (a TypeError traceback)
     assert main(["compare", str(trec), str(jsonl), "--qrels", str(qrels_path), "--metrics", "NDCG"]) == 2
     assert "give NAME@K" in capsys.readouterr().err
+
+
+# -- readers -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", [
+    "q1\t0\td1\t1\nq1\t0\td2\t0\nq2\t0\td3\t2\n",  # TREC qrels tab-separated (MS MARCO's): refused before
+    "q1 0 d1 1\nq1 0 d2 0\nq2 0 d3 2\n",
+    "\nquery-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t0\nq2\td3\t2\n",  # a header after a blank line
+    "topic\tdoc\trel\nq1\td1\t1\nq1\td2\t0\nq2\td3\t2\n",  # a header named as topic files name it
+])
+def test_qrels_in_each_common_layout_read_alike(tmp_path, text):
+    path = tmp_path / "qrels.txt"
+    path.write_text(text)
+    assert load_qrels(path).to_dict() == {"q1": {"d1": 1, "d2": 0}, "q2": {"d3": 2}}
