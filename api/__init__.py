@@ -281,9 +281,14 @@ class Index:
         if not isinstance(topics, Mapping) or not topics:
             raise RetrError(f"topics must be a non-empty mapping of query id -> query, or a topic file, "
                             f"got {shown(topics)}")
+        from retr.eval.topics import topic_problem
+
         ids = list(topics)
         if any(not isinstance(q, str) for q in ids):
             raise RetrError("topics: every query id must be a str")
+        problem = next((p for p in (topic_problem(q, t) for q, t in topics.items()) if p), None)
+        if problem:  # named by the topic's id, not its place in the batch
+            raise RetrError(f"topics: {problem}")
         request = SearchRequest.batch(list(topics.values()), k=k, mode=mode, rerank=rerank, filter=filter,
                                       fusion=fusion, passage_aggregate=passage_aggregate, fusion_depth=fusion_depth)
         return self._open.search_run(request, ids)

@@ -42,7 +42,7 @@ def run_batch(args: argparse.Namespace) -> int:
 
     from retr.cli import options
     from retr.eval.topics import read_topics
-    from retr.eval.trec import check_tag, write_run
+    from retr.eval.trec import check_ids, check_tag, write_run
     from retr.indexes.searcher import Searcher
     from retr.retrieval.errors import RetrError
     from retr.retrieval.request import SearchRequest
@@ -58,6 +58,7 @@ def run_batch(args: argparse.Namespace) -> int:
     check_tag(args.run_tag, args.format)
     options.refuse_out_over_inputs(args.output, topics=args.topics)
     topics = read_topics(args.topics, field=args.topic_field)
+    check_ids(topics, args.format, args.topics)  # before the search, not after it
     request = SearchRequest.batch(list(topics.values()), k=args.k, mode=args.mode, rerank=args.rerank,
                                   filter=dict(args.filter) or None)
     searcher = Searcher(args.index, options.query_encoder_config(args), options.pipeline_config(args),

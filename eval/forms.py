@@ -15,6 +15,9 @@ def file_and_form(path: str | Path, fmt: str | None, forms: tuple[str, ...], det
     be one of ``forms``, or where None the one ``detect(path)`` finds (which names the file and line it fails on)."""
     path = Path(path)
     if not path.is_file():
+        if path.exists():
+            kind = "a folder" if path.is_dir() else "not a regular file (a device, FIFO or socket)"
+            raise RetrError(f"{path}: {kind}, not a {what} file")
         raise RetrError(f"{path}: no such {what} file")
     if fmt is None:
         return path, detect(path)

@@ -152,7 +152,8 @@ def pipeline_result(name: str, run: Run, qrels: Qrels, k_values: Sequence[int], 
     if run_file is not None:
         write_trec(run, run_file, tag=f"retr-{name}")
     cost = cost or {"build_seconds": float("nan"), "index_bytes": 0, "docs_per_second": float("nan")}
-    logger.info("%s: nDCG@10 %.4f", name, result.mean.get("NDCG@10", float("nan")))
+    cut = 10 if 10 in k_values else max(k_values)  # the table's headline cut-off
+    logger.info("%s: nDCG@%d %.4f", name, cut, result.mean.get(f"NDCG@{cut}", float("nan")))
     return PipelineResult(
         name=name, metrics=result.mean, per_query=result.per_query,
         latency_ms={s: Percentiles.of([t.get(s, 0.0) for t in per_query_ms.values()]) for s in stages},

@@ -14,11 +14,13 @@ included. Topics keep their file order.
 from __future__ import annotations
 
 import re
+import unicodedata
 from pathlib import Path
 
 from retr.eval.forms import file_and_form
 from retr.indexes.corpus import jsonl_records, lines
 from retr.retrieval.errors import RetrError
+from retr.retrieval.request import MAX_QUERY_CHARS
 from retr.retrieval.types import has_searchable_text
 
 TOPIC_FORMATS = ("tsv", "jsonl", "trec")
@@ -64,16 +66,42 @@ def read_topics(path: str | Path, fmt: str | None = None, field: str = "title") 
     return topics
 
 
-def _add(topics: dict[str, str], path: Path, lineno: int, qid: str, text: str) -> None:
-    qid = qid.strip()
-    if not qid:
-        raise RetrError(f"{path}:{lineno}: topic has no id")
-    if qid in topics:
-        raise RetrError(f"{path}:{lineno}: duplicate topic id {qid!r}")
-    if not has_searchable_text(text):  # the search request's own test, here with the file and line
+def topic_id_problem(qid: str) -> str | None:
+    """What is wrong with ``qid`` as a topic id (None: nothing): it must hold something and no control character
+    (a NUL went into a TREC run as it was); surrounding whitespace is a file's, never an id's."""
+    if not qid or not qid.strip():
+        return "topic has no id"
+    if qid != qid.strip():
+        return f"topic id {qid!r} has surrounding whitespace"
+    if any(unicodedata.category(c) == "Cc" for c in qid):
+        return f"topic id {qid!r} holds a control character"
+    return None
+
+
+def topic_problem(qid: str, text: object) -> str | None:
+    """What is wrong with a topic (None: nothing): its id (``topic_id_problem``), or its text as the search request
+    would refuse it, said here with the topic's id (and, from a file, its line)."""
+    problem = topic_id_problem(qid)
+    if problem:
+        return problem
+    if not isinstance(text, str):
+        return f"topic {qid!r}: its query is not a str"
+    if not has_searchable_text(text):  # the search request's own test
         what = "holds no searchable character (only control, format or zero-width ones)" if text.strip() \
             else "has no query text"
-        raise RetrError(f"{path}:{lineno}: topic {qid!r} {what}")
+        return f"topic {qid!r} {what}"
+    if len(text.strip()) > MAX_QUERY_CHARS:  # the request's bound
+        return f"topic {qid!r} is longer than {MAX_QUERY_CHARS:,} characters ({len(text.strip()):,})"
+    return None
+
+
+def _add(topics: dict[str, str], path: Path, lineno: int, qid: str, text: str) -> None:
+    qid = qid.strip()
+    problem = topic_problem(qid, text)
+    if problem:
+        raise RetrError(f"{path}:{lineno}: {problem}")
+    if qid in topics:
+        raise RetrError(f"{path}:{lineno}: duplicate topic id {qid!r}")
     topics[qid] = text.strip()
 
 

@@ -42,6 +42,17 @@ def check_tag(tag: str, fmt: str = "trec") -> str:
     return _no_space(tag, "run tag", "TREC") if fmt == "trec" else tag
 
 
+def check_ids(topics, fmt: str, source: str) -> None:
+    """Topic ids a run of ``fmt`` can hold (TREC: no whitespace; MS MARCO: no tab): checked on the topics read
+    from ``source``, before their search, not when its run is written."""
+    for qid in topics:
+        if fmt == "trec" and _SPACE.search(qid):
+            raise RetrError(f"{source}: topic id {qid!r} holds whitespace: a TREC run cannot hold it "
+                            f"(write --format jsonl)")
+        if fmt == "msmarco" and ("\t" in qid or "\n" in qid):
+            raise RetrError(f"{source}: topic id {qid!r} holds a tab: an MS MARCO run cannot hold it")
+
+
 def _trec_lines(run: Run, tag: str) -> Iterator[str]:  # the tag checked by ``write_run``, before the file
     for qid, hits in run.items():
         _no_space(qid, "query id", "TREC")

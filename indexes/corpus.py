@@ -67,7 +67,9 @@ class Corpus:
 def lines(path: Path) -> Iterator[tuple[int, str]]:
     """Yield (line number, decoded line); non-UTF-8 bytes are an error naming file:line."""
     if not path.is_file():
-        raise RetrError(f"{path}: no such file")
+        what = ("a folder" if path.is_dir() else "not a regular file (a device, FIFO or socket)") \
+            if path.exists() else "no such file"
+        raise RetrError(f"{path}: {what}: give a file to read")
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             try:

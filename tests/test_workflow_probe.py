@@ -177,3 +177,42 @@ def test_qrels_in_each_common_layout_read_alike(tmp_path, text):
     path = tmp_path / "qrels.txt"
     path.write_text(text)
     assert load_qrels(path).to_dict() == {"q1": {"d1": 1, "d2": 0}, "q2": {"d3": 2}}
+
+
+def test_topics_are_refused_at_their_line_before_any_search(tmp_path, capsys):
+    """A topic too long, an id holding a NUL or whitespace a TREC run cannot hold: refused naming the file (and
+    line), before the index is even opened (the whitespace id was refused after the whole batch was searched)."""
+    cases = {"long.tsv": ("1\t" + "x " * 60_000 + "\n", "long.tsv:1: topic '1' is longer than 100,000 characters"),
+             "nul.tsv": ("1\x00\tsolar\n", "nul.tsv:1: topic id '1\\x00' holds a control character"),
+             "space.tsv": ("q 1\tsolar\n", "space.tsv: topic id 'q 1' holds whitespace: a TREC run cannot hold it")}
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        assert main(["search", str(tmp_path / "no-index"), "--topics", str(tmp_path / name),
+                     "--out", str(tmp_path / "o.trec")]) == 2
+        assert message in capsys.readouterr().err, name
+    assert not (tmp_path / "o.trec").exists()
+    assert main(["search", str(tmp_path / "no-index"), "--topics", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert f"{tmp_path}: a folder, not a topic file" in capsys.readouterr().err  # ('no such topic file')
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(RetrError, match="fifo: not a regular file"):
+        load_qrels(fifo)
+
+
+def test_the_api_names_a_bad_topic_by_its_id(built_tiny):
+    with pytest.raises(RetrError, match=r"topics: topic id ' 1 ' has surrounding whitespace"):
+        built_tiny.search_topics({"1": "solar", " 1 ": "wind"})
+    with pytest.raises(RetrError, match=r"topics: topic id '1\\x00' holds a control character"):
+        built_tiny.search_topics({"1\x00": "solar"})
+    with pytest.raises(RetrError, match=r"topics: topic 'b' is longer than 100,000 characters"):
+        built_tiny.search_topics({"a": "solar", "b": "x" * 100_001})  # ('queries[1] is longer ...')
+    with pytest.raises(RetrError, match=r"topics: topic has no id"):
+        built_tiny.search_topics({"": "solar"})
+
+
+@pytest.fixture
+def built_tiny(tiny_dataset, tiny_bi_encoder, tmp_path):
+    import retr
+
+    with retr.Index.build(tiny_dataset, tmp_path / "idx", model=str(tiny_bi_encoder), backend="onnx") as index:
+        yield index
