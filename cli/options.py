@@ -248,7 +248,7 @@ def refuse_out_over_inputs(out: str | None, **inputs) -> None:
     if not out or not os.path.exists(out):
         return
     for what, paths in inputs.items():
-        for path in [paths] if isinstance(paths, str) else paths or ():
+        for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths or ():
             if path and os.path.exists(path) and os.path.samefile(out, path):
                 raise RetrError(f"{out}: --out names the {what} read ({path}), which it would replace: "
                                 f"give another path")

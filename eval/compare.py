@@ -2,11 +2,12 @@
 
 Systems come from eval reports (one per dataset and pipeline; a report of many datasets gives many) or from TREC
 run files scored against qrels. Within each dataset the first system is the baseline and every other one is
-compared with it; where several reports are given, a pipeline of a later report is compared with the first
-report's pipeline of the same name where it has one (A's hybrid with B's hybrid, A's bm25 with B's bm25), per metric, on the queries both scored: the mean difference, a paired two-sided t-test and a
-paired randomization test, both corrected with Holm-Bonferroni across *everything* compared in the call; per-query
-wins, ties and losses; and, where both carry per-query latency, the difference in median latency with a paired
-bootstrap interval.
+compared with it (where several reports are given, a pipeline of a later report with the first report's pipeline
+of the same name where it has one: A's hybrid with B's hybrid), per metric, on the queries both scored: the mean
+difference, a paired two-sided t-test and a paired randomization test, both corrected with Holm-Bonferroni
+across *everything* compared in the call; per-query wins, ties and losses; and, where both carry per-query
+latency, the difference in median latency with a paired bootstrap interval. Systems scored against other
+judgements (reports record a digest of theirs) are never compared.
 """
 
 from __future__ import annotations
@@ -90,10 +91,9 @@ def systems_from(paths: Sequence[str | Path], qrels: Qrels | None = None, qrels_
     """Systems from eval reports (JSON) and run files (TREC, MS MARCO or JSONL; scored against ``qrels`` at
     ``k_values``, default ``DEFAULT_K_VALUES``)."""
     from retr.eval.metrics import DEFAULT_K_VALUES, evaluate
-
-    k_values = sorted(set(k_values or DEFAULT_K_VALUES))
     from retr.eval.trec import read_run, with_judged_queries
 
+    k_values = sorted(set(k_values or DEFAULT_K_VALUES))
     out: list[System] = []
     for path in map(Path, paths):
         if not path.is_file():
@@ -171,12 +171,12 @@ def _by_judgements(systems: Sequence[System]) -> dict[str, list[System]]:
 def metric_cutoffs(metrics: Sequence[str]) -> list[int]:
     """The default cut-offs and those ``metrics`` name (``NDCG@20`` -> 20): what run files are scored at. A metric
     not of the form NAME@K is a one-line error."""
-    from retr.eval.metrics import DEFAULT_K_VALUES
+    from retr.eval.metrics import DEFAULT_K_VALUES, MAX_CUTOFF
 
     ks = set(DEFAULT_K_VALUES)
     for m in metrics:
         name, _, k = m.partition("@")
-        if not name or not k.isdigit() or int(k) < 1 or int(k) > 1_000_000:
+        if not name or not k.isdigit() or not 1 <= int(k) <= MAX_CUTOFF:
             raise RetrError(f"metric {m!r}: give NAME@K, e.g. NDCG@10, MAP@100, Recall@1000, P@5, MRR@10")
         ks.add(int(k))
     return sorted(ks)
