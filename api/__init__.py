@@ -212,11 +212,10 @@ class Index:
         from retr.indexes.searcher import Searcher
         from retr.retrieval.fusion import FUSIONS
         from retr.retrieval.pipeline import PipelineConfig
+        from retr.retrieval.request import check_k
 
         folder = _path(folder, "folder")
         encoder = _encoder(model, backend, query_backend, query_prompt=query_prompt)
-        from retr.retrieval.request import check_k
-
         pipeline = PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS),
                                   fusion_depth=check_k(fusion_depth, "fusion_depth"))
         # a search only reads a stored reranker check (`retr check-reranker`, `retr eval`): it never builds one
@@ -245,9 +244,8 @@ class Index:
         """The top ``k`` documents for ``query``: ``mode`` bm25, dense or hybrid; ``rerank`` a cross-encoder
         folder; ``filter`` ``{field: value}`` on the corpus records' other fields (every stage restricted);
         ``fusion`` / ``fusion_depth`` / ``passage_aggregate``: this search's, instead of the index's. Defaults and
-        checks are
-        ``retr.SearchRequest``'s. The result's ``hits`` are typed (rank, id, score, title, text, metadata);
-        ``latency_ms`` per stage."""
+        checks are ``retr.SearchRequest``'s. The result's ``hits`` are typed (rank, id, score, title, text,
+        metadata); ``latency_ms`` per stage."""
         from retr.retrieval.request import SearchRequest
 
         return self.run(SearchRequest.one(query, k=k, mode=mode, rerank=rerank, filter=filter, fusion=fusion,

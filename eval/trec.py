@@ -50,7 +50,7 @@ def check_ids(topics, fmt: str, source: str) -> None:
             raise RetrError(f"{source}: topic id {qid!r} holds whitespace: a TREC run cannot hold it "
                             f"(write --format jsonl)")
         if fmt == "msmarco" and ("\t" in qid or "\n" in qid):
-            raise RetrError(f"{source}: topic id {qid!r} holds a tab: an MS MARCO run cannot hold it")
+            raise RetrError(f"{source}: topic id {qid!r} holds a tab or newline: an MS MARCO run cannot hold it")
 
 
 def _trec_lines(run: Run, tag: str) -> Iterator[str]:  # the tag checked by ``write_run``, before the file
