@@ -55,20 +55,36 @@ def __dir__() -> list[str]:
 
 # every default below is the one its config owns (retr.retrieval.defaults says which; tests/test_api.py checks them)
 _DEFAULT_PIPELINES = defaults.PIPELINES
-_OLD = object()  # an older option name's default: not given
+def _renamed(**older):
+    """Accept each older name of an option (``older``: old -> new; the CLI's names are the API's) as its new one,
+    with a ``FutureWarning``; a ``RetrError`` where both are given (positionally or by keyword)."""
 
+    def wrap(fn):
+        import functools
 
-def _renamed(value: object, default: object, old: object, old_name: str, name: str) -> object:
-    """``value``, or the one given under ``old_name``, an older name of the option ``name`` (the CLI's names are
-    the API's): a ``FutureWarning``, and a ``RetrError`` where both are given."""
-    if old is _OLD:
-        return value
-    if value is not default and value != default:
-        raise RetrError(f"{old_name} is the older name of {name}: give one of them")
-    import warnings
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            for old, new in older.items():
+                if old not in kwargs:
+                    continue
+                value = kwargs.pop(old)
+                import inspect
 
-    warnings.warn(f"{old_name}= is the older name of {name}=: use {name}", FutureWarning, stacklevel=3)
-    return old
+                try:
+                    given = new in inspect.signature(fn).bind_partial(*args, **kwargs).arguments
+                except TypeError:  # other arguments wrong: the call itself says so
+                    given = False
+                if given:
+                    raise RetrError(f"{old} is the older name of {new}: give one of them")
+                import warnings
+
+                warnings.warn(f"{old}= is the older name of {new}=: use {new}", FutureWarning, stacklevel=2)
+                kwargs[new] = value
+            return fn(*args, **kwargs)
+
+        return call
+
+    return wrap
 
 
 def _path(value: object, field: str, optional: bool = False) -> Path | None:
@@ -142,6 +158,7 @@ class Index:
         self._temp: Path | None = None  # from_documents without out: the folder removed on close
 
     @classmethod
+    @_renamed(aggregate="passage_aggregate")
     def build(cls, corpus: str | Path, out: str | Path, *, model: str | None = None,
               backend: str = defaults.BACKEND, bm25: bool = True, kind: str = defaults.DENSE_KIND,
               id_field: str | None = None, text_field: str | None = None, title_field: str | None = None,
@@ -149,7 +166,7 @@ class Index:
               query_prompt: str | None = None, doc_prompt: str | None = None, passages: str | None = None,
               passage_aggregate: str = defaults.AGGREGATE, shards: int = defaults.SHARDS,
               executor: str = defaults.EXECUTOR, ray_address: str | None = None,
-              ray_actors: int = defaults.RAY_ACTORS, aggregate: object = _OLD, **dense_options) -> Index:
+              ray_actors: int = defaults.RAY_ACTORS, **dense_options) -> Index:
         """Build ``out`` from ``corpus`` (a BEIR folder or a JSONL/CSV/TSV file) and open it. The options are
         `retr index`'s (prompts: None takes the model's own; ``passages``: ``"N[:STRIDE]"`` indexes passages and
         ranks documents by their ``passage_aggregate``; ``executor="ray"`` encodes on a Ray cluster);
@@ -159,7 +176,6 @@ class Index:
         from retr.indexes.corpus import CorpusFormat, load_corpus
 
         corpus_path, out_path = _path(corpus, "corpus"), _path(out, "out")
-        passage_aggregate = _renamed(passage_aggregate, defaults.AGGREGATE, aggregate, "aggregate", "passage_aggregate")
         cfg = _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages,
                             passage_aggregate, shards, executor, ray_address, ray_actors, dense_options)
         fmt = CorpusFormat(_text(id_field, "id_field"), _text(text_field, "text_field"),
@@ -168,13 +184,14 @@ class Index:
         return cls.load(out_path, backend=backend)
 
     @classmethod
+    @_renamed(aggregate="passage_aggregate")
     def from_documents(cls, docs: Iterable[str | Mapping], out: str | Path | None = None, *,
                        model: str | None = None, backend: str = defaults.BACKEND, bm25: object = True,
                        kind: str = defaults.DENSE_KIND, max_length: int | None = None,
                        use_cache: bool = defaults.USE_CACHE, query_prompt: str | None = None,
                        doc_prompt: str | None = None, passages: str | None = None,
                        passage_aggregate: str = defaults.AGGREGATE, shards: int = defaults.SHARDS,
-                       aggregate: object = _OLD, **dense_options) -> Index:
+                       **dense_options) -> Index:
         """An index of documents held in memory: strings (ids "0", "1", ... by position) or dicts with ``text``
         and optionally ``id`` (or ``_id``/``doc_id``), ``title`` and any other fields (metadata, usable in
         ``filter``). ``out``: the folder to write (the one `retr index` writes); None: a temporary folder,
@@ -186,7 +203,6 @@ class Index:
         from retr.indexes.corpus import corpus_of
 
         out_path = _path(out, "out", optional=True)
-        passage_aggregate = _renamed(passage_aggregate, defaults.AGGREGATE, aggregate, "aggregate", "passage_aggregate")
         cfg = _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages,
                             passage_aggregate, shards, "local", None, defaults.RAY_ACTORS, dense_options)
         corpus = corpus_of(_documents(docs), Path("<documents>"))
@@ -426,6 +442,7 @@ def _new_file(value: object, field: str) -> Path | None:
     return path
 
 
+@_renamed(pipelines="mode", reranker="rerank", aggregate="passage_aggregate")
 def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, split: str = "test",
              model: str | None = None, backend: str = defaults.BACKEND, query_backend: str | None = None,
              rerank: str | None = None, rerank_depth: int = defaults.RERANK_DEPTH,
@@ -434,8 +451,7 @@ def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, s
              warmup: int = defaults.WARMUP, download: bool = True, run_dir: str | Path | None = None,
              out: str | Path | None = None, query_prompt: str | None = None,
              doc_prompt: str | None = None, passages: str | None = None,
-             passage_aggregate: str = defaults.AGGREGATE, pipelines: object = _OLD, reranker: object = _OLD,
-             aggregate: object = _OLD) -> EvalReport:
+             passage_aggregate: str = defaults.AGGREGATE) -> EvalReport:
     """`retr eval` from Python, with its options' names (``mode``: the pipelines, e.g. ``("bm25", "hybrid")``;
     ``rerank``: a cross-encoder folder for ``+rerank`` pipelines): the typed report (written to ``out`` as JSON
     when given; its folder must exist, as must ``run_dir``'s parent). ``pipelines``, ``reranker`` and
@@ -448,9 +464,6 @@ def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, s
     from retr.retrieval.request import check_k
     from retr.retrieval.rerank import RerankConfig
 
-    mode = _renamed(mode, _DEFAULT_PIPELINES, pipelines, "pipelines", "mode")
-    rerank = _renamed(rerank, None, reranker, "reranker", "rerank")
-    passage_aggregate = _renamed(passage_aggregate, defaults.AGGREGATE, aggregate, "aggregate", "passage_aggregate")
     dataset = _path(dataset, "dataset")
     names = _names(mode, "mode")
     if not names or any("," in n for n in names):
@@ -458,17 +471,21 @@ def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, s
     ks = _cutoffs(k_values)
     out_path, run_path = _new_file(out, "out"), _new_file(run_dir, "run_dir")
     rerank = _text(rerank, "rerank")
+    rerank_depth = check_int(rerank_depth, "rerank_depth", 1, 10_000)  # checked with or without a cross-encoder
     cfg = EvalConfig(pipelines=parse_pipelines(",".join(names)), k_values=ks,
                      encoder=_encoder(model, backend, query_backend, None, query_prompt, doc_prompt),
                      dense=DenseIndexConfig(kind=kind),
                      pipeline=PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS),
                                              fusion_depth=check_k(fusion_depth, "fusion_depth")),
-                     reranker=RerankConfig(model=rerank, depth=check_int(rerank_depth, "rerank_depth", 1, 10_000))
-                     if rerank else None,
+                     reranker=RerankConfig(model=rerank, depth=rerank_depth) if rerank else None,
                      warmup=check_int(warmup, "warmup", 0, 1_000_000),
                      passages=_passages(passages, passage_aggregate))
     split = _text(split, "split")
-    report = run_eval(load_dataset(str(dataset), split or "", download=_flag(download, "download")), cfg, run_path)
+    data = load_dataset(str(dataset), split or "", download=_flag(download, "download"))
+    from retr.retrieval.artifacts import check_output
+
+    check_output(out_path, "out", folders={"dataset": str(data.path)})  # never over the files it reads
+    report = run_eval(data, cfg, run_path)
     if out_path is not None:
         report.write(out_path)
     return report

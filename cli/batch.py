@@ -56,7 +56,7 @@ def run_batch(args: argparse.Namespace) -> int:
     if args.json:
         raise RetrError("--json prints one query's hits: with --topics, write --format jsonl to --out")
     check_tag(args.run_tag, args.format)
-    options.refuse_out_over_inputs(args.output, topics=args.topics)
+    options.check_out(args.output, {"index": args.index}, topics=args.topics)
     topics = read_topics(args.topics, field=args.topic_field)
     check_ids(topics, args.format, args.topics)  # before the search, not after it
     request = SearchRequest.batch(list(topics.values()), k=args.k, mode=args.mode, rerank=args.rerank,

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from retr.eval.compare import compare, comparison_table, metric_cutoffs, systems_from, write_comparison
     from retr.eval.data import load_qrels
 
-    options.refuse_out_over_inputs(args.out, input=args.files, qrels=args.qrels)
+    options.check_out(args.out, input=args.files, qrels=args.qrels)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     qrels = load_qrels(args.qrels) if args.qrels else None
     # run files are scored at the default cut-offs and at those the metrics name (NDCG@20 on runs of 100 hits)

@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return _eval_index(args, cfg)
     specs = dataset_specs(args.dataset)
     datasets = [load_dataset(s, args.split, download=not args.no_download) for s in specs]  # all checked first
+    options.check_out(args.out, {"dataset": [str(d.path) for d in datasets]})
     run_dir = Path(args.run_dir) if args.run_dir else None
     if run_dir is None and args.out:
         out = Path(args.out)
@@ -140,7 +141,7 @@ def _score_runs(args: argparse.Namespace) -> int:
         if name in runs:
             raise RetrError(f"two runs are both named {name!r} ({runs[name]}, {path}): give the files different names")
         runs[name] = path
-    options.refuse_out_over_inputs(args.out, run=args.runs, qrels=args.qrels)
+    options.check_out(args.out, run=args.runs, qrels=args.qrels)
     report = score_runs(runs, args.qrels, args.k_values, args.ignore_identical_ids)
     return _show(report, args.out)
 
@@ -156,7 +157,7 @@ def _eval_index(args: argparse.Namespace, cfg) -> int:
 
     if not args.topics or not args.qrels:
         raise RetrError("--index needs --topics FILE (the queries) and --qrels FILE (their judgements)")
-    options.refuse_out_over_inputs(args.out, topics=args.topics, qrels=args.qrels)
+    options.check_out(args.out, {"index": args.index}, topics=args.topics, qrels=args.qrels)
     topics = read_topics(args.topics, field=args.topic_field)
     qrels = load_qrels(args.qrels)
     run_dir = Path(args.run_dir) if args.run_dir else (Path(args.out).with_name(f"{Path(args.out).stem}-runs")

@@ -41,6 +41,16 @@ def nonnegative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
+def fusion_depth(text: str) -> int:
+    """A hybrid's fusion depth: 1 to ``MAX_K`` (a request's bound on hits, as the API and the service check it)."""
+    from retr.retrieval.request import MAX_K
+
+    v = _int_at_least(text, 1)
+    if v > MAX_K:
+        raise argparse.ArgumentTypeError(f"{text!r} must be <= {MAX_K}")
+    return v
+
+
 def add_k_values_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k-values", type=k_values, default=DEFAULT_K_VALUES, metavar="K[,K...]",
                    help="cut-offs of the metrics (nDCG@k, Recall@k, ...), comma-separated")
@@ -112,8 +122,9 @@ def add_fusion_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fusion", choices=FUSIONS, default=_PIPELINE.fusion,
                    help="hybrid: how the BM25 and dense rankings are fused (minmax, zscore: normalised scores "
                         "summed; rrf: reciprocal rank fusion)")
-    p.add_argument("--fusion-depth", type=positive_int, default=_PIPELINE.fusion_depth,
-                   help="hybrid: hits each of BM25 and dense hands to the fusion (at least k)")
+    p.add_argument("--fusion-depth", type=fusion_depth, default=_PIPELINE.fusion_depth,
+                   help="hybrid: the top hits of BM25 and of dense whose scores set each list's normalisation (each "
+                        "list is still searched to k where k is larger)")
     add_passage_aggregate_arg(p, building=False)
 
 
@@ -240,18 +251,12 @@ def bm25_config(args):
                                    delta=args.bm25_delta)
 
 
-def refuse_out_over_inputs(out: str | None, **inputs) -> None:
-    """A one-line error where the file ``out`` is one of the command's inputs (``inputs``: what each is -> its path
-    or paths), which writing it would replace: a run written over its topics, a report over the run it scores."""
-    import os
+def check_out(out: str | None, folders: dict | None = None, **files) -> None:
+    """``artifacts.check_output`` for a command's ``--out``: never one of its input ``files``, never inside its
+    input ``folders`` (a dataset's, an index's), and writable; checked before any work."""
+    from retr.retrieval.artifacts import check_output
 
-    if not out or not os.path.exists(out):
-        return
-    for what, paths in inputs.items():
-        for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths or ():
-            if path and os.path.exists(path) and os.path.samefile(out, path):
-                raise RetrError(f"{out}: --out names the {what} read ({path}), which it would replace: "
-                                f"give another path")
+    check_output(out, "--out", files, folders)
 
 
 def check_run_dir(run_dir) -> None:

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from retr.cli import options
     from retr.eval.visual import write_report
 
-    options.refuse_out_over_inputs(args.out, report=args.reports)
+    options.check_out(args.out, report=args.reports)
 
     figures = write_report(args.reports, args.out, tuple(args.pair) if args.pair else None)
     print(f"report written to {args.out} ({figures} figures embedded)")

@@ -82,6 +82,9 @@ class ServeConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise RetrError(f"{name} must be an integer >= 1, got {value!r}")
         object.__setattr__(self, "allowed_hosts", tuple(host_name(h) for h in self.allowed_hosts))
+        if self.pipeline.fusion_depth > min(self.max_k, MAX_K):  # the bound a request's own depth meets
+            raise RetrError(f"fusion depth {self.pipeline.fusion_depth} is over this server's max k "
+                            f"({min(self.max_k, MAX_K)}): give at most that, or raise --max-k")
 
     @property
     def hosts(self) -> frozenset[str]:
@@ -631,7 +634,8 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
         fusion: Literal[tuple(FUSIONS)] | None = Field(None, description=f"hybrid's fusion (default: "
                                                                           f"{cfg.pipeline.fusion})")
         fusion_depth: int | None = Field(None, ge=1, le=max_k, description=f"hybrid: hits each of BM25 and dense "
-                                         f"hands to the fusion (default: {cfg.pipeline.fusion_depth}; at least k)")
+                                         f"hands to the fusion, whose scores set its normalisation (default: "
+                                         f"{cfg.pipeline.fusion_depth}; each list still searched to k)")
         rerank: bool = False
         filter: dict[str, str | int | float | bool] | None = Field(None, max_length=16)
 

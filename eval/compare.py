@@ -146,26 +146,34 @@ def _is_report(path: Path) -> bool:
 
 
 def _by_judgements(systems: Sequence[System]) -> dict[str, list[System]]:
-    """Systems grouped by what they were scored against: a dataset's name, and its judgements where the reports
-    record them. Systems of one name scored against other judgements (another split, another qrels file of the
-    same name) are never compared, with a warning; a report from before the digest joins the one set of
-    judgements its dataset has."""
-    known: dict[str, list[str]] = {}
+    """Systems grouped by what they were scored against: their judgements where recorded (a run file scored
+    against `adi/qrels/test.tsv` and a report of ADI's test split alike, whatever their names), else their
+    dataset's name (a report from before the digest joins the one set of judgements its name has). Systems of one
+    name scored against other judgements are never compared, and a system compared with nothing is said, each
+    with a warning."""
+    digests: dict[str, set[str]] = {}
     for s in systems:
-        if s.judgements is not None and s.judgements not in known.setdefault(s.dataset, []):
-            known[s.dataset].append(s.judgements)
+        if s.judgements is not None:
+            digests.setdefault(s.dataset, set()).add(s.judgements)
     groups: dict[str, list[System]] = {}
+    names: dict[str, str] = {}  # group key -> the name it is shown by (its first system's dataset)
     for s in systems:
-        digests = known.get(s.dataset, [])
-        judgements = s.judgements or (digests[0] if len(digests) == 1 else None)
-        key = s.dataset if len(digests) <= 1 else f"{s.dataset} [{(judgements or 'unknown')[:8]}]"
+        known = digests.get(s.dataset, set())
+        key = s.judgements or (next(iter(known)) if len(known) == 1 else f"name:{s.dataset}")
         groups.setdefault(key, []).append(s)
-    for name, digests in known.items():
-        if len(digests) > 1:
-            sets = "; ".join(", ".join(s.label for s in g) for k, g in groups.items() if k.startswith(f"{name} ["))
-            logger.warning("%s: the systems were scored against %d different sets of judgements, each compared "
-                           "only within its own: %s", name, len(digests), sets)
-    return groups
+        names.setdefault(key, s.dataset)
+    for name, known in digests.items():
+        if len(known) > 1:
+            logger.warning("%s: the systems were scored against %d different sets of judgements, each compared only "
+                           "within its own", name, len(known))
+    shown: dict[str, list[System]] = {}
+    for key, group in groups.items():
+        label = names[key] if sum(n == names[key] for n in names.values()) == 1 else f"{names[key]} [{key[:8]}]"
+        shown[label] = group
+        if len(group) == 1:
+            logger.warning("%s is compared with nothing: no other system was scored against its judgements (%s)",
+                           group[0].label, names[key])
+    return shown
 
 
 def metric_cutoffs(metrics: Sequence[str]) -> list[int]:

@@ -82,6 +82,37 @@ def atomic_write_lines(path: Path, lines: Iterable[str], batch: int = 4096) -> N
     _atomic_write(path, chunks)
 
 
+def check_output(out: str | os.PathLike | None, flag: str = "--out", files: dict | None = None,
+                 folders: dict | None = None) -> None:
+    """A one-line ``RetrError``, before any work, where writing the file ``out`` would replace one of a command's
+    inputs or could not be done: ``files`` (what each is -> its path or paths) are files ``out`` must not be,
+    ``folders`` ones it must not lie in (a dataset's, an index's: a report written over ``corpus.jsonl`` or an
+    index's ``docstore.jsonl``); and ``out``'s folder, or the nearest one that exists, must be writable."""
+    if not out:
+        return
+    target = Path(os.path.abspath(out))
+
+    def each(paths):
+        return [p for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths or ()) if p]
+
+    for what, paths in (files or {}).items():
+        for path in each(paths):
+            if target.exists() and os.path.exists(path) and os.path.samefile(target, path):
+                raise RetrError(f"{out}: {flag} names the {what} read ({path}), which it would replace: "
+                                f"give another path")
+    for what, paths in (folders or {}).items():
+        for path in each(paths):
+            if os.path.isdir(path) and (Path(os.path.realpath(target.parent)) / target.name).is_relative_to(
+                    os.path.realpath(path)):
+                raise RetrError(f"{out}: {flag} lies in the {what} read ({path}), whose files it could replace: "
+                                f"give a path outside it")
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+        raise RetrError(f"{out}: cannot be written ({folder} is not a folder this user can write in)")
+
+
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = False) -> None:
     """``path`` replaced by ``data`` in one rename (``durable``: the data, then the rename, synced to disk)."""
     _atomic_write(path, lambda fh: fh.write(data), durable)
@@ -107,8 +138,11 @@ def _atomic_write(path: Path, write: Callable[[Any], object], durable: bool = Fa
         with os.fdopen(fd, "wb") as fh:
             write(fh)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise RetrError(f"{path}: cannot be written ({e.strerror}): nothing written") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)

@@ -145,9 +145,10 @@ class SearchRequest:
     ``fusion``: the hybrid's fusion (None: the searcher's, ``DEFAULT_FUSION`` unless it was opened with another);
     ``rerank``: a cross-encoder folder rescoring the first stage's top hits (its depth is the searcher's
     ``RerankConfig.depth``); ``filter``: ``{field: value}`` every hit's record must hold; ``passage_aggregate``:
-    an index of passages: how passage scores make a document's (None: the index's own); ``fusion_depth``: hits each
-    of BM25 and dense hands to the hybrid's fusion (None: the searcher's, 100 unless it was opened with another;
-    never fewer than ``k``). Build one with ``one``
+    an index of passages: how passage scores make a document's (None: the index's own); ``fusion_depth``: the top
+    hits of BM25 and of dense whose scores set each list's normalisation in the hybrid (None: the searcher's, 100
+    unless it was opened with another; each list is still searched to ``k`` where ``k`` is larger). Build one with
+    ``one``
     (a single query) or ``batch``; constructing directly checks the same way.
     """
 

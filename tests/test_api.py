@@ -49,6 +49,10 @@ def test_the_library_prints_nothing_and_raises_retr_errors(tiny_dataset, tiny_bi
     assert older.pipelines["bm25"].metrics == report.pipelines["bm25"].metrics
     with pytest.raises(retr.RetrError, match="reranker is the older name of rerank: give one of them"):
         retr.evaluate(tiny_dataset, rerank="a", reranker="b")
+    with pytest.raises(retr.RetrError, match="pipelines is the older name of mode"):  # the new one at its default
+        retr.evaluate(tiny_dataset, ("bm25", "dense", "hybrid"), pipelines=["bm25"])
+    with pytest.raises(retr.RetrError, match="aggregate is the older name of passage_aggregate"):
+        retr.Index.from_documents(["a b c"], passages="32:16", passage_aggregate="maxp", aggregate="sum")
     with pytest.raises(retr.RetrError, match="passage_aggregate must be one of"):
         retr.Index.build(tiny_dataset, tmp_path / "idx3", passages="64", passage_aggregate="median")
     assert capsys.readouterr().out == ""

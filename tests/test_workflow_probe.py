@@ -216,3 +216,58 @@ def built_tiny(tiny_dataset, tiny_bi_encoder, tmp_path):
 
     with retr.Index.build(tiny_dataset, tmp_path / "idx", model=str(tiny_bi_encoder), backend="onnx") as index:
         yield index
+
+
+# -- the second probe (the surfaces changed the same day) ---------------------------------------------------------
+def test_out_never_lies_in_the_dataset_or_index_read_and_its_folder_is_checked_first(tiny_dataset, tmp_path,
+                                                                                     capsys):
+    import shutil
+
+    import retr
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_dataset, data)
+    corpus = (data / "corpus.jsonl").read_bytes()
+    assert main(["eval", "--dataset", str(data), "--mode", "bm25", "--out", str(data / "corpus.jsonl")]) == 2
+    assert "--out lies in the dataset read" in capsys.readouterr().err and (data / "corpus.jsonl").read_bytes() == corpus
+    with pytest.raises(RetrError, match="out lies in the dataset read"):  # the API alike (it replaced queries.jsonl)
+        retr.evaluate(data, mode=["bm25"], out=data / "queries.jsonl")
+    idx = tmp_path / "idx"
+    idx.mkdir()
+    topics = tmp_path / "t.tsv"
+    topics.write_text("q1\tsolar\n")
+    assert main(["search", str(idx), "--topics", str(topics), "--out", str(idx / "docstore.jsonl")]) == 2
+    assert "--out lies in the index read" in capsys.readouterr().err and not (idx / "docstore.jsonl").exists()
+    blocked = tmp_path / "a-file"
+    blocked.write_text("x")
+    assert main(["search", str(idx), "--topics", str(topics), "--out", str(blocked / "run.trec")]) == 2
+    assert "cannot be written" in capsys.readouterr().err  # before the search, not a traceback after it
+
+
+def test_fusion_depth_is_bounded_at_every_door(tmp_path, capsys):
+    from retr.cli.serve_app import ServeConfig
+    from retr.retrieval.pipeline import PipelineConfig
+
+    with pytest.raises(SystemExit):
+        main(["search", str(tmp_path), "q", "--fusion-depth", "99999999999999999999"])
+    assert "must be <= 10000" in capsys.readouterr().err
+    with pytest.raises(RetrError, match="fusion depth 5000 is over this server's max k"):
+        ServeConfig(pipeline=PipelineConfig(fusion_depth=5000))  # a request may ask at most max_k (1000)
+
+
+def test_a_run_file_and_a_report_scored_against_the_same_judgements_are_compared(tiny_dataset, tmp_path, capsys,
+                                                                                 caplog):
+    """Grouped by their judgements, not by the names their files give them (the run's dataset was 'test', the
+    report's 'tiny': each was compared with nothing, in silence)."""
+    qrels_path = _qrels(tiny_dataset)
+    qrels = load_qrels(qrels_path)
+    report = tmp_path / "a.json"
+    assert main(["eval", "--dataset", str(tiny_dataset), "--mode", "bm25", "--out", str(report)]) == 0
+    run = _run(qrels, tmp_path / "perfect.trec")
+    capsys.readouterr()
+    assert main(["compare", str(report), str(run), "--qrels", str(qrels_path)]) == 0
+    assert "a:bm25" in capsys.readouterr().out.split("perfect")[0]
+    other = tmp_path / "other.tsv"
+    other.write_text(qrels_path.read_text().replace("\t1\n", "\t2\n", 1))
+    assert main(["compare", str(report), str(run), "--qrels", str(other)]) == 2  # nothing left to compare
+    assert "perfect is compared with nothing" in caplog.text
