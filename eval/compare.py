@@ -271,4 +271,4 @@ def comparison_table(c: Comparison, alpha: float = 0.05) -> str:
 def write_comparison(c: Comparison, path: Path) -> None:
     from retr.retrieval.artifacts import atomic_write_text
 
-    atomic_write_text(Path(path), json.dumps(c.to_dict(), indent=2) + "\n")
+    atomic_write_text(Path(path), json.dumps(c.to_dict(), indent=2) + "\n", output=True)

@@ -113,7 +113,7 @@ class EvalReport:
             raise RetrError(f"{source}: unreadable JSON ({e})") from None
 
     def write(self, path: Path) -> None:
-        atomic_write_text(Path(path), self.to_json())
+        atomic_write_text(Path(path), self.to_json(), output=True)
 
     @classmethod
     def read(cls, path: str | Path) -> EvalReport:
@@ -133,7 +133,8 @@ class EvalSuite:
                 "reports": [r.to_dict() for r in self.reports]}
 
     def write(self, path: Path) -> None:
-        atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2, default=str, allow_nan=True) + "\n")
+        atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2, default=str, allow_nan=True) + "\n",
+                          output=True)
 
 
 def read_reports(path: str | Path) -> list[EvalReport]:

@@ -87,7 +87,7 @@ def write_run(run: Run, path: str | Path, fmt: str = "trec", tag: str = DEFAULT_
     if any(not math.isfinite(h.score) for hits in run.values() for h in hits):
         raise RetrError("the run holds a score that is not a finite number: nothing written")
     check_tag(tag, fmt)
-    atomic_write_lines(Path(path), _WRITERS[fmt](run, tag))  # streamed: never the whole text at once
+    atomic_write_lines(Path(path), _WRITERS[fmt](run, tag), output=True)  # streamed: never the whole text at once
 
 
 def write_trec(run: Run, path: str | Path, tag: str = DEFAULT_TAG) -> None:

@@ -213,5 +213,5 @@ def write_report(paths: Sequence[str | Path], out: str | Path, pair: tuple[str, 
 
     matplotlib.use("Agg", force=True)
     page = render(entries_from(paths), pair, title=f"retr report: {', '.join(Path(p).name for p in paths)}")
-    atomic_write_text(Path(out), page)
+    atomic_write_text(Path(out), page, output=True)
     return page.count("data:image/png;base64,")

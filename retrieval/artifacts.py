@@ -66,20 +66,22 @@ def _chmod_default(path: Path, is_dir: bool) -> None:
         os.chmod(path, (0o777 if is_dir else 0o666) & ~_umask())
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, output: bool = False) -> None:
+    """``path`` replaced by ``text`` (UTF-8) in one rename; ``output``: see ``_atomic_write``."""
+    data = text.encode("utf-8")
+    _atomic_write(path, lambda fh: fh.write(data), output=output)
 
 
-def atomic_write_lines(path: Path, lines: Iterable[str], batch: int = 4096) -> None:
+def atomic_write_lines(path: Path, lines: Iterable[str], batch: int = 4096, output: bool = False) -> None:
     """``path`` replaced in one rename by ``lines`` (UTF-8), written ``batch`` lines at a time as they come: a run
     file of 300,000 lines is never held whole as one string and its bytes (~40 MiB of a first `retr eval`'s peak).
-    An error while the lines are made leaves ``path`` as it was."""
+    An error while the lines are made leaves ``path`` as it was. ``output``: see ``_atomic_write``."""
     def chunks(fh) -> None:
         it = iter(lines)
         while part := list(itertools.islice(it, batch)):
             fh.write("".join(part).encode("utf-8"))
 
-    _atomic_write(path, chunks)
+    _atomic_write(path, chunks, output=output)
 
 
 def check_output(out: str | os.PathLike | None, flag: str = "--out", files: dict | None = None,
@@ -118,10 +120,16 @@ def atomic_write_bytes(path: Path, data: bytes, durable: bool = False) -> None:
     _atomic_write(path, lambda fh: fh.write(data), durable)
 
 
-def _atomic_write(path: Path, write: Callable[[Any], object], durable: bool = False) -> None:
+def _atomic_write(path: Path, write: Callable[[Any], object], durable: bool = False, output: bool = False) -> None:
     """``path`` replaced, in one rename, by a file ``write`` fills (given its binary handle); on any error the
-    temporary file goes and ``path`` stays as it was."""
+    temporary file goes and ``path`` stays as it was. ``output``: a file the user named (a run, a report), not
+    one of retr's own: a device or FIFO there is written into, never replaced (`--out /dev/null` as root replaced
+    /dev/null), and a folder or a path that cannot be written is a one-line ``RetrError``; retr's own files (the
+    cache, an index's) replace whatever stands in their place, and a failure to write them is an ``OSError``."""
     path = Path(path)
+    if not output:
+        _replace(path, write, durable)
+        return
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
@@ -139,10 +147,14 @@ def _atomic_write(path: Path, write: Callable[[Any], object], durable: bool = Fa
             write(fh)
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise RetrError(f"{path}: cannot be written ({e.strerror}): nothing written") from None
+        _replace(path, write, durable)
+    except OSError as e:  # a folder that cannot be written, a full disk
+        raise RetrError(f"{path}: cannot be written ({e.strerror or e}): nothing written") from None
+
+
+def _replace(path: Path, write: Callable[[Any], object], durable: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)

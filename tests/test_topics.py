@@ -132,14 +132,14 @@ def test_a_run_is_written_as_its_lines_come_and_a_bad_line_late_in_it_leaves_the
     were written leaves the old file as it was and no temporary file behind."""
     from retr.retrieval import artifacts
 
-    monkeypatch.setattr(artifacts.atomic_write_lines, "__defaults__", (3,))  # batches of 3 lines
+    monkeypatch.setattr(artifacts.atomic_write_lines, "__defaults__", (3, False))  # batches of 3 lines
     path = tmp_path / "run.trec"
     path.write_text("old\n", encoding="utf-8")
     many = Run({f"q{i}": [(f"d{j}", float(10 - j)) for j in range(4)] for i in range(5)})
     seen_on_disk = []
     real = artifacts._atomic_write
 
-    def watched(target, write, durable=False):
+    def watched(target, write, durable=False, output=False):
         def spy(fh):
             class Handle:  # what the temporary file holds each time a batch is written
                 def write(self, data):
@@ -147,7 +147,7 @@ def test_a_run_is_written_as_its_lines_come_and_a_bad_line_late_in_it_leaves_the
                     fh.flush()
                     seen_on_disk.append(max((p.stat().st_size for p in tmp_path.glob(".run.trec.*.tmp")), default=0))
             write(Handle())
-        real(target, spy, durable)
+        real(target, spy, durable, output)
 
     monkeypatch.setattr(artifacts, "_atomic_write", watched)
     write_run(many, path)

@@ -30,27 +30,31 @@ def _run(qrels, path, keep=lambda i, q: True, prefix="", tag_docs=lambda d: d):
 
 # -- outputs -----------------------------------------------------------------------------------------------------
 def test_an_output_that_is_a_device_or_fifo_is_written_into_never_replaced(tmp_path):
+    """A file the user named (a run, a report): written into a device or FIFO, never replaced by a file."""
     null = tmp_path / "null"  # a null device of the test's own (as root /dev/null itself was replaced by a file)
     try:
         os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     except (PermissionError, AttributeError):
         null = None  # (no CAP_MKNOD: the FIFO below stands for every special file)
     if null is not None:
-        atomic_write_text(null, "discarded\n")
+        atomic_write_text(null, "discarded\n", output=True)
         assert stat.S_ISCHR(os.stat(null).st_mode)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(RetrError, match=r"a FIFO no process reads\): nothing written"):  # (would block for ever)
-        atomic_write_text(fifo, "x")
+        atomic_write_text(fifo, "x", output=True)
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        atomic_write_text(fifo, "through the pipe\n")
+        atomic_write_text(fifo, "through the pipe\n", output=True)
         assert os.read(reader, 100) == b"through the pipe\n" and stat.S_ISFIFO(os.stat(fifo).st_mode)
     finally:
         os.close(reader)
     with pytest.raises(RetrError, match="is a folder: give the path of a file"):  # (an IsADirectoryError traceback)
-        atomic_write_text(tmp_path, "x")
+        atomic_write_text(tmp_path, "x", output=True)
+    # retr's own files (a cache entry) still replace whatever stands in their place: a FIFO there never blocks
+    atomic_write_text(fifo, "a cache entry\n")
+    assert stat.S_ISREG(os.stat(fifo).st_mode) and fifo.read_text() == "a cache entry\n"
 
 
 def test_out_never_replaces_an_input(tiny_dataset, tmp_path, capsys):
