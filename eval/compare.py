@@ -94,6 +94,7 @@ def systems_from(paths: Sequence[str | Path], qrels: Qrels | None = None, qrels_
     from retr.eval.trec import read_run, with_judged_queries
 
     k_values = sorted(set(k_values or DEFAULT_K_VALUES))
+    judgements = qrels.digest() if qrels is not None else None  # one set of judgements for every run file
     out: list[System] = []
     for path in map(Path, paths):
         if not path.is_file():
@@ -110,7 +111,7 @@ def systems_from(paths: Sequence[str | Path], qrels: Qrels | None = None, qrels_
             raw = read_run(path)
             run = with_judged_queries(raw, qrels, str(path))
             ev = evaluate(run, qrels, k_values)  # the scorer of `retr eval` (pipeline_result)
-            out.append(System(path.stem, qrels_name, ev.per_query, source=str(path), judgements=qrels.digest(),
+            out.append(System(path.stem, qrels_name, ev.per_query, source=str(path), judgements=judgements,
                               ranked=frozenset(q for q in qrels if q in raw and raw[q])))
     keys = [(s.dataset, s.label) for s in out]
     dup = next((k for k in keys if keys.count(k) > 1), None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from retr.retrieval.artifacts import not_a_file
 from retr.retrieval.errors import RetrError
 
 
@@ -15,10 +16,8 @@ def file_and_form(path: str | Path, fmt: str | None, forms: tuple[str, ...], det
     be one of ``forms``, or where None the one ``detect(path)`` finds (which names the file and line it fails on)."""
     path = Path(path)
     if not path.is_file():
-        if path.exists():
-            kind = "a folder" if path.is_dir() else "not a regular file (a device, FIFO or socket)"
-            raise RetrError(f"{path}: {kind}, not a {what} file")
-        raise RetrError(f"{path}: no such {what} file")
+        kind = not_a_file(path)
+        raise RetrError(f"{path}: {kind}, not a {what} file" if kind else f"{path}: no such {what} file")
     if fmt is None:
         return path, detect(path)
     if fmt not in forms:

@@ -20,6 +20,11 @@ MRR_CUTOFF = 10
 MAX_CUTOFF = 1_000_000  # the deepest cut-off scored (`--k-values`, ``retr.evaluate``'s ``k_values``)
 
 
+def headline_cutoff(k_values: Sequence[int]) -> int:
+    """The cut-off a report's headline nDCG, MAP and P are read at: 10 where it was scored, else the deepest."""
+    return 10 if 10 in k_values else max(k_values)
+
+
 def ndcg_at_k(ranked: Sequence[str], grades: Mapping[str, int], k: int) -> float:
     dcg = sum(max(grades.get(d, 0), 0) / math.log2(i + 2) for i, d in enumerate(ranked[:k]))
     ideal_gains = sorted((g for g in grades.values() if g > 0), reverse=True)[:k]

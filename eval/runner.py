@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from retr.eval.data import Dataset
-from retr.eval.metrics import DEFAULT_K_VALUES, MAX_CUTOFF, evaluate
+from retr.eval.metrics import DEFAULT_K_VALUES, MAX_CUTOFF, evaluate, headline_cutoff
 from retr.eval.pseudo import check_index_reranker
 from retr.eval.report import DatasetInfo, EvalReport, Percentiles, PipelineResult
 from retr.eval.trec import write_trec
@@ -152,7 +152,7 @@ def pipeline_result(name: str, run: Run, qrels: Qrels, k_values: Sequence[int], 
     if run_file is not None:
         write_trec(run, run_file, tag=f"retr-{name}")
     cost = cost or {"build_seconds": float("nan"), "index_bytes": 0, "docs_per_second": float("nan")}
-    cut = 10 if 10 in k_values else max(k_values)  # the table's headline cut-off
+    cut = headline_cutoff(k_values)
     logger.info("%s: nDCG@%d %.4f", name, cut, result.mean.get(f"NDCG@{cut}", float("nan")))
     return PipelineResult(
         name=name, metrics=result.mean, per_query=result.per_query,

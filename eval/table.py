@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from retr.eval.metrics import headline_cutoff
 from retr.eval.report import EvalReport
 
 STAGE_ORDER = ("encode", "ann", "bm25", "fusion", "rerank")
@@ -27,7 +28,7 @@ def grid(header: list[str], rows: list[list[str]]) -> str:
 
 
 def headline_metrics(k_values: list[int]) -> list[str]:
-    cut = 10 if 10 in k_values else max(k_values)
+    cut = headline_cutoff(k_values)
     deep = [k for k in (100, 1000) if k in k_values] or [max(k_values)]
     return [f"NDCG@{cut}", f"MAP@{cut}", *(f"Recall@{k}" for k in deep), f"P@{cut}", "MRR@10"]
 

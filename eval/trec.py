@@ -152,7 +152,6 @@ def with_judged_queries(run: Run, qrels: Qrels, source: str = "run") -> Run:
     return Run({**run, **{q: () for q in missing}})
 
 
-
 def _warn_unjudged(run: Run, qrels: Qrels, source: str) -> None:
     """A warning where not one document ``run`` retrieved for a judged query is judged for it: the run's ids are
     then almost always written otherwise than the qrels' (``d17`` against ``17``, another id field), and every
@@ -163,6 +162,7 @@ def _warn_unjudged(run: Run, qrels: Qrels, source: str) -> None:
         logger.warning("%s: none of its %d documents retrieved for judged queries is judged (query %r: run %r, "
                        "qrels %r, ...): are the document ids written the same way?", source, retrieved, q,
                        run[q][0].doc_id, next(iter(qrels[q]), None))
+
 
 def _number(path: Path, lineno: int, text: object, what: str) -> float:
     try:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from retr.retrieval.artifacts import not_a_file
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Document
 
@@ -67,9 +68,7 @@ class Corpus:
 def lines(path: Path) -> Iterator[tuple[int, str]]:
     """Yield (line number, decoded line); non-UTF-8 bytes are an error naming file:line."""
     if not path.is_file():
-        what = ("a folder" if path.is_dir() else "not a regular file (a device, FIFO or socket)") \
-            if path.exists() else "no such file"
-        raise RetrError(f"{path}: {what}: give a file to read")
+        raise RetrError(f"{path}: {not_a_file(path) or 'no such file'}: give a file to read")
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             try:

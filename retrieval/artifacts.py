@@ -84,6 +84,14 @@ def atomic_write_lines(path: Path, lines: Iterable[str], batch: int = 4096, outp
     _atomic_write(path, chunks, output=output)
 
 
+def not_a_file(path: Path) -> str | None:
+    """What ``path`` is where a file to read was expected and it is not a regular file: a folder, or a device,
+    FIFO or socket; None where nothing is there."""
+    if not path.exists():
+        return None
+    return "a folder" if path.is_dir() else "not a regular file (a device, FIFO or socket)"
+
+
 def check_output(out: str | os.PathLike | None, flag: str = "--out", files: dict | None = None,
                  folders: dict | None = None) -> None:
     """A one-line ``RetrError``, before any work, where writing the file ``out`` would replace one of a command's
