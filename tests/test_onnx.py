@@ -1320,3 +1320,13 @@ def test_third_party_lines_reach_retrs_debug_log_once_under_debug_logging():
         retr_logger.removeHandler(keep)
         retr_logger.setLevel(level)
     assert got == ["nncf: statistics collected", "root: root advice"]
+
+
+def test_a_graph_just_made_runs_again_after_its_session_is_released(tiny_bi_encoder):
+    """A graph is made in a temporary folder and published in one rename: a session released (a search timing its
+    query candidates drops the documents' one) is made again from the published file, not the temporary one."""
+    enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="onnx"))  # made now: the cache is empty
+    feed = {"input_ids": np.array([[1, 7, 2]]), "attention_mask": np.ones((1, 3), dtype=np.int64)}
+    want = enc.graph.runner(feed)
+    assert enc.graph.runner.release()
+    np.testing.assert_array_equal(enc.graph.runner(feed), want)  # NO_SUCHFILE: the .building folder, before

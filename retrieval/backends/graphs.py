@@ -421,7 +421,9 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
     if refusal is not None:
         raise RetrError(refusal)
     logger.info("%s (%s) verified against %s: %s %.6f", backend.name, precision, against, kind.measure, check)
-    # the verified runner is the one returned (its weights are in memory / mapped from files renamed, not removed)
+    # the verified runner is the one returned (its weights are in memory / mapped from files renamed, not removed);
+    # what it reads again after a release (an ONNX Runtime session) is read from where the folder was published
+    runner.moved(folder / backend.file)
     return Graph(runner, folder / backend.file, backend, check, dim, precision,
                  calibration.digest if calibration else None, noise, reference_known=reference_known)
 

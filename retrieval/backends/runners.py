@@ -100,6 +100,11 @@ class OrtRunner:
                 self._session = session
             return self._session
 
+    def moved(self, path: Path) -> None:
+        """Its file now lives at ``path`` (a graph made in a temporary folder, then published in one rename): a
+        session made again after ``release`` reads it there, not from the temporary folder, which is gone."""
+        self._path = path
+
     def release(self) -> bool:
         """Drop the session (made again on next use). Whether there was one to drop."""
         with self._lock:
@@ -193,6 +198,10 @@ class OpenVinoRunner:
         precision: the streams compute what the one stream does. A query candidate the chooser times
         (``retrieval.query_graphs``); the model is shared, not read again."""
         return OpenVinoRunner(self._path, self._threads, self.precision, streams=1, model=self._model, overflow=self)
+
+    def moved(self, path: Path) -> None:
+        """Its file now lives at ``path`` (published in one rename; the model itself is in memory already)."""
+        self._path = path
 
     def keep_compiled(self, source: Path, cpu: str) -> None:
         """Keep the model compiled from now on in the cache (``COMPILED``) for the next process, which reads it back
