@@ -81,13 +81,14 @@ def test_a_given_backend_is_not_second_guessed(tiny_cross_encoder, monkeypatch):
 
 def test_real_timing_and_noise_of_two_graphs(tiny_cross_encoder):
     """Unpatched: both candidates timed for real and the onnx graph's noise against openvino's measured (the random
-    tiny model's scores barely spread, so its ratio says little: only that it is measured and decides)."""
+    tiny model's scores barely spread, so its ratio says little: only that it is measured and decides). Which graph
+    a real timing picks is the machine's business: the rule is tested with injected timings above."""
     _reranker(tiny_cross_encoder, backend="onnx")
     r = _reranker(tiny_cross_encoder)
     timings = {t.backend: t for t in r.choice.timings}
     assert set(timings) == {"openvino", "onnx"} and all(t.seconds > 0 for t in timings.values())
     assert timings["onnx"].rank_noise is not None and timings["onnx"].passed == (timings["onnx"].rank_noise <= CE_MAX_RANK_NOISE)
-    assert r.backend == min((t for t in timings.values() if t.passed), key=lambda t: t.seconds).backend
+    assert r.backend in {b for b, t in timings.items() if t.passed} and r.describe()["chosen"]["backend"] == r.backend
 
 
 @pytest.mark.parametrize("flags,int8_kept", [({"avx2"}, False), ({"avx2", "avx512_vnni"}, True)])
