@@ -187,13 +187,30 @@ def pytest_configure(config):
     os.environ["HF_HUB_OFFLINE"] = "1"
 
 
+# The test tiers, declared here once (no marker is written in a test file).
+# `slow`: needs a real model (the bundled MiniLM), a real collection (../shared/datasets), a browser, a Ray
+# cluster, a served process, or builds and times graphs for seconds. The fast tier, `python -m pytest -m "not slow"`,
+# is what a contributor runs while working; CI runs every tier (`python -m pytest`).
+SLOW_MODULES = frozenset()
+SLOW_TESTS = frozenset()
+# `cpu`: tests whose outcome may follow the host's instructions (graphs built, quantised, compiled and chosen).
+# CI runs them a second time as an AVX2-only CPU would (`ONEDNN_MAX_CPU_ISA=AVX2 python -m pytest -m cpu`).
+CPU_MODULES = frozenset()
+
+
+def _tier_of(item) -> tuple[bool, bool]:
+    module = item.path.stem
+    name = item.nodeid.split("::", 1)[-1].split("[", 1)[0]
+    return module in SLOW_MODULES or f"{module}::{name}" in SLOW_TESTS, module in CPU_MODULES
+
+
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("RETR_SLOW") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow: set RETR_SLOW=1 to run")
     for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+        slow, cpu = _tier_of(item)
+        if slow:
+            item.add_marker(pytest.mark.slow)
+        if cpu:
+            item.add_marker(pytest.mark.cpu)
 
 
 @pytest.fixture(scope="session")
