@@ -133,3 +133,91 @@ def test_retr_add_through_a_symlink_is_refused_while_a_writer_holds_the_folder(b
     finally:
         index.close()
     assert not [p for p in g.iterdir() if p.name.endswith(".lock")], "the lock inside is removed afterwards"
+
+
+# -- 5. every corpus record indexed or refused in one line, never a traceback ------------------------------------
+def test_a_lone_surrogate_in_a_corpus_is_one_line_naming_file_and_line(tiny_bi_encoder, tmp_path):
+    """``"\\ud800"`` is valid JSON (a JS string cut mid-pair); on 11c4983 `retr index` died in ``corpus._digest``
+    with ``UnicodeEncodeError`` and ``Index.from_documents`` raised it instead of a ``RetrError``."""
+    import retr
+
+    bad = tmp_path / "c.jsonl"
+    bad.write_text('{"_id": "a", "text": "fine"}\n{"_id": "b", "title": "x", "text": "cut \\ud800 here"}\n')
+    rc, _, err = _run(["index", "--corpus", str(bad), "--out", str(tmp_path / "i"), "--model", str(tiny_bi_encoder),
+                       "--backend", "onnx"])
+    assert rc == 2 and _errors(err) == [f"retr: error: {bad}:2: the text holds '\\ud800', a lone surrogate (half of a "
+                                        f"UTF-16 pair, cut from its other half): not text; fix the record"], err
+    assert not (tmp_path / "i").exists()
+    bad.write_text('{"_id": "a\\udc00", "text": "fine"}\n')
+    rc, _, err = _run(["index", "--corpus", str(bad), "--out", str(tmp_path / "i"), "--model", str(tiny_bi_encoder),
+                       "--backend", "onnx"])
+    assert rc == 2 and len(_errors(err)) == 1 and f"{bad}:1: the id holds" in err, err
+    with pytest.raises(RetrError, match=r"<documents>: document 2: the text holds '\\ud800'"):
+        retr.Index.from_documents(["fine", "cut \ud800"], model=str(tiny_bi_encoder), backend="onnx")
+    with pytest.raises(RetrError, match=r"document 1: the metadata holds"):
+        retr.Index.from_documents([{"id": "a", "text": "t", "tag": "\udfff"}], model=str(tiny_bi_encoder),
+                                  backend="onnx")
+
+
+NASTY = ["\ud800", "\udfff", "\udbff\udc00", "\udc00\ud800", "\x00", "\x01", "\x1f", "\x7f", "\x85", "\u2028",
+         "\ufeff", "\ufffe", "\uffff", "\n", "\r", "\t", '"', "\\", " ", "é", "😀"]
+
+
+def _texts():
+    from hypothesis import strategies as st
+
+    return st.lists(st.one_of(st.characters(), st.sampled_from(NASTY)), max_size=10).map("".join)
+
+
+def _records():
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries({"_id": _texts(), "text": _texts()}, optional={"title": _texts(), "tag": _texts()})
+
+
+def test_the_corpus_reader_indexes_or_refuses_any_json_strings_in_one_line(tiny_bi_encoder):
+    """Hypothesis writes JSONL of arbitrary strings (lone surrogates as ``\\ud800`` escapes, control characters)
+    and sometimes invalid UTF-8 bytes into a line: every file is read into documents that the index's text steps
+    take (doc store written and read back, BM25 tokens, the model's tokenizer), or refused in one line naming the
+    file (and line). On 11c4983 a lone surrogate escaped as ``UnicodeEncodeError``."""
+    import tempfile
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from tokenizers import Tokenizer
+
+    from retr.indexes.bm25 import RowTokens
+    from retr.indexes.corpus import load_corpus
+    from retr.indexes.docstore import DocStore, write_docstore
+    from retr.retrieval.bm25 import BM25Config
+
+    tokenizer = Tokenizer.from_file(str(Path(tiny_bi_encoder) / "tokenizer.json"))
+    seen = {"indexed": 0, "refused": 0}
+
+    @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(recs=st.lists(_records(), min_size=1, max_size=4), junk=st.one_of(st.none(), st.binary(min_size=1,
+           max_size=3)), where=st.integers(0, 1000))
+    def check(recs, junk, where):
+        lines = [json.dumps(r).encode() for r in recs]  # ensure_ascii: a surrogate is written as its \\u escape
+        if junk is not None:
+            i = where % len(lines)
+            cut = where % (len(lines[i]) + 1)
+            lines[i] = lines[i][:cut] + junk + lines[i][cut:]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "corpus.jsonl"
+            path.write_bytes(b"\n".join(lines) + b"\n")
+            try:
+                corpus = load_corpus(path)
+            except RetrError as e:
+                assert str(e).startswith(f"{path}:") and "\n" not in str(e), str(e)
+                seen["refused"] += 1
+                return
+            write_docstore(Path(tmp), corpus.docs)
+            with DocStore(Path(tmp), corpus.ids) as store:
+                assert [store.get(i) for i in range(len(store))] == corpus.docs
+            RowTokens.of([d.full_text() for d in corpus.docs], BM25Config())
+            tokenizer.encode_batch([d.full_text() for d in corpus.docs])
+            seen["indexed"] += 1
+
+    check()
+    assert seen["indexed"] and seen["refused"], seen  # both roads taken
