@@ -221,3 +221,28 @@ def test_the_corpus_reader_indexes_or_refuses_any_json_strings_in_one_line(tiny_
 
     check()
     assert seen["indexed"] and seen["refused"], seen  # both roads taken
+
+
+# -- 2. a cross-encoder is refused as --model, as a bi-encoder is as --rerank ----------------------------------
+def test_a_cross_encoder_folder_is_refused_as_model_at_every_door(tiny_cross_encoder, tiny_bi_encoder, tmp_path):
+    """On 11c4983 ``retr index --model CE_DIR`` mean-pooled a ``*ForSequenceClassification`` folder into an index
+    with exit 0, and ``retr doctor --model CE_DIR`` checked it as a bi-encoder."""
+    import retr
+
+    corpus = _corpus(tmp_path / "c.jsonl")
+    ce = str(tiny_cross_encoder)
+    st_ce = tmp_path / "st-ce"  # sentence-transformers' own CrossEncoder folder says so in its config
+    shutil.copytree(tiny_bi_encoder, st_ce)
+    (st_ce / "config_sentence_transformers.json").write_text(json.dumps({"model_type": "CrossEncoder"}))
+    for model in (ce, str(st_ce)):
+        for argv in (["index", "--corpus", str(corpus), "--out", str(tmp_path / "i"), "--model", model,
+                      "--backend", "onnx"],
+                     ["doctor", "--model", model]):
+            rc, _, err = _run(argv)
+            assert rc == 2 and len(_errors(err)) == 1 and "a cross-encoder" in err and "--rerank" in err, (argv, err)
+        assert not (tmp_path / "i").exists()
+        with pytest.raises(RetrError, match="not a bi-encoder"):
+            retr.Index.from_documents(["one", "two"], model=model, backend="onnx")
+    # the bi-encoder itself and a plain base model (no head) are still taken
+    assert _run(["index", "--corpus", str(corpus), "--out", str(tmp_path / "ok"), "--model", str(tiny_bi_encoder),
+                 "--backend", "onnx"])[0] == 0
