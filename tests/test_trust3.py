@@ -246,3 +246,50 @@ def test_a_cross_encoder_folder_is_refused_as_model_at_every_door(tiny_cross_enc
     # the bi-encoder itself and a plain base model (no head) are still taken
     assert _run(["index", "--corpus", str(corpus), "--out", str(tmp_path / "ok"), "--model", str(tiny_bi_encoder),
                  "--backend", "onnx"])[0] == 0
+
+
+# -- 3. every float setting bounded to a finite, documented range -----------------------------------------------
+@pytest.mark.parametrize("argv, field", [
+    (["--bm25-k1", "1e308"], "BM25 k1 must be in [0, 100]"),
+    (["--bm25-k1", "1e30"], "BM25 k1 must be in [0, 100]"),
+    (["--bm25-k1", "inf"], "BM25 k1 must be a finite number in [0, 100]"),
+    (["--bm25-k1", "nan"], "BM25 k1 must be a finite number in [0, 100]"),
+    (["--bm25-b", "nan"], "BM25 b must be a finite number in [0, 1]"),
+    (["--bm25-method", "bm25+", "--bm25-delta", "1e300"], "BM25 delta must be in [0, 10]"),
+])
+def test_bm25_settings_out_of_their_range_are_refused_in_one_line(tiny_bi_encoder, tmp_path, argv, field):
+    """On 11c4983 ``--bm25-k1 1e308`` built an index whose BM25 found nothing (a hybrid silently dense-only) and
+    ``1e30`` made every BM25 score 0.0, with only a numpy overflow warning."""
+    rc, _, err = _run(["index", "--corpus", str(_corpus(tmp_path / "c.jsonl")), "--out", str(tmp_path / "i"),
+                       "--model", str(tiny_bi_encoder), "--backend", "onnx", "--bm25", *argv])
+    assert rc == 2 and len(_errors(err)) == 1 and field in err, err
+    assert not (tmp_path / "i").exists()
+
+
+def test_bm25_at_the_bound_of_k1_still_scores(tiny_bi_encoder, tmp_path):
+    """k1 = 100 (the bound) is an index whose BM25 ranks as rank_bm25's BM25Okapi does (no overflow, no zeros)."""
+    import math
+
+    from retr.retrieval.bm25 import K1_MAX
+
+    rc, _, err = _run(["index", "--corpus", str(_corpus(tmp_path / "c.jsonl")), "--out", str(tmp_path / "i"),
+                       "--model", str(tiny_bi_encoder), "--backend", "onnx", "--bm25", "--bm25-k1", str(K1_MAX)])
+    assert rc == 0, err
+    rc, out, err = _run(["search", str(tmp_path / "i"), "wolves tundra", "--mode", "bm25", "--json", "-k", "3"])
+    hits = json.loads(out)["results"]
+    assert rc == 0 and hits and all(math.isfinite(h["score"]) and h["score"] > 0 for h in hits), (out, err)
+    assert hits[0]["id"] in ("d9", "d16")  # the two documents holding both words
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "mlm", "--lr", "nan"], "--lr must be a finite number in (0, 1]"),
+    (["train", "mlm", "--mask-prob", "1.5"], "--mask-prob must be in (0, 1)"),
+    (["train", "bi-encoder", "--self-supervised", "--dev-fraction", "inf"], "--dev-fraction must be a finite number in [0, 1)"),
+    (["train", "bi-encoder", "--self-supervised", "--teacher-weight", "inf"], "--teacher-weight must be a finite number"),
+])
+def test_training_float_settings_out_of_range_are_refused_in_one_line(tmp_path, argv, message):
+    """On 11c4983 ``--lr nan``, ``--mask-prob 1.5``, ``--dev-fraction inf`` and ``--teacher-weight inf`` were taken
+    (a training run of NaN losses, or a dev split of every example)."""
+    corpus = _corpus(tmp_path / "c.jsonl")
+    rc, _, err = _run([*argv, "--corpus", str(corpus), "--out", str(tmp_path / "m")])
+    assert rc == 2 and len(_errors(err)) == 1 and message in err, err
