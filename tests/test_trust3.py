@@ -293,3 +293,36 @@ def test_training_float_settings_out_of_range_are_refused_in_one_line(tmp_path, 
     corpus = _corpus(tmp_path / "c.jsonl")
     rc, _, err = _run([*argv, "--corpus", str(corpus), "--out", str(tmp_path / "m")])
     assert rc == 2 and len(_errors(err)) == 1 and message in err, err
+
+
+# -- 6. irds offline: one line, whichever call of ir_datasets downloads --------------------------------------------
+def test_an_irds_dataset_that_downloads_offline_is_one_line(tmp_path, monkeypatch):
+    """ir_datasets downloads ``beir/scifact/test`` inside ``docs_iter()`` itself (the call, before any
+    iteration): on 11c4983 that call lay outside the guarded iteration, and offline `retr eval --dataset
+    irds:beir/scifact/test` printed four chained tracebacks (socket, urllib3, requests) with exit 1. Here the
+    dataset raises as requests does offline; nothing touches the network."""
+    pytest.importorskip("ir_datasets")
+    import requests
+
+    from retr.eval import irds
+
+    class Offline:
+        def has_docs(self):
+            return True
+
+        has_queries = has_qrels = has_docs
+
+        def docs_iter(self):
+            try:
+                raise OSError("[Errno -2] Name or service not known")
+            except OSError as e:
+                raise requests.exceptions.ConnectionError(
+                    "HTTPSConnectionPool(host='public.ukp.informatik.tu-darmstadt.de', port=443): Max retries "
+                    "exceeded with url: /thakur/BEIR/datasets/scifact.zip") from e
+
+        queries_iter = qrels_iter = docs_iter
+
+    monkeypatch.setattr(irds, "_load", lambda _id: Offline())
+    rc, _, err = _run(["eval", "--dataset", "irds:beir/scifact/test", "--mode", "bm25"])
+    assert rc == 2 and len(_errors(err)) == 1, err
+    assert "ir_datasets could not provide the documents of 'beir/scifact/test'" in err and "~/.ir_datasets" in err
