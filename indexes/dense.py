@@ -255,14 +255,21 @@ def save_dense(index, emb: np.ndarray, kind: str, folder: Path) -> dict:
     the files, their bytes, and the bytes a search keeps in RAM (the rest is memory-mapped and read on demand)."""
     import faiss
 
+    def write(part, name: str) -> None:  # FAISS's own failure to write (a full disk) as the OSError it is
+        try:
+            faiss.write_index(part, str(folder / name))
+        except RuntimeError as e:
+            why = str(e).strip().splitlines()[0] if str(e).strip() else "FAISS could not write it"
+            raise OSError(f"{why[-160:]}") from None
+
     if kind == "lean":
         lean = faiss.downcast_index(index)
-        faiss.write_index(lean.base_index, str(folder / FAISS_FILE))
-        faiss.write_index(lean.refine_index, str(folder / REFINE_FILE))
+        write(lean.base_index, FAISS_FILE)
+        write(lean.refine_index, REFINE_FILE)
         resident = (folder / FAISS_FILE).stat().st_size
         return {"file": FAISS_FILE, "refine_file": REFINE_FILE, "resident_bytes": resident,
                 "bytes": resident + (folder / REFINE_FILE).stat().st_size}
-    faiss.write_index(index, str(folder / FAISS_FILE))
+    write(index, FAISS_FILE)
     out = {"file": FAISS_FILE, "bytes": (folder / FAISS_FILE).stat().st_size}
     if kind in LOSSY_KINDS:  # kept so that the index can change and compact
         np.save(folder / VECTORS_FILE, np.ascontiguousarray(emb, dtype=np.float32))

@@ -265,7 +265,7 @@ def writer_lock(target: Path, wait: bool = False, op: str = "index") -> Iterator
 def _flock(lock_path: Path, target: Path, wait: bool, op: str) -> Iterator[None]:
     while True:
         try:
-            fh = open(lock_path, "a+")  # noqa: SIM115 - held for the body
+            fh = open(lock_path, "a+b", buffering=0)  # noqa: SIM115 - held; unbuffered: a full disk fails here
         except OSError as e:
             raise RetrError(f"{target}: cannot {op} it: {e.strerror} ({lock_path.parent}); it is unchanged") from None
         try:
@@ -284,8 +284,7 @@ def _flock(lock_path: Path, target: Path, wait: bool, op: str) -> Iterator[None]
     with contextlib.suppress(OSError):
         fh.seek(0)
         fh.truncate()
-        fh.write(f"{op} {os.getpid()}\n")
-        fh.flush()
+        fh.write(f"{op} {os.getpid()}\n".encode())
     try:
         yield
     finally:

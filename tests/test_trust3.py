@@ -326,3 +326,88 @@ def test_an_irds_dataset_that_downloads_offline_is_one_line(tmp_path, monkeypatc
     rc, _, err = _run(["eval", "--dataset", "irds:beir/scifact/test", "--mode", "bm25"])
     assert rc == 2 and len(_errors(err)) == 1, err
     assert "ir_datasets could not provide the documents of 'beir/scifact/test'" in err and "~/.ir_datasets" in err
+
+
+# -- 7. a change that cannot be written: one line, the index unchanged ------------------------------------------
+def _state(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _mount(argv: list[str]) -> None:
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"this machine allows no {argv[1:3]} mount: {r.stderr.strip()[:120]}")
+
+
+def _fill(folder: Path) -> None:
+    """Write zeros into ``folder`` until its file system is full."""
+    with (folder / "ballast").open("wb") as fh:
+        with contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        with contextlib.suppress(OSError):
+            fh.truncate(fh.tell())  # what was flushed stays; the handle closes cleanly
+
+
+def test_add_and_delete_on_a_full_disk_are_one_line_and_leave_the_index_unchanged(built, tmp_path):
+    """A small tmpfs filled to the last byte: on 11c4983 `retr add` and `retr delete` raised a raw ``OSError``
+    (Errno 28); the published generation stayed intact and leftovers were removed, and so they must still be."""
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    _mount(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(fs)])
+    try:
+        idx = _copy(built, fs / "g.idx")
+        new = _corpus(tmp_path / "new.jsonl", [(f"n{i}", "", "solar wolves " * 400) for i in range(40)])
+        ids = tmp_path / "ids.txt"
+        ids.write_text("d1\n")
+        _fill(fs)
+        before = _state(idx)
+        for argv in (["add", str(idx), "--corpus", str(new)], ["delete", str(idx), "--ids", str(ids)]):
+            rc, _, err = _run(argv)
+            assert rc == 2 and len(_errors(err)) == 1, (argv, err)
+            assert "No space left on device" in err and "the index is unchanged" in err, err
+            assert _state(idx) == before, f"{argv[0]}: the index changed or kept leftovers"
+        (fs / "ballast").unlink()
+        rc, out, err = _run(["search", str(idx), "wolves", "--mode", "bm25", "--json"])
+        assert rc == 0 and json.loads(out)["results"], err
+        assert _run(["delete", str(idx), "--ids", str(ids)])[0] == 0  # with room again, the change goes through
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
+def test_add_on_a_read_only_index_is_one_line_and_changes_nothing(built, tmp_path):
+    """A read-only mount of the index: on 11c4983 `retr add` raised a raw ``OSError`` (Errno 30)."""
+    idx = _copy(built, tmp_path / "g.idx")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    _mount(["mount", "--bind", str(idx), str(ro)])
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], capture_output=True).returncode != 0:
+            pytest.skip("this machine allows no read-only remount")
+        before = _state(idx)
+        ids = tmp_path / "ids.txt"
+        ids.write_text("d1\n")
+        for argv in (["add", str(ro), "--corpus", str(_corpus(tmp_path / "a.jsonl", [("a1", "", "alpha")]))],
+                     ["delete", str(ro), "--ids", str(ids)], ["compact", str(ro)]):
+            rc, _, err = _run(argv)
+            assert rc == 2 and len(_errors(err)) == 1 and "Read-only file system" in err and "unchanged" in err, err
+        assert _state(idx) == before
+    finally:
+        subprocess.run(["umount", str(ro)], check=False)
+
+
+def test_a_faiss_write_that_fails_is_one_line_and_leaves_the_index_unchanged(built, tmp_path, monkeypatch):
+    """FAISS reports a full disk as ``RuntimeError`` from ``write_index``: on 11c4983 it escaped `retr add`."""
+    import faiss
+
+    idx = _copy(built, tmp_path / "g.idx")
+    before = _state(idx)
+
+    def full(_index, path):
+        raise RuntimeError(f"Error: 'ret == (size_t)(1)' failed: write error in {path}: 28 (No space left on device)")
+
+    monkeypatch.setattr(faiss, "write_index", full)
+    rc, _, err = _run(["add", str(idx), "--corpus", str(_corpus(tmp_path / "a.jsonl", [("a1", "", "alpha")]))])
+    assert rc == 2 and len(_errors(err)) == 1 and "No space left on device" in err and "unchanged" in err, err
+    assert _state(idx) == before
