@@ -411,3 +411,22 @@ def test_a_faiss_write_that_fails_is_one_line_and_leaves_the_index_unchanged(bui
     rc, _, err = _run(["add", str(idx), "--corpus", str(_corpus(tmp_path / "a.jsonl", [("a1", "", "alpha")]))])
     assert rc == 2 and len(_errors(err)) == 1 and "No space left on device" in err and "unchanged" in err, err
     assert _state(idx) == before
+
+
+# -- 8. a corpus without a single BM25 term: one line from the API as from the CLI ---------------------------------
+def test_documents_without_any_bm25_term_are_one_line_from_the_api_and_the_cli(tiny_bi_encoder, tmp_path):
+    """On 11c4983 ``Index.from_documents`` of empty texts raised bm25s's ``ValueError: max() arg is an empty
+    sequence``, and so did `retr index` of documents holding only stopwords."""
+    import retr
+
+    model = str(tiny_bi_encoder)
+    for docs in (["", ""], ["", "   "], ["the", "a of"]):
+        with pytest.raises(RetrError, match=r"BM25 has no term to index: each of the 2 documents"):
+            retr.Index.from_documents(docs, model=model, backend="onnx")
+    stop = _corpus(tmp_path / "stop.jsonl", [("a", "", "the"), ("b", "", "a of it")])
+    rc, _, err = _run(["index", "--corpus", str(stop), "--out", str(tmp_path / "i"), "--model", model,
+                       "--backend", "onnx", "--bm25"])
+    assert rc == 2 and len(_errors(err)) == 1 and "BM25 has no term to index" in err and "--no-bm25" in err, err
+    assert not (tmp_path / "i").exists()
+    with retr.Index.from_documents(["", ""], model=model, backend="onnx", bm25=False) as index:  # as it says
+        assert index.ids == ["0", "1"]
