@@ -430,3 +430,32 @@ def test_documents_without_any_bm25_term_are_one_line_from_the_api_and_the_cli(t
     assert not (tmp_path / "i").exists()
     with retr.Index.from_documents(["", ""], model=model, backend="onnx", bm25=False) as index:  # as it says
         assert index.ids == ["0", "1"]
+
+
+# -- 9. minor: compiled entries keyed by content, stored choices checked against the bar, /doc ids, the docs ----
+def test_a_copied_cache_reads_its_compiled_query_graph_back_without_compiling(tiny_bi_encoder, tmp_path,
+                                                                             monkeypatch):
+    """Compiled-store entries are named by the graph's content, not by where the cache lies: on 11c4983 their
+    identity held the source graph's absolute path, so a copied ``RETR_CACHE`` compiled again and kept a second
+    entry (~90 MB for MiniLM)."""
+    import numpy as np
+
+    from retr.retrieval.artifacts import cache_home
+    from retr.retrieval.backends.runners import COMPILED
+    from retr.retrieval.encoder import BiEncoder, EncoderConfig
+
+    from .test_compiled import _compile_fails, _entries, _feed, _keep_every_blob
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    _keep_every_blob(monkeypatch)
+    cfg = EncoderConfig(model=str(tiny_bi_encoder), backend="openvino")
+    enc = BiEncoder(cfg)
+    want = enc.query_graph.runner(_feed(enc))
+    BiEncoder(cfg).query_graph.runner(_feed(enc))  # compiled and kept
+    (entry,) = _entries(cache_home() / COMPILED)
+    copy = tmp_path / "copied-cache"
+    shutil.copytree(cache_home(), copy)
+    monkeypatch.setenv("RETR_CACHE", str(copy))
+    _compile_fails(monkeypatch)
+    np.testing.assert_array_equal(BiEncoder(cfg).query_graph.runner(_feed(enc)), want)  # read back, not compiled
+    assert [p.name for p in _entries(copy / COMPILED)] == [entry.name]
