@@ -459,3 +459,26 @@ def test_a_copied_cache_reads_its_compiled_query_graph_back_without_compiling(ti
     _compile_fails(monkeypatch)
     np.testing.assert_array_equal(BiEncoder(cfg).query_graph.runner(_feed(enc)), want)  # read back, not compiled
     assert [p.name for p in _entries(copy / COMPILED)] == [entry.name]
+
+
+def test_a_stored_graph_choice_is_checked_against_the_noise_bar_on_read(tmp_path, caplog):
+    """On 11c4983 a stored choice was trusted on its ``passed`` flag alone: a hand-edited entry whose chosen graph
+    records ranking noise 0.9 against a bar of 0.05 was used. Its figures are now held to the bar of its role."""
+    import logging
+
+    from retr.retrieval.backends import chooser
+    from retr.retrieval.backends.registry import CE_MAX_RANK_NOISE, MAX_RANK_NOISE
+
+    store = chooser.ChoiceStore(tmp_path)
+    path = tmp_path / "choices" / "k.json"
+    caplog.set_level(logging.WARNING, logger="retr")
+    for role, bar in ((chooser.QUERIES, MAX_RANK_NOISE), (chooser.PAIRS, CE_MAX_RANK_NOISE)):
+        timings = (chooser.Timing("onnx", 0.002), chooser.Timing("openvino-int8", 0.001, rank_noise=bar / 2))
+        store.put("k", chooser.Choice(role, "openvino-int8", "the fastest that passed", timings))
+        assert store.get("k").backend == "openvino-int8"  # under the bar: used
+        stored = json.loads(path.read_text())
+        stored["candidates"][1]["rank_noise"] = 0.9  # edited by hand, "passed" left true
+        path.write_text(json.dumps(stored))
+        caplog.clear()
+        assert store.get("k") is None, role
+        assert f"ranking noise 0.9000, over the bar of {bar}: timed again" in caplog.text
