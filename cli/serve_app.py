@@ -614,6 +614,13 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from pydantic import BaseModel, ConfigDict, Field, model_validator
+    from starlette.convertors import PathConvertor, register_url_convertor
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    class AnyConvertor(PathConvertor):  # a path's rest, newlines too (an id may hold one: `/doc/a%0Ab`)
+        regex = "[\\s\\S]*"
+
+    register_url_convertor("any", AnyConvertor())
 
     generations = Generations(Path(folder), cfg)
     pool = ThreadPoolExecutor(cfg.search_threads or default_threads(), thread_name_prefix="retr-search")
@@ -656,6 +663,10 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
     async def invalid(_request, exc: RequestValidationError):
         return error(422, validation_message(exc.errors()))
 
+    @app.exception_handler(StarletteHTTPException)  # no such route, a method it does not take: the same shape
+    async def http_error(_request, exc: StarletteHTTPException):
+        return error(exc.status_code, str(exc.detail))
+
     @app.exception_handler(RetrError)
     async def retr_error(_request, exc: RetrError):
         return error(503 if isinstance(exc, DamagedPart) else 400, str(exc))
@@ -696,7 +707,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
         status, body = await answer(req)
         return Response(body, status_code=status, media_type="application/json")
 
-    @app.get("/doc/{doc_id:path}")
+    @app.get("/doc/{doc_id:any}")
     async def document(doc_id: str, format: Literal["json", "html"] = "json"):
         doc = generations.current().document(doc_id)
         if doc is None:

@@ -482,3 +482,29 @@ def test_a_stored_graph_choice_is_checked_against_the_noise_bar_on_read(tmp_path
         caplog.clear()
         assert store.get("k") is None, role
         assert f"ranking noise 0.9000, over the bar of {bar}: timed again" in caplog.text
+
+
+def test_a_document_whose_id_holds_a_newline_is_fetched_over_http_and_errors_keep_their_shape(tiny_bi_encoder,
+                                                                                              tmp_path):
+    """On 11c4983 ``GET /doc/a%0Ab`` answered ``{"detail": "Not Found"}`` (the route's pattern stopped at the
+    newline), not the document nor the documented ``{"error": ...}``; so did any unknown route."""
+    import retr
+    from retr.cli.serve_app import ServeConfig
+    from retr.retrieval.encoder import EncoderConfig
+
+    from .serving import Server
+
+    out = tmp_path / "i"
+    retr.Index.from_documents([{"id": "a\nb", "text": "wolves in the tundra"}, {"id": "c/d", "text": "solar"}],
+                              out, model=str(tiny_bi_encoder), backend="onnx").close()
+    server = Server(out, ServeConfig(encoder=EncoderConfig(backend="onnx")))
+    try:
+        status, body = server.request("/doc/a%0Ab")
+        assert status == 200 and body["id"] == "a\nb" and body["text"] == "wolves in the tundra", body
+        assert server.request("/doc/c/d")[1]["id"] == "c/d"
+        status, body = server.request("/doc/a%0Ac")
+        assert status == 404 and set(body) == {"error"} and "no document" in body["error"], body
+        status, body = server.request("/no/such/route")
+        assert status == 404 and body == {"error": "Not Found"}, body
+    finally:
+        server.stop()
