@@ -508,3 +508,22 @@ def test_a_document_whose_id_holds_a_newline_is_fetched_over_http_and_errors_kee
         assert status == 404 and body == {"error": "Not Found"}, body
     finally:
         server.stop()
+
+
+def test_every_index_attribute_the_index_format_page_names_exists_on_retr_index(built):
+    """On 11c4983 docs/reference/index-format.md named ``index.generation``, which ``retr.Index`` does not have
+    (``index.manifest.generation``)."""
+    import re
+
+    import retr
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "index-format.md").read_text()
+    named = sorted(set(re.findall(r"`index\.([A-Za-z_][\w.]*)", page)))
+    assert "manifest.generation" in named
+    with retr.Index.load(built, backend="onnx") as index:
+        for chain in named:
+            value = index
+            for attr in chain.split("."):
+                assert hasattr(value, attr), f"index-format.md names `index.{chain}`: retr.Index has no {attr!r}"
+                value = getattr(value, attr)
+        assert index.manifest.generation == 0
