@@ -230,15 +230,16 @@ def rerank_config(args, model: str | None):
 
 def add_bm25_args(p: argparse.ArgumentParser) -> None:
     """How BM25 scores and analyses text (``retr index``, ``retr eval``); recorded in the index's manifest."""
-    from retr.retrieval.bm25 import METHODS, NO_LANGUAGE, BM25Config
+    from retr.retrieval.bm25 import DELTA_MAX, K1_MAX, METHODS, NO_LANGUAGE, BM25Config
 
     d = BM25Config()
-    p.add_argument("--bm25-k1", type=float, default=d.k1, help=f"BM25 term-frequency saturation k1 (default {d.k1})")
+    p.add_argument("--bm25-k1", type=float, default=d.k1,
+                   help=f"BM25 term-frequency saturation k1, 0..{K1_MAX:g} (default {d.k1})")
     p.add_argument("--bm25-b", type=float, default=d.b, help=f"BM25 length normalisation b, 0..1 (default {d.b})")
     p.add_argument("--bm25-method", choices=METHODS, default=d.method,
                    help=f"BM25 variant as bm25s computes it (default {d.method}; bm25l and bm25+ add --bm25-delta)")
     p.add_argument("--bm25-delta", type=float, default=d.delta,
-                   help=f"bm25l / bm25+: the delta added to each matching term (default {d.delta})")
+                   help=f"bm25l / bm25+: the delta added to each matching term, 0..{DELTA_MAX:g} (default {d.delta})")
     p.add_argument("--bm25-language", default=d.language, metavar="LANG",
                    help=f"Snowball stemmer (PyStemmer: german, french, spanish, ...) with bm25s's stopword list where "
                         f"it has one for the language; '{NO_LANGUAGE}': neither (default {d.language})")

@@ -40,6 +40,7 @@ from retr.retrieval.backends.runners import default_threads
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.fusion import FUSIONS
+from retr.retrieval.mapped import DamagedPart
 from retr.retrieval.pipeline import FIRST_STAGES, PipelineConfig
 from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE, MAX_K, SearchRequest
 from retr.retrieval.rerank import RerankConfig
@@ -613,6 +614,13 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from pydantic import BaseModel, ConfigDict, Field, model_validator
+    from starlette.convertors import PathConvertor, register_url_convertor
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    class AnyConvertor(PathConvertor):  # a path's rest, newlines too (an id may hold one: `/doc/a%0Ab`)
+        regex = "[\\s\\S]*"
+
+    register_url_convertor("any", AnyConvertor())
 
     generations = Generations(Path(folder), cfg)
     pool = ThreadPoolExecutor(cfg.search_threads or default_threads(), thread_name_prefix="retr-search")
@@ -655,9 +663,13 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
     async def invalid(_request, exc: RequestValidationError):
         return error(422, validation_message(exc.errors()))
 
+    @app.exception_handler(StarletteHTTPException)  # no such route, a method it does not take: the same shape
+    async def http_error(_request, exc: StarletteHTTPException):
+        return error(exc.status_code, str(exc.detail))
+
     @app.exception_handler(RetrError)
     async def retr_error(_request, exc: RetrError):
-        return error(400, str(exc))
+        return error(503 if isinstance(exc, DamagedPart) else 400, str(exc))
 
     def request_of(body: SearchBody) -> SearchRequest:
         options = {"k": body.k, "mode": body.mode, "fusion": body.fusion, "fusion_depth": body.fusion_depth,
@@ -678,6 +690,8 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
                                          brief=len(request.queries) == 1 and request.rerank is None)
         except TimeoutError:
             return 504, error_body(f"search took longer than {cfg.timeout_s} s")
+        except DamagedPart as e:  # a part of the served generation changed on disk: /healthz says degraded
+            return 503, error_body(str(e))
         except RetrError as e:
             return 400, error_body(str(e))
         # recorded once this task has written the response (the loop's next round), not while the client waits
@@ -693,7 +707,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
         status, body = await answer(req)
         return Response(body, status_code=status, media_type="application/json")
 
-    @app.get("/doc/{doc_id:path}")
+    @app.get("/doc/{doc_id:any}")
     async def document(doc_id: str, format: Literal["json", "html"] = "json"):
         doc = generations.current().document(doc_id)
         if doc is None:
@@ -707,12 +721,13 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
     async def healthz():
         """``generation``: the served generation as its manifest says; ``opened``: generations this server has
         opened; ``refused``: a newer generation on disk that did not open (null when none), while the last good
-        one is served (``status`` "degraded")."""
+        one is served (``status`` "degraded"); ``damaged``: a part of the served generation changed on disk (its
+        size is not its manifest's: searches needing it answer 503), else null (``status`` "degraded")."""
         searcher = generations.current()
-        refused = generations.refused
-        return {"status": "ok" if refused is None else "degraded", "index": str(generations.folder),
-                "generation": generations.number, "opened": generations.opened,
-                "refused": None if refused is None else refused.to_dict(),
+        refused, damaged = generations.refused, searcher.index.damage()
+        return {"status": "ok" if refused is None and damaged is None else "degraded",
+                "index": str(generations.folder), "generation": generations.number, "opened": generations.opened,
+                "refused": None if refused is None else refused.to_dict(), "damaged": damaged,
                 "documents": len(searcher.index.ids), "bm25": searcher.index.has_bm25,
                 "rerank": cfg.rerank is not None, "time": time.time()}
 

@@ -48,10 +48,11 @@ def _load(dataset_id: str):
     return ds
 
 
-def _iterate(dataset_id: str, what: str, it):
-    """Everything ``it`` yields; a failure inside ir_datasets (a download offline, a missing file) as one line."""
+def _iterate(dataset_id: str, what: str, items):
+    """Everything ``items()`` yields; a failure inside ir_datasets (a download offline, a missing file) as one
+    line, raised by the call that makes the iterator (``docs_iter()`` downloads) as by the iteration."""
     try:
-        return list(it)
+        return list(items())
     except RetrError:
         raise
     except Exception as e:  # ir_datasets raises its own, requests' and OS errors alike
@@ -100,15 +101,15 @@ def irds_parts(spec: str):
     if not dataset_id:
         raise RetrError(f"--dataset {spec!r}: name an ir_datasets id after irds: (e.g. irds:beir/scifact/test)")
     ds = _load(dataset_id)
-    corpus = corpus_of(_iterate(dataset_id, "documents", (_document(d) for d in ds.docs_iter())), Path(spec))
+    corpus = corpus_of(_iterate(dataset_id, "documents", lambda: (_document(d) for d in ds.docs_iter())), Path(spec))
     queries: dict[str, str] = {}
-    for q in _iterate(dataset_id, "queries", ds.queries_iter()):
+    for q in _iterate(dataset_id, "queries", ds.queries_iter):
         text = _field(q, _QUERY_FIELDS)
         if text is None:
             text = q.default_text() if hasattr(q, "default_text") else ""
         queries[str(q.query_id)] = text
     judgements: dict[str, dict[str, int]] = {}
-    for r in _iterate(dataset_id, "qrels", ds.qrels_iter()):
+    for r in _iterate(dataset_id, "qrels", ds.qrels_iter):
         judgements.setdefault(str(r.query_id), {})[str(r.doc_id)] = int(r.relevance)
     logger.info("%s: %d documents, %d queries, %d judged", spec, len(corpus), len(queries), len(judgements))
     return dataset_id.replace("/", "_"), corpus, queries, Qrels(judgements)

@@ -90,6 +90,9 @@ def index_bm25(tokens: RowTokens, cfg: BM25Config = _DEFAULT):
     """A bm25s model over ``tokens`` (its statistics: these rows')."""
     import bm25s
 
+    if not tokens.vocab:  # bm25s would fail on its empty vocabulary (max() of nothing)
+        raise RetrError(f"BM25 has no term to index: each of the {len(tokens)} documents is empty or holds only "
+                        f"stopwords and one-letter words: index without BM25 (--no-bm25; bm25=False in the API)")
     model = bm25s.BM25(k1=cfg.k1, b=cfg.b, delta=cfg.delta, method=cfg.method)
     model.index((tokens.rows, {w: i for i, w in enumerate(tokens.vocab)}), show_progress=len(tokens) > 10_000)
     return model

@@ -135,14 +135,21 @@ def _text_value(path: Path, lineno: int, name: str, value) -> str:
     return str(value)
 
 
-def _digest(h, doc: Document) -> None:
-    """Add ``doc`` to the corpus checksum ``h`` (one definition: a file and documents held in memory alike)."""
-    for part in (doc.doc_id, doc.title, doc.text):
-        h.update(part.encode("utf-8"))
-        h.update(b"\x1f")
+def _digest(h, doc: Document, where: str) -> None:
+    """Add ``doc`` to the corpus checksum ``h`` (one definition: a file and documents held in memory alike); a
+    string that is not text (a lone surrogate: valid JSON, ``"\\ud800"``, a UTF-16 pair cut in two) is an error
+    naming ``where`` the document came from and its field."""
+    parts = (("id", doc.doc_id), ("title", doc.title), ("text", doc.text))
     if doc.metadata:  # only where there is some: a corpus without extra fields keeps its checksum
-        h.update(json.dumps(doc.metadata, sort_keys=True, ensure_ascii=False).encode("utf-8"))
-        h.update(b"\x1d")
+        parts += (("metadata", json.dumps(doc.metadata, sort_keys=True, ensure_ascii=False)),)
+    for name, part in parts:
+        try:
+            data = part.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise RetrError(f"{where}: the {name} holds {e.object[e.start:e.end]!r}, a lone surrogate (half of a "
+                            f"UTF-16 pair, cut from its other half): not text; fix the record") from None
+        h.update(data)
+        h.update(b"\x1d" if name == "metadata" else b"\x1f")
     h.update(b"\x1e")
 
 
@@ -159,7 +166,7 @@ def corpus_of(docs: list[Document], source: Path) -> Corpus:
             raise RetrError(f"{source}: duplicate document id {doc.doc_id!r} (document {i + 1})")
         seen.add(doc.doc_id)
         empty += not (doc.text.strip() or doc.title.strip())
-        _digest(h, doc)
+        _digest(h, doc, f"{source}: document {i + 1}")
     if not docs:
         raise RetrError(f"{source}: holds no documents")
     return Corpus(docs=list(docs), source=source, sha256=h.hexdigest(), empty_docs=empty,
@@ -211,8 +218,8 @@ def load_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Corpus:
         used_fields = (id_f, text_f, title_f)
         metadata = {k: v for k, v in rec.items() if k not in used_fields and v not in (None, "", {}, [])}
         doc = Document(doc_id, title, text, metadata)
+        _digest(h, doc, f"{path}:{lineno}")
         docs.append(doc)
-        _digest(h, doc)
     if not docs:
         raise RetrError(f"{path}: the corpus holds no documents")
     if max(empty, missing_text) > MAX_EMPTY_SHARE * len(docs):

@@ -15,6 +15,7 @@ import numpy as np
 
 from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
+from retr.retrieval.mapped import MappedFile, attach
 from retr.retrieval.types import check_int
 
 logger = logging.getLogger(__name__)
@@ -254,14 +255,21 @@ def save_dense(index, emb: np.ndarray, kind: str, folder: Path) -> dict:
     the files, their bytes, and the bytes a search keeps in RAM (the rest is memory-mapped and read on demand)."""
     import faiss
 
+    def write(part, name: str) -> None:  # FAISS's own failure to write (a full disk) as the OSError it is
+        try:
+            faiss.write_index(part, str(folder / name))
+        except RuntimeError as e:
+            why = str(e).strip().splitlines()[0] if str(e).strip() else "FAISS could not write it"
+            raise OSError(f"{why[-160:]}") from None
+
     if kind == "lean":
         lean = faiss.downcast_index(index)
-        faiss.write_index(lean.base_index, str(folder / FAISS_FILE))
-        faiss.write_index(lean.refine_index, str(folder / REFINE_FILE))
+        write(lean.base_index, FAISS_FILE)
+        write(lean.refine_index, REFINE_FILE)
         resident = (folder / FAISS_FILE).stat().st_size
         return {"file": FAISS_FILE, "refine_file": REFINE_FILE, "resident_bytes": resident,
                 "bytes": resident + (folder / REFINE_FILE).stat().st_size}
-    faiss.write_index(index, str(folder / FAISS_FILE))
+    write(index, FAISS_FILE)
     out = {"file": FAISS_FILE, "bytes": (folder / FAISS_FILE).stat().st_size}
     if kind in LOSSY_KINDS:  # kept so that the index can change and compact
         np.save(folder / VECTORS_FILE, np.ascontiguousarray(emb, dtype=np.float32))
@@ -296,8 +304,11 @@ def load_faiss(folder: Path, info: dict):
         if refine.ntotal != base.ntotal or refine.d != base.d:
             raise RetrError(f"{folder / info['refine_file']}: holds {refine.ntotal} x {refine.d}, its codes "
                             f"{base.ntotal} x {base.d}: rebuild the index")
-        return faiss.IndexRefine(base, refine)  # the wrapper keeps both parts alive
-    return _read(folder / info["file"], faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+        # the wrapper keeps both parts alive; the fp16 vectors are mapped: checked before each search (mapped.py)
+        return attach(faiss.IndexRefine(base, refine), [MappedFile(folder / info["refine_file"])])
+    index = _read(folder / info["file"], faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    # IVF lists are mapped (flat and HNSW are read into memory): checked before each search
+    return attach(index, [MappedFile(folder / info["file"])]) if info["kind"] in LOSSY_KINDS else index
 
 
 def live_vectors(folder: Path, info: dict, index) -> np.ndarray:
@@ -309,7 +320,10 @@ def live_vectors(folder: Path, info: dict, index) -> np.ndarray:
     if not path.is_file():
         raise RetrError(f"{path}: missing: this {info['kind']} index keeps only codes, so it cannot change; "
                         f"rebuild it with `retr index`")
-    vectors = np.load(path, mmap_mode="r")
+    try:  # read whole, never mapped (a file cut short under a map is SIGBUS): its callers copy it anyway
+        vectors = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise RetrError(f"{path}: unreadable ({e}): the index is damaged") from None
     if vectors.shape != (index.ntotal, index.d):
         raise RetrError(f"{path}: shape {vectors.shape}, the index holds {index.ntotal} x {index.d}: rebuild it")
     return vectors

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from retr.retrieval.errors import RetrError
+from retr.retrieval.mapped import MappedFile, check_all, load_mapped
 from retr.retrieval.types import Document
 
 DOCS = "docstore.jsonl"
@@ -41,6 +42,9 @@ def write_docstore(folder: Path, docs: Iterable[Document], after: Path | None = 
                 shutil.copyfileobj(src, fh, 1 << 20)
             offsets = np.load(after / OFFSETS).tolist()
             ids = read_ids(after)
+            if fh.tell() != offsets[-1]:  # a part cut short (or replaced) since the index was opened
+                raise RetrError(f"{after / DOCS}: {fh.tell()} bytes, its offsets say {offsets[-1]}: the index is "
+                                f"damaged; it is unchanged")
         for d in docs:
             data = _record(d)
             fh.write(data)
@@ -79,26 +83,26 @@ def read_ids(folder: Path) -> list[str]:
 
 class DocStore:
     """Random access to stored documents by position, without loading the corpus. Each read checks that the
-    record is the document the id list names at that position."""
+    record is the document the id list names at that position, and first that neither mapped file was cut short
+    (``retr.retrieval.mapped``: never SIGBUS)."""
 
     def __init__(self, folder: Path, ids: Sequence[str], rows: np.ndarray | None = None):
         """``ids``: the id at every stored position; ``rows``: the live positions in order (None: all)."""
         self.path = folder / DOCS
         self.ids = ids
         self.rows = rows
-        try:
-            self.offsets = np.load(folder / OFFSETS, mmap_mode="r")
-        except (OSError, ValueError) as e:
-            raise RetrError(f"{folder / OFFSETS}: unreadable ({e})") from None
+        self._mapped: list[MappedFile] = []
+        self.offsets = load_mapped(folder / OFFSETS, self._mapped)
         if self.offsets.ndim != 1 or len(self.offsets) < 1 or self.offsets.dtype.kind not in "iu":
             raise RetrError(f"{folder / OFFSETS}: not a list of offsets: rebuild the index")
         if not self.path.is_file():
             raise RetrError(f"{self.path}: missing from the index folder")
-        size = self.path.stat().st_size
+        docs = MappedFile(self.path)
+        self._mapped.append(docs)
+        size = docs.size
         if size != int(self.offsets[-1]) or int(self.offsets[0]) != 0:
             raise RetrError(f"{self.path}: {size} bytes, its offsets say {int(self.offsets[-1])}: rebuild the index")
-        self._fh = self.path.open("rb")
-        self._map = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        self._map = mmap.mmap(docs.fd, 0, access=mmap.ACCESS_READ) if size else b""
 
     @property
     def stored(self) -> int:
@@ -110,6 +114,7 @@ class DocStore:
     def get(self, row: int) -> Document:
         """The document at ``row`` (the row-th live position)."""
         position = row if self.rows is None else int(self.rows[row])
+        check_all(self._mapped)
         start, end = int(self.offsets[position]), int(self.offsets[position + 1])
         try:
             rec = json.loads(self._map[start:end])
@@ -137,7 +142,8 @@ class DocStore:
     def close(self) -> None:
         if isinstance(self._map, mmap.mmap):
             self._map.close()
-        self._fh.close()
+        for f in self._mapped:
+            f.close()
 
     def __enter__(self) -> DocStore:
         return self

@@ -1,4 +1,4 @@
-"""Open an index folder, checked against its manifest, with memory-mapped parts.
+"""Open an index folder, checked against its manifest, with memory-mapped parts (checked before each read).
 
 An index opens one generation (``retr.indexes.generations``: the one its manifest points to, leased while it is
 open) and reads every part from it, the ones loaded lazily too. On open: the manifest's schema, that every part
@@ -19,7 +19,7 @@ from retr.indexes.dense import configure_search, load_faiss
 from retr.indexes.docstore import DocStore, read_ids, read_tombstones
 from retr.indexes.generations import Opened, generation_dir, open_generation
 from retr.indexes.manifest import IndexManifest, check_index_parts, read_manifest
-from retr.retrieval.artifacts import check_checksums, confined
+from retr.retrieval.artifacts import check_checksums, check_sizes, confined
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageMap
 
@@ -49,6 +49,14 @@ class ManifestView:
     @property
     def has_bm25(self) -> bool:
         return self.manifest.bm25 is not None
+
+    def damage(self) -> str | None:
+        """The first part of the opened generation now missing or of another size than its manifest records (a
+        stat each: cheap), or None: a part changed on disk under this reader (a backup restored over it)."""
+        parts = self._opened.parts if self._opened is not None else self.parts
+        bad = check_sizes(parts, {rel: {"bytes": f.bytes} for rel, f in self.manifest.files.items()
+                                  if f.bytes is not None})
+        return bad or next((d for s in getattr(self, "shards", ()) if (d := s.damage())), None)
 
 
 def open_manifest(opened: Opened, kind: str, schema=None) -> dict:
@@ -129,9 +137,10 @@ class IndexFolder(ManifestView):
         if info is None:
             return None
         try:
-            docs = np.load(confined(self.parts, info.docs_file), mmap_mode="r", allow_pickle=False)
-            spans = np.load(confined(self.parts, info.spans_file), mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError) as e:
+            # read whole (24 bytes a passage), never mapped: a file cut short under a map would be SIGBUS
+            docs = np.load(confined(self.parts, info.docs_file), allow_pickle=False)
+            spans = np.load(confined(self.parts, info.spans_file), allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
             raise RetrError(f"{self.folder}: passage map unreadable ({e}): rebuild the index") from None
         if docs.shape != (info.count,) or spans.shape != (info.count, 2) or \
                 (len(docs) and (int(docs[0]) != 0 or int(docs[-1]) != len(self.ids) - 1

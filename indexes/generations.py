@@ -316,12 +316,16 @@ def new_generation(root: Path) -> Iterator[tuple[Path, int, str]]:
     made durable, renamed to ``name`` and published (the caller then ``collect``s, once it holds no generation
     itself). If the body raises, the unfinished folder is removed and the published generation is untouched."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    recover(root)
-    number = next_number(root)
-    name = GEN_DIR.format(number)
-    tmp = root / f".{name}.{os.getpid()}.building"
-    tmp.mkdir()
+    current = current_number(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        recover(root)
+        number = next_number(root)
+        name = GEN_DIR.format(number)
+        tmp = root / f".{name}.{os.getpid()}.building"
+        tmp.mkdir()
+    except OSError as e:
+        raise _unwritten(root, current, e) from None
     _WRITING.add(tmp.name)
     try:
         yield tmp, number, name
@@ -330,12 +334,32 @@ def new_generation(root: Path) -> Iterator[tuple[Path, int, str]]:
         fsync_tree(tmp)
         os.rename(tmp, root / name)
         fsync_tree(root, files=False)
+    except OSError as e:  # a full disk, a read-only folder: nothing of the new generation is left
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _unwritten(root, current, e) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         _WRITING.discard(tmp.name)
-    publish(root, name)
+    try:
+        publish(root, name)
+    except OSError as e:  # the pointer could not be replaced: the new generation goes too (no reader was told of it)
+        fd = _exclusive(root / name)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.rename(root / name, root / f".{name}.{os.getpid()}.removing")
+            os.close(fd)
+            shutil.rmtree(root / f".{name}.{os.getpid()}.removing", ignore_errors=True)
+        raise _unwritten(root, current, e) from None
+
+
+def _unwritten(root: Path, current: int | None, e: OSError) -> RetrError:
+    """The one line for a change that could not be written (a full disk, a read-only folder, a FAISS write)."""
+    where = f" ({Path(e.filename).name})" if getattr(e, "filename", None) else ""
+    kept = "" if current is None else f" (generation {current} is still the one published)"
+    return RetrError(f"{root}: the change could not be written: {e.strerror or e}{where}; the index is unchanged"
+                     f"{kept}: free space or make the folder writable, then run it again")
 
 
 def collect(root: Path) -> int:

@@ -185,17 +185,13 @@ def fsync_tree(folder: Path, files: bool = True) -> None:
     if files:
         for root, _dirs, names in os.walk(folder):
             for name in names:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY | os.O_NOFOLLOW)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+                _fsync(os.path.join(root, name), os.O_NOFOLLOW)
+            _fsync(root, os.O_DIRECTORY)
+    _fsync(folder, os.O_DIRECTORY)
+
+
+def _fsync(path: str | Path, flags: int) -> None:
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:
@@ -207,8 +203,8 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 
@@ -241,45 +237,54 @@ def remove_stale(target: Path) -> int:
 
 def _holder(lock_path: Path) -> str:
     """What the writer holding ``lock_path`` wrote into it: ``" (`retr OP`, pid N)"``, or nothing."""
-    try:
+    with contextlib.suppress(OSError, UnicodeDecodeError):
         op, _, pid = lock_path.read_text(encoding="utf-8").strip().partition(" ")
-    except (OSError, UnicodeDecodeError):
-        return ""
-    return f" (`retr {op}`, pid {pid})" if op.isidentifier() and pid.isdigit() else ""
+        return f" (`retr {op}`, pid {pid})" if op.isidentifier() and pid.isdigit() else ""
+    return ""
+
+
+WRITER_LOCK = ".retr-writer.lock"  # inside an index folder: one file, whatever path reaches the folder
 
 
 @contextlib.contextmanager
 def writer_lock(target: Path, wait: bool = False, op: str = "index") -> Iterator[None]:
-    """One writer of ``target`` at a time (an flock on ``.NAME.lock`` beside it, removed afterwards). ``op``:
-    what this writer does (``index``, ``add``, ``delete``, ``compact``, ...), named in the message another writer
-    gets and recorded in the lock file for it."""
-    target = Path(target).absolute()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = target.with_name(f".{target.name}.lock")
+    """One writer of ``target`` at a time, found by the folder's identity: flocks on ``.NAME.lock`` beside its real
+    path (symlinks, ``..`` resolved) and, where it holds a manifest, on ``WRITER_LOCK`` inside it (one file through
+    any path, a bind mount too); removed afterwards. ``op``: ``index``, ``add``, ... (named to another writer)."""
+    given = Path(target).absolute()
+    real = given.resolve()
+    real.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as held:
+        held.enter_context(_flock(real.with_name(f".{real.name}.lock"), given, wait, op))
+        if (real / MANIFEST).is_file():
+            held.enter_context(_flock(real / WRITER_LOCK, given, wait, op))
+        yield
+
+
+@contextlib.contextmanager
+def _flock(lock_path: Path, target: Path, wait: bool, op: str) -> Iterator[None]:
     while True:
-        fh = open(lock_path, "a+")  # noqa: SIM115 - held for the body
+        try:
+            fh = open(lock_path, "a+b", buffering=0)  # noqa: SIM115 - held; unbuffered: a full disk fails here
+        except OSError as e:
+            raise RetrError(f"{target}: cannot {op} it: {e.strerror} ({lock_path.parent}); it is unchanged") from None
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except OSError as e:
             fh.close()
-            if e.errno in (errno.EAGAIN, errno.EACCES):
-                advice = ("wait for it to finish, or choose another --out" if op == "index" else
-                          f"wait for it to finish, then run `retr {op}` again")
-                raise RetrError(f"{target}: another retr process is writing it now{_holder(lock_path)}; cannot "
-                                f"{op} it meanwhile: {advice}") from None
-            raise
-        try:  # the file we locked may have been unlinked by the writer before us: lock the current one
-            same = os.fstat(fh.fileno()).st_ino == os.stat(lock_path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            advice = "or choose another --out" if op == "index" else f"then run `retr {op}` again"
+            raise RetrError(f"{target}: another retr process is writing it now{_holder(lock_path)}; cannot "
+                            f"{op} it meanwhile: wait for it to finish, {advice}") from None
+        with contextlib.suppress(FileNotFoundError):  # the file we locked may have been unlinked by the writer
+            if os.fstat(fh.fileno()).st_ino == os.stat(lock_path).st_ino:  # before us: lock the current one
+                break
         fh.close()
     with contextlib.suppress(OSError):
         fh.seek(0)
         fh.truncate()
-        fh.write(f"{op} {os.getpid()}\n")
-        fh.flush()
+        fh.write(f"{op} {os.getpid()}\n".encode())
     try:
         yield
     finally:

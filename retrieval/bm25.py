@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from retr.retrieval.errors import RetrError
+from retr.retrieval.mapped import MappedFile, check_all
 from retr.retrieval.protocol import StageTimer
-from retr.retrieval.types import Hit, Run, trec_sorted
+from retr.retrieval.types import Hit, Run, check_float, trec_sorted
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ MIN_QUERIES_PER_THREAD = 8  # fewer queries than this a thread: one thread (star
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")  # bm25s's variants (Kamphuis et al., 2020)
 DELTA_METHODS = ("bm25l", "bm25+")  # the variants that read ``delta``
+K1_MAX = 100.0  # BM25 k1 in [0, 100]; b in [0, 1]; delta in [0, 10] (docs/reference/cli.md)
+DELTA_MAX = 10.0
 # bm25s's stopword lists, by the Snowball stemmer's language name; other languages are stemmed without stopwords
 STOPWORDS = {"english": "en", "german": "de", "dutch": "nl", "french": "fr", "spanish": "es", "portuguese": "pt",
              "italian": "it", "russian": "ru", "swedish": "sv", "norwegian": "no", "turkish": "tr", "danish": "da"}
@@ -55,12 +58,11 @@ class BM25Config:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise RetrError(f"BM25 method {self.method!r}: choose one of {', '.join(METHODS)}")
-        if not (self.k1 >= 0 and self.k1 < float("inf")):
-            raise RetrError(f"BM25 k1 {self.k1!r} must be a number >= 0")
-        if not 0 <= self.b <= 1:
-            raise RetrError(f"BM25 b {self.b!r} must be between 0 and 1")
-        if not (self.delta >= 0 and self.delta < float("inf")):
-            raise RetrError(f"BM25 delta {self.delta!r} must be a number >= 0")
+        # k1 past ~3 is tf saturation turned off in practice; at 1e30 every score was 0.0 and at 1e308 BM25 found
+        # nothing (a hybrid silently dense-only): bounded, as b and delta
+        check_float(self.k1, "BM25 k1", 0.0, K1_MAX)
+        check_float(self.b, "BM25 b", 0.0, 1.0)
+        check_float(self.delta, "BM25 delta", 0.0, DELTA_MAX)
 
     @classmethod
     def for_language(cls, language: str = "english", **scoring) -> BM25Config:
@@ -139,6 +141,8 @@ class BM25Retriever:
             raise RetrError(f"{cfg_path}: missing: the index has no BM25 part (rebuild it with `retr index`, without --no-bm25)")
         self.cfg = BM25Config(**json.loads(cfg_path.read_text()))
         self.model = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
+        # the score matrix's arrays are mapped: checked before each query (never SIGBUS on a file cut short)
+        self._mapped = [MappedFile(folder / f"{name}.csc.index.npy") for name in ("data", "indices", "indptr")]
         self.ids = list(ids)
         self.vocab = self.model.vocab_dict
         self._terms = analyzer(self.cfg)
@@ -188,6 +192,7 @@ class BM25Retriever:
             if not token_ids or k_eff == 0:
                 out[qid] = []
                 continue
+            check_all(self._mapped)
             scores = self.model.get_scores_from_ids(token_ids)
             if self.mask is not None:
                 scores = np.where(self.mask, scores, 0.0)

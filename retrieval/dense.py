@@ -9,6 +9,7 @@ import numpy as np
 
 from retr.retrieval.encoder import BiEncoder
 from retr.retrieval.errors import RetrError
+from retr.retrieval.mapped import attached, check_all
 from retr.retrieval.models import ModelRef
 from retr.retrieval.passages import PassageMap
 from retr.retrieval.protocol import StageTimer
@@ -119,6 +120,7 @@ class DenseRetriever:
     def search_vectors(self, qids: list[str], q: np.ndarray, k: int) -> Run:
         """The top ``k`` for query vectors ``q`` (one per id in ``qids``)."""
         q = np.ascontiguousarray(q, dtype=np.float32)
+        check_all(attached(self.index))  # its mapped parts, where it has any, not cut short: never SIGBUS
         if self.allowed is not None and len(self.allowed) == 0:
             return Run({qid: [] for qid in qids})
         if self.passages is not None:

@@ -28,7 +28,7 @@ from retr.retrieval.backends.quiet import quiet_third_party, tty
 from retr.retrieval.backends.registry import DEFAULT_BACKEND, base_of, get_backend
 from retr.retrieval.corpus_plan import CorpusPlan, CorpusPlanner
 from retr.retrieval.errors import RetrError
-from retr.retrieval.models import ModelRef
+from retr.retrieval.models import ModelRef, check_bi_encoder_dir
 from retr.retrieval.query_graphs import QueryGraphs
 from retr.retrieval.tokens import Tokens, prefixed
 
@@ -107,6 +107,7 @@ class BiEncoder:
     def __init__(self, config: EncoderConfig = EncoderConfig(), model: ModelRef | None = None):
         self.config = config
         self.ref = model or ModelRef.resolve(config.model)
+        check_bi_encoder_dir(self.ref.path)
         self.prompts = Prompts.resolve(self.ref, config.query_prompt, config.doc_prompt)
         max_length = int(config.max_length) if config.max_length else self.ref.max_seq_length()
         if max_length is None:  # no sentence_bert_config.json: the model knows

@@ -32,6 +32,7 @@ from retr.retrieval.rerank_check import (
     rule_weight,
 )
 from retr.retrieval.rerank_graphs import STATIC_INT8, PairGraphs, score_pairs
+from retr.retrieval.types import check_float
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class RerankConfig:
             check_inputs(self.inputs)
         if self.depth < 1 or (self.max_length is not None and self.max_length < 1):
             raise RetrError(f"rerank depth and max length must be >= 1, got {self.depth} and {self.max_length}")
+        if self.interpolation is not None:
+            check_float(self.interpolation, "--rerank-alpha (the cross-encoder's weight)", 0.0, 1.0)
 
 
 

@@ -151,6 +151,22 @@ def check_int(value: object, field: str, least: int = 1, most: int | None = None
     return int(value)
 
 
+def check_float(value: object, field: str, least: float, most: float, open_low: bool = False,
+                open_high: bool = False) -> float:
+    """``value`` as a bounded real-number setting (finite: never NaN, inf, or 1e308 where the bound is far lower);
+    ``open_low``/``open_high``: the bound itself excluded. A one-line ``RetrError`` naming ``field`` otherwise."""
+    import math
+    import numbers
+
+    span = f"{'(' if open_low else '['}{least:g}, {most:g}{')' if open_high else ']'}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise RetrError(f"{field} must be a finite number in {span}, got {shown(value)}")
+    v = float(value)
+    if v < least or v > most or (open_low and v == least) or (open_high and v == most):
+        raise RetrError(f"{field} must be in {span}, got {v:g}")
+    return v
+
+
 def check_choice(value: object, field: str, allowed: Iterable[str], optional: bool = False) -> str | None:
     """``value`` as one of ``allowed`` (a ``str``), or None where ``optional``; a one-line ``RetrError`` naming
     ``field`` and the choices otherwise."""

@@ -91,9 +91,10 @@ def test_settings_change_scores_and_defaults_are_unchanged(tmp_path):
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"method": "bm26"}, "BM25 method 'bm26': choose one of lucene"),
-    ({"b": 1.5}, "BM25 b 1.5 must be between 0 and 1"),
-    ({"k1": -1.0}, "BM25 k1 -1.0 must be a number >= 0"),
-    ({"k1": float("nan")}, "BM25 k1 nan must be a number >= 0"),
+    ({"b": 1.5}, r"BM25 b must be in \[0, 1\], got 1.5"),
+    ({"k1": -1.0}, r"BM25 k1 must be in \[0, 100\], got -1"),
+    ({"k1": float("nan")}, r"BM25 k1 must be a finite number in \[0, 100\], got nan"),
+    ({"k1": 1e30}, r"BM25 k1 must be in \[0, 100\], got 1e\+30"),
 ])
 def test_bad_settings_are_refused(kwargs, message):
     with pytest.raises(RetrError, match=message):

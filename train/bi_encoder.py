@@ -17,7 +17,7 @@ from pathlib import Path
 from retr.eval.data import Dataset
 from retr.indexes.corpus import Corpus
 from retr.retrieval.errors import RetrError
-from retr.retrieval.types import Qrels
+from retr.retrieval.types import Qrels, check_float
 from retr.train.common import (
     TrainConfig,
     dev_evaluator,
@@ -62,8 +62,8 @@ class BiEncoderTrainConfig(TrainConfig):
         super().__post_init__()
         if self.teacher is not None and (self.self_supervised or self.num_negatives < 1):
             raise RetrError("--teacher needs labeled training (--dataset) and --num-negatives >= 1")
-        if self.teacher_weight < 0:
-            raise RetrError(f"--teacher-weight must be >= 0, got {self.teacher_weight}")
+        check_float(self.teacher_weight, "--teacher-weight", 0.0, 1000.0)
+        check_float(self.dev_fraction, "--dev-fraction", 0.0, 1.0, open_high=True)
 
 
 def load_st_model(cfg: TrainConfig, precision: str):

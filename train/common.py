@@ -14,7 +14,7 @@ from retr.retrieval.artifacts import atomic_dir, new_manifest, write_json
 from retr.retrieval.backends.runners import cpu_has_bf16
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import DEFAULT_MODEL, model_architecture
-from retr.retrieval.types import Hit, Qrels, Run
+from retr.retrieval.types import Hit, Qrels, Run, check_float
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class TrainConfig:
     hidden_dropout: float | None = None
 
     def __post_init__(self) -> None:
+        check_float(self.learning_rate, "--lr", 0.0, 1.0, open_low=True)
+        check_float(self.warmup_ratio, "warmup ratio", 0.0, 1.0)
         for name in ("attention_dropout", "hidden_dropout"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:

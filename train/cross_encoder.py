@@ -21,7 +21,7 @@ from retr.retrieval.backends.export import ce_logits
 from retr.retrieval.errors import RetrError
 from retr.retrieval.focus import check_inputs, reader
 from retr.retrieval.rerank import WEIGHT_RULE, smoothed_best
-from retr.retrieval.types import Qrels
+from retr.retrieval.types import Qrels, check_float
 from retr.train.common import (
     TrainConfig,
     dev_evaluator,
@@ -77,8 +77,8 @@ class CrossEncoderTrainConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.distill < 1.0:
-            raise RetrError(f"--distill must be in [0, 1), got {self.distill}")
+        check_float(self.distill, "--distill", 0.0, 1.0, open_high=True)
+        check_float(self.dev_fraction, "--dev-fraction", 0.0, 1.0, open_high=True)
         if self.layers < 0:
             raise RetrError(f"--layers must be >= 0, got {self.layers}")
         if self.teacher is not None and self.distill <= 0:

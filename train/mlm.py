@@ -19,6 +19,7 @@ from pathlib import Path
 from retr.indexes.corpus import Corpus
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
+from retr.retrieval.types import check_float
 from retr.train.common import TrainConfig, common_training_args, dropout_overrides, run_trainer, write_output
 from retr.train.runtime import training_run
 
@@ -57,6 +58,12 @@ class MLMTrainConfig(TrainConfig):
     mask_prob: float | None = None  # None: the backbone's recipe (RECIPES)
     whole_word: bool = False
     dev_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_float(self.dev_fraction, "--dev-fraction", 0.0, 1.0, open_high=True)
+        if self.mask_prob is not None:
+            check_float(self.mask_prob, "--mask-prob", 0.0, 1.0, open_low=True, open_high=True)
 
 
 def mask_tokens(input_ids, special, mask_id: int, allowed_random, prob: float, generator, word_ids=None,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from retr.retrieval.artifacts import atomic_write_text, read_small, versions
 from retr.retrieval.backends.platform import Platform
+from retr.retrieval.backends.registry import CE_MAX_RANK_NOISE, MAX_RANK_NOISE
 from retr.retrieval.backends.timing import (
     NOISE_FREE_MARGIN,
     faster_enough,
@@ -35,6 +36,8 @@ from retr.retrieval.errors import RetrError
 logger = logging.getLogger(__name__)
 
 QUERIES, DOCUMENTS, PAIRS = "queries", "documents", "pairs"  # the roles a graph is chosen for
+# the ranking noise a graph chosen for each role may add (the bar ``checked`` held it to)
+NOISE_BARS = {QUERIES: MAX_RANK_NOISE, DOCUMENTS: MAX_RANK_NOISE, PAIRS: CE_MAX_RANK_NOISE}
 UNITS = {QUERIES: "ms per query", DOCUMENTS: "ms per document", PAIRS: "ms per query's pairs"}
 BASE = "base"  # ``Break.against``: the corpus's base graph
 # static int8 made from the base graph + calibration + checks, until measured here: 3.9 s for MiniLM on 2 cores of
@@ -250,6 +253,13 @@ class ChoiceStore:
         if any(t.backend == choice.backend and not t.passed for t in choice.timings):
             logger.warning("stored choice %s names %s, which failed its check there: timed again",
                            self._path(key), choice.backend)
+            return None
+        bar = NOISE_BARS.get(choice.role)  # its figures checked against the bar, not its verdict alone
+        noisy = [t.rank_noise for t in choice.timings if t.backend == choice.backend and t.rank_noise is not None
+                 and bar is not None and t.rank_noise > bar]
+        if noisy:
+            logger.warning("stored choice %s names %s with ranking noise %.4f, over the bar of %s: timed again",
+                           self._path(key), choice.backend, noisy[0], bar)
             return None
         return choice if among is None or choice.backend in among else None
 

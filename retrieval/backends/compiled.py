@@ -35,7 +35,9 @@ KIND = "retr-compiled-model"
 BLOB = "model.blob"
 MANIFEST = "manifest.json"
 MAX_MANIFEST = 1 << 20  # an entry's manifest larger than this is damaged
-IDENTITY = ("source", "source_manifest_sha256", "config", "cpu", "openvino")  # what names an entry (``_identity``)
+# what names an entry (``_identity``): the graph's content (its manifest's digest), never where the cache lies (a
+# copied $RETR_CACHE reads its entries back); the graph folder's path is recorded beside it, for ``_prune``
+IDENTITY = ("source_manifest_sha256", "config", "cpu", "openvino")
 
 
 def _sha256(data) -> str:
@@ -111,15 +113,15 @@ class CompiledStore:
 
     def _identity(self, digest: str, config: dict) -> dict:
         """What an entry's manifest must record to be this graph compiled with ``config`` here (``IDENTITY``)."""
-        return dict(zip(IDENTITY, (str(self.source.resolve()), digest, {k: str(v) for k, v in config.items()},
-                                   self.cpu, _openvino_version()), strict=True))
+        return dict(zip(IDENTITY, (digest, {k: str(v) for k, v in config.items()}, self.cpu, _openvino_version()),
+                        strict=True))
 
     def _write(self, folder: Path, compiled, identity: dict, compile_s: float) -> None:
         try:
             with compiled.export_model().getbuffer() as blob, atomic_dir(folder) as tmp:  # the stream's own bytes
                 (tmp / BLOB).write_bytes(blob)
                 size = len(blob)
-                meta = new_manifest(KIND, **identity, compile_seconds=compile_s,
+                meta = new_manifest(KIND, source=str(self.source.resolve()), **identity, compile_seconds=compile_s,
                                     files={BLOB: {"sha256": _sha256(blob), "bytes": size}})
                 (tmp / MANIFEST).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         except OSError as e:  # a read-only or full cache: compiled again next time, nothing else lost
@@ -232,8 +234,10 @@ def _prune(root: Path, keep: Path, ours: dict) -> None:
             if p.is_symlink() or not p.is_dir():
                 continue
             theirs = json.loads(read_small(p / MANIFEST))
-            gone = not Path(theirs["source"]).is_dir()
-            superseded = theirs["source"] == ours["source"] and (
+            # its graph folder: where it was written, or of the same name here (a copied cache)
+            name = Path(theirs["source"]).name
+            gone = not Path(theirs["source"]).is_dir() and not (Path(ours["source"]).parent / name).is_dir()
+            superseded = name == Path(ours["source"]).name and (
                 theirs["source_manifest_sha256"] != ours["source_manifest_sha256"]
                 or (theirs["openvino"] != ours["openvino"] and theirs["cpu"] == ours["cpu"])
                 or all(theirs.get(k) == ours[k] for k in IDENTITY))  # the same entry under an earlier name

@@ -27,7 +27,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             f"{TALLY['concurrent']} concurrent builds refused, {TALLY['reader_opens']} reader opens during "
             f"{TALLY['writes']} writes ({TALLY['reader_failures']} failures, {TALLY['mislabeled']} mislabeled hits), "
             f"{TALLY['publish_kills']} kill -9 at a publishing step (old or new index opened every time), "
-            f"{TALLY['tampered']} tampered manifests refused; tracebacks {TALLY['tracebacks']}, "
+            f"{TALLY['tampered']} tampered manifests refused, {TALLY['truncations']} parts of a live generation "
+            f"cut short under a reader or `retr serve` ({TALLY['truncation_errors']} answers a one-line error, "
+            f"{TALLY['truncation_unchanged']} unchanged, {TALLY['deaths']} processes dead); "
+            f"tracebacks {TALLY['tracebacks']}, "
             f"wrong results {TALLY['wrong_results']}, data lost {TALLY['data_lost']}")
     terminalreporter.write_line(line)
     out = os.environ.get("RETR_RELIABILITY_JSON")
