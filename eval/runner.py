@@ -30,6 +30,7 @@ from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageConfig
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
+from retr.retrieval.progress import Progress
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.request import MAX_K
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
@@ -73,20 +74,20 @@ class EvalConfig:
 def run_pipeline(retriever, queries: dict[str, str], k: int, warmup: int) -> tuple[Run, dict[str, dict[str, float]]]:
     """One query at a time (the latency a user sees); the first ``warmup`` calls are not timed. Returns the run
     and, per query, the seconds of each stage and in total."""
-    from tqdm.auto import tqdm
-
     qids = list(queries)
     for qid in qids[:warmup]:
         retriever.search({qid: queries[qid]}, k)
     rankings: dict[str, tuple[Hit, ...]] = {}
     timings: dict[str, dict[str, float]] = {}
-    for qid in tqdm(qids, desc=f"{retriever.name}", unit="q", leave=False, disable=None):
-        timer = StageTimer()
-        t0 = time.perf_counter()
-        run = retriever.search({qid: queries[qid]}, k, timer)
-        total = time.perf_counter() - t0
-        rankings[qid] = run[qid]
-        timings[qid] = {**timer.seconds, "total": total}
+    with Progress(len(qids), f"searching ({retriever.name})", unit="q") as bar:
+        for qid in qids:
+            timer = StageTimer()
+            t0 = time.perf_counter()
+            run = retriever.search({qid: queries[qid]}, k, timer)
+            total = time.perf_counter() - t0
+            rankings[qid] = run[qid]
+            timings[qid] = {**timer.seconds, "total": total}
+            bar.update(1)
     return Run(rankings), timings
 
 

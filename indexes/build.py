@@ -299,7 +299,7 @@ def _write_sharded(tmp: Path, corpus: Corpus, enc: Encoded, cfg: IndexConfig, en
     part = None
     if cfg.bm25 is not None:
         t0 = time.perf_counter()
-        tokens = RowTokens.of([d.full_text() for d in corpus.docs], cfg.bm25, show_progress=len(corpus) > 10_000)
+        tokens = RowTokens.of([d.full_text() for d in corpus.docs], cfg.bm25)
         whole = index_bm25(tokens, cfg.bm25)
         shared = time.perf_counter() - t0
 
