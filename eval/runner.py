@@ -169,14 +169,17 @@ def score_runs(runs: Mapping[str, str | Path], qrels_path: str | Path, k_values:
     metrics and per-query values as ``run_eval`` gives them, with the same scorer (a judged query the run lacks counts
     0, as trec_eval -c counts it); no latency (none was measured)."""
     from retr.eval.data import load_qrels
-    from retr.eval.trec import read_run, with_judged_queries
+    from retr.eval.trec import read_run, say_depth, with_judged_queries
 
     t_start = time.perf_counter()
     qrels_path = Path(qrels_path)
     qrels = load_qrels(qrels_path)
     if not any(qrels.num_relevant(q) for q in qrels):
         raise RetrError(f"{qrels_path}: nothing to score: no judged query has a relevant document")
-    results = {name: pipeline_result(name, with_judged_queries(read_run(path), qrels, str(path)), qrels, k_values,
+    read = {name: read_run(path) for name, path in runs.items()}
+    for name, path in runs.items():
+        say_depth(read[name], k_values, str(path))
+    results = {name: pipeline_result(name, with_judged_queries(read[name], qrels, str(path)), qrels, k_values,
                                      ignore_identical_ids, str(path), stages=("total",)) for name, path in runs.items()}
     return EvalReport(
         dataset=DatasetInfo(name=qrels_path.stem, path=str(qrels_path), split="", num_docs=0,
