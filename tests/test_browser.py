@@ -161,7 +161,7 @@ def test_the_html_report_renders_with_its_figures(tiny_dataset, tiny_bi_encoder,
     rows = browser.find_elements(By.CSS_SELECTOR, "#summary tr")
     assert len(rows) == 4 and "hybrid" in rows[-1].text
     images = browser.find_elements(By.TAG_NAME, "img")
-    assert len(images) == 3
+    assert len(images) == 4  # quality/latency, Recall@k, hybrid against bm25 and against dense
     sizes = [browser.execute_script("return [arguments[0].complete, arguments[0].naturalWidth, "
                                     "arguments[0].naturalHeight]", img) for img in images]
     assert all(done and w > 200 and h > 100 for done, w, h in sizes), sizes
