@@ -33,13 +33,12 @@ def add_parser(sub) -> None:
 
 SUMMARY_DOCS = (1_000, 100_000)
 # the README's first command (`retr eval --dataset scifact`, 5,183 documents, empty cache, whole process) as
-# measured on 2 cores of each CPU class: docs/studies/measured-choices*.md and the README's table of first runs
+# measured on 2 cores of each CPU class: the README's table of first runs (docs/studies/measured-choices*.md)
 CLASS_FIRST_RUN = {
-    "AMX": ("a Xeon with AMX", "docs/studies/measured-choices-amx.md"),
-    "AVX-512 VNNI": ("an AVX-512 BF16/VNNI EPYC, 71-82 s", "docs/studies/measured-choices.md"),
-    "AVX2 only": ("an AVX2-only EPYC, {avx2}", "README"),
+    "AMX": "a Xeon with AMX, 49-79 s (2026-12-06)",
+    "AVX-512 VNNI": "an AVX-512 BF16/VNNI EPYC, 71-82 s (2026-12-07)",
+    "AVX2 only": "an AVX2-only EPYC, 305 s on a quiet machine (2026-12-07)",
 }
-AVX2_FIRST_RUN = "305-340 s"
 
 
 def cpu_class(p: dict) -> str:
@@ -196,7 +195,7 @@ def _summary(p: dict, query_graph: str, doc_graph: str, runs: list[dict], not_ca
         suggestion = "none: this CPU runs the graphs retr measured fastest for it"
     return {"cpu_class": klass, "documents_graph": doc_graph, "queries_graph": query_graph,
             "precision": p.get("precision"), "doc_tokens": doc_tokens, "first_runs": runs,
-            "measured_on_class": CLASS_FIRST_RUN.get(klass, (None, None))[0], "suggestion": suggestion}
+            "measured_on_class": CLASS_FIRST_RUN.get(klass), "suggestion": suggestion}
 
 
 def _print_summary(r: dict) -> None:
@@ -210,8 +209,8 @@ def _print_summary(r: dict) -> None:
     print(f"first run here ({r['model']}, documents of {s['doc_tokens']} tokens, graphs made included): {runs}")
     ref = s.get("measured_on_class")
     if ref:
-        print("  measured on this class: SciFact's first `retr eval` (5,183 documents, whole process, 2 cores) on "
-              + ref.format(avx2=AVX2_FIRST_RUN))
+        print(f"  measured on this class: SciFact's first `retr eval` (5,183 documents, whole process, 2 cores) on "
+              f"{ref}")
     print(f"suggestion: {s['suggestion']}")
 
 
