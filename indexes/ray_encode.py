@@ -183,6 +183,7 @@ def encode_on_ray(encoder: BiEncoder, texts: list[str], *, address: str | None =
     if n == 0:
         return CorpusEncoding(out, graph.info(), {"name": "ray", "documents": 0}, cplan.truncation)
     started = _connect(address)
+    ray.data.DataContext.get_current().enable_progress_bars = False  # retr's own progress reports the encoding
     seen = np.zeros(n, dtype=np.int32)
     pids: set[int] = set()
     busy = 0.0
