@@ -38,13 +38,12 @@ def _positive(text: str) -> int:
 def run_batch(args: argparse.Namespace) -> int:
     import time
 
-    from tqdm.auto import tqdm
-
     from retr.cli import options
     from retr.eval.topics import read_topics
     from retr.eval.trec import check_ids, check_tag, write_run
     from retr.indexes.searcher import Searcher
     from retr.retrieval.errors import RetrError
+    from retr.retrieval.progress import Progress
     from retr.retrieval.request import SearchRequest
 
     if args.topics is None:
@@ -68,7 +67,7 @@ def run_batch(args: argparse.Namespace) -> int:
             searcher.reranker(args.rerank).expect(len(topics))
         searcher.search_run(SearchRequest.one(request.queries[0], k=1, mode=args.mode, rerank=args.rerank,
                                               filter=request.filter))  # everything loaded before the clock
-        with tqdm(total=len(topics), desc=request.pipeline, unit="q", leave=False, disable=None) as bar:
+        with Progress(len(topics), f"searching ({request.pipeline})", unit="q") as bar:
             t0 = time.perf_counter()
             run = searcher.search_run(request, ids=list(topics), chunk=args.query_batch, progress=bar.update)
             wall = time.perf_counter() - t0

@@ -13,9 +13,10 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("compare", help="is B better than A: paired t and randomization tests (Holm-corrected), "
                                        "wins/ties/losses, latency differences with bootstrap intervals")
-    p.add_argument("files", nargs="+", help="eval reports (JSON from `retr eval --out`) or TREC run files; within "
-                                            "each dataset the first system is the baseline; a later report's "
-                                            "pipeline is compared with the first report's of the same name")
+    p.add_argument("files", nargs="+", help="eval reports (JSON from `retr eval --out`) or TREC run files. One "
+                                            "report: its pipelines against its first, per dataset. Several: a "
+                                            "later file's pipelines against the first file's of the same name, on "
+                                            "the datasets both hold")
     p.add_argument("--qrels", default=None, help="qrels (BEIR TSV or TREC) to score TREC run files against "
                                                     "(default: none; eval reports hold their own scores)")
     p.add_argument("--metrics", default=",".join(DEFAULT_METRICS), help="comma-separated, e.g. NDCG@10,MAP@100")

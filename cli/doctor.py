@@ -1,5 +1,7 @@
-"""`retr doctor`: this machine as retr sees it: the CPU, each candidate graph's measured speed, what is chosen and
-why, and what a first run costs here."""
+"""`retr doctor`: this machine as retr sees it. First a plain summary: the CPU's class, the graph documents and
+queries go through, what a first run of 1,000 and of 100,000 documents costs here against what was measured on
+that class, and one suggestion. With ``--verbose``, the detail behind it: each candidate graph's measured speed,
+what is chosen and why, what was pruned and what is not in the cache."""
 
 from __future__ import annotations
 
@@ -24,7 +26,60 @@ def add_parser(sub) -> None:
                         "each costs, so that every candidate is timed (needs torch; slow)")
     doctor_rerank.add_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--verbose", dest="detail", action="store_true",
+                   help="the detail after the summary: every candidate graph timed, the choices and the pruned")
     p.set_defaults(run=run)
+
+
+SUMMARY_DOCS = (1_000, 100_000)
+# the README's first command (`retr eval --dataset scifact`, 5,183 documents, empty cache, whole process) as
+# measured on 2 cores of each CPU class: the README's table of first runs (docs/studies/measured-choices*.md)
+CLASS_FIRST_RUN = {
+    "AMX": ("a Xeon with AMX, 49-79 s (2026-12-06)", 79.0),
+    "AVX-512 VNNI": ("an AVX-512 BF16/VNNI EPYC, 71-82 s (2026-12-07)", 82.0),
+    "AVX2 only": ("an AVX2-only EPYC, 305 s on a quiet machine (2026-12-07)", 305.0),
+}
+SCIFACT_DOCS, SCIFACT_TOKENS = 5183, 240  # its documents, and their mean tokens at 256 (the encoding's work)
+
+
+def cpu_class(p: dict) -> str:
+    """The CPU class the README's first-run figures are given for."""
+    if p.get("amx"):
+        return "AMX"
+    if p.get("int8_dot"):
+        return "AVX-512 VNNI" if p.get("avx512") else "AVX-VNNI"
+    if p.get("avx512"):
+        return "AVX-512 without VNNI"
+    return "AVX2 only" if p.get("avx2") else "no AVX2"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"~{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"~{seconds / 60:.0f} min"
+    return f"~{seconds / 3600:.1f} h"
+
+
+def _per_doc(runs: list[dict]) -> float:
+    """Seconds per document of the largest first run (its graph's making spread thin)."""
+    return runs[-1]["seconds"] / runs[-1]["docs"]
+
+
+def _first_run_at(enc, backend, kept, costs: dict, docs: int, doc_tokens: int, base_s: float) -> dict:
+    """What a first run of ``docs`` new documents of ``doc_tokens`` tokens costs here: the documents' graph made
+    (where it was not before), int8 calibrated where it pays, and the encoding; as ``retr index`` would decide
+    (``base_s``: seconds per document through the base graph, timed once)."""
+    int8_here = backend.calibrated and backend in kept
+    brk = enc.planner.calibration_break(docs, docs * doc_tokens) if int8_here else None
+    build = costs.get(enc.graph.variant) or 0.0
+    if brk is not None and brk.pays:
+        calibrated = enc.exported.find(backend, enc.planner.calibration)
+        calib = 0.0 if calibrated is not None else brk.calibration_s
+        return {"docs": docs, "graph": backend.name, "seconds": build + calib + docs * brk.int8_s}
+    if brk is not None and not brk.against_base:
+        return {"docs": docs, "graph": brk.against, "seconds": build + docs * brk.base_s}
+    return {"docs": docs, "graph": enc.graph.variant, "seconds": build + docs * base_s}
 
 
 def _made_seconds(graph) -> float | None:
@@ -108,6 +163,7 @@ def _report(args: argparse.Namespace) -> dict:
         doc_why = "the configured graph, the only document candidate here" + (
             f" ({backend.name} pruned: {why_pruned})" if why_pruned else "")
     not_cached = [b.name for b in kept if b.name not in queries.candidates and not b.calibrated and b.queries]
+    runs = [_first_run_at(enc, backend, kept, costs, n, args.doc_tokens, base_s) for n in SUMMARY_DOCS]
     first_run = {"graph_build_seconds": costs.get(enc.graph.variant), "open_seconds_now": opened_s,
                  "encode_seconds_estimate": args.docs * base_s, "docs": args.docs}
     if "int8" in documents and documents["int8"]["pays"]:
@@ -126,10 +182,56 @@ def _report(args: argparse.Namespace) -> dict:
         "pruned": [{"backend": n, "why": w} for n, w in pruned],
         "not_in_cache": not_cached,
         "first_run": first_run,
+        "summary": _summary(platform.to_dict(), query_choice.backend if query_choice else enc.graph.variant,
+                            doc_choice, runs, not_cached, args.doc_tokens,
+                            _per_doc(runs)),
     }
 
 
+def _summary(p: dict, query_graph: str, doc_graph: str, runs: list[dict], not_cached: list[str],
+             doc_tokens: int, per_doc_s: float) -> dict:
+    klass = cpu_class(p)
+    measured, measured_s = CLASS_FIRST_RUN.get(klass, (None, None))
+    # SciFact's encoding as estimated here, against that class's whole first run: the encoding is most of it
+    ratio = SCIFACT_DOCS * per_doc_s * SCIFACT_TOKENS / doc_tokens / measured_s if measured_s else None
+    if not_cached:
+        suggestion = (f"`retr doctor --export` once: it makes and times the graphs not tried yet here "
+                      f"({', '.join(not_cached)}), and retr then uses the fastest")
+    elif klass in ("AVX2 only", "AVX-512 without VNNI", "no AVX2"):
+        suggestion = ("for a large corpus, encode where int8 runs natively (AVX-512 VNNI or AMX: the studies "
+                      "measured about 4x faster first runs) or on more cores (`retr index --executor ray`); "
+                      "`--max-length 128` halves the encoding of long documents")
+    else:
+        suggestion = "none: this CPU runs the graphs retr measured fastest for it"
+    return {"cpu_class": klass, "documents_graph": doc_graph, "queries_graph": query_graph,
+            "precision": p.get("precision"), "doc_tokens": doc_tokens, "first_runs": runs,
+            "measured_on_class": measured, "estimate_against_class": ratio, "suggestion": suggestion}
+
+
+def _print_summary(r: dict) -> None:
+    p, s = r["platform"], r["summary"]
+    print(f"CPU: {p['cpu']}, {p['cores']} cores: {s['cpu_class']}"
+          + ("" if s["cpu_class"] in ("AMX", "AVX-512 VNNI") else
+             " (no int8 dot-product instructions: int8 would only be emulated)"))
+    print(f"graphs: documents through {s['documents_graph']}, queries through {s['queries_graph']} "
+          f"(computing in {s['precision']})")
+    runs = ", ".join(f"{x['docs']:,} documents {_duration(x['seconds'])}" for x in s["first_runs"])
+    print(f"first run here ({r['model']}, documents of {s['doc_tokens']} tokens, graphs made included): {runs}")
+    ref = s.get("measured_on_class")
+    if ref:
+        print(f"  measured on this class: SciFact's first `retr eval` (5,183 documents, whole process, 2 cores) on "
+              f"{ref}")
+        ratio = s.get("estimate_against_class")
+        if ratio is not None and ratio > 1.5:
+            print(f"  here its encoding alone is estimated at {ratio:.1f}x that: a busy machine (other work on these "
+                  "cores) or slower cores than those")
+        elif ratio is not None:
+            print("  the estimate here is in line with it")
+    print(f"suggestion: {s['suggestion']}")
+
+
 def _print(r: dict) -> None:
+    """The detail behind the summary (``--verbose``)."""
     p = r["platform"]
     print(f"CPU: {p['cpu']} ({p['cores']} cores; {p['threads']} inference threads; graphs compute in "
           f"{p['precision']}; int8 dot products: {'yes' if p['int8_dot'] else 'no'}; AMX: "
@@ -179,8 +281,15 @@ def run(args: argparse.Namespace) -> int:
         report["rerank"] = rerank
     if args.json:
         print(json.dumps(report, indent=2))
-    else:
+    elif "summary" not in report:  # torch: nothing to time
         _print(report)
+    else:
+        _print_summary(report)
+        if args.detail or args.verbose:
+            print("\ndetail:")
+            _print(report)
+        else:
+            print("(the detail behind this: retr doctor --verbose)")
         if rerank is not None:
             doctor_rerank.print_report(rerank)
     return 0

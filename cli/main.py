@@ -7,6 +7,7 @@ lazily; option defaults and choices come from the configs they fill.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -92,6 +93,32 @@ def _setup_logging(args: argparse.Namespace) -> None:
         hf_logging.disable_progress_bar()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is: the work unwinds as on Ctrl-C (half-built folders removed)."""
+
+
+def _on_sigterm(_signum, _frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Within: SIGTERM handled like Ctrl-C, where nothing else handles it (its default action ends the process
+    before any cleanup) and this is the main thread (only it may set handlers); the handler restored after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -99,10 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from retr.retrieval.errors import RetrError
 
     try:
-        return args.run(args)
+        with _sigterm_as_interrupt():
+            return args.run(args)
     except RetrError as e:
         print(f"retr: error: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("retr: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("retr: interrupted", file=sys.stderr)
         return 130

@@ -31,11 +31,11 @@ def _usage(parser: argparse.ArgumentParser) -> str:
     return f.format_help().strip()
 
 
-def _options_table(parser: argparse.ArgumentParser) -> list[str]:
+def _options_table(parser: argparse.ArgumentParser, actions: list[argparse.Action]) -> list[str]:
     f = _formatter(parser)
     required_groups = {a for g in parser._mutually_exclusive_groups if g.required for a in g._group_actions}
     rows = []
-    for action in parser._actions:
+    for action in actions:
         if action.help is argparse.SUPPRESS or isinstance(action, argparse._SubParsersAction):
             continue
         name = f"`{f._format_action_invocation(action)}`"
@@ -63,8 +63,8 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
 
     parser = parser or build_parser()
     out = ["# CLI reference", "",
-           f"Generated from the parser by `{REGENERATE}`; do not edit it by hand. `retr COMMAND --help` prints the "
-           "same text.", ""]
+           "Every command and option, with its default. `retr COMMAND --help` prints the same text; a command of "
+           "many options shows its everyday ones first and the others in groups.", ""]
     for name, p in parsers(parser):
         depth = 1 + len(name.split()) if name else 1
         if name:
@@ -77,9 +77,12 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
             out += ["| Command | What it does |", "| --- | --- |"]
             out += [f"| `{p.prog} {sub}` | {_cell(text)} |" for sub, text in subs]
             out.append("")
-        table = _options_table(p)
-        if table:
-            out += [*table, ""]
+        for group in p._action_groups:
+            table = _options_table(p, group._group_actions)
+            if table and group.title not in ("options", "positional arguments", "optional arguments"):
+                out += [f"*{group.title}:*", ""]
+            if table:
+                out += [*table, ""]
     out += ["## Deprecated option names", "",
             "Older names that still work, hidden from `--help`; each prints one warning a process and does exactly "
             "what the new name does.", "",

@@ -11,7 +11,8 @@ def add_parser(sub) -> None:
     p.add_argument("reports", nargs="+", help="eval reports or suites (JSON from `retr eval --out`)")
     p.add_argument("--out", required=True, help="HTML file to write")
     p.add_argument("--pair", nargs=2, metavar=("A", "B"), default=None,
-                   help="the two pipelines whose per-query differences (B - A) are plotted (default: the first two)")
+                   help="the two pipelines whose per-query differences (B - A) are plotted (default: the default "
+                        "pipeline, hybrid, against each other one; the first two where there is no hybrid)")
     p.set_defaults(run=run)
 
 

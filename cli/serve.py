@@ -68,19 +68,24 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+SERVE_PACKAGES = ("fastapi", "uvicorn", "httptools")  # the `serve` extra (the guarded protocol is httptools')
+
+
+def missing_packages() -> list[str]:
+    """The packages of the `serve` extra that are not installed, all of them."""
+    import importlib.util
+
+    return [name for name in SERVE_PACKAGES if importlib.util.find_spec(name) is None]
+
+
 def run(args: argparse.Namespace) -> int:
     from retr.retrieval.errors import RetrError
 
-    try:
-        import httptools  # noqa: F401 - checked here, for the message below: the guarded protocol is httptools'
-        import uvicorn  # noqa: F401
-
-        from retr.cli.serve_app import ServeConfig, uvicorn_server
-    except ImportError as e:
-        raise RetrError(f"retr serve needs fastapi, uvicorn and httptools ({e.name} is missing): "
-                        f"pip install 'retr[serve]'") from None
-
-    from retr.cli.serve_app import is_loopback
+    missing = missing_packages()
+    if missing:
+        raise RetrError(f"retr serve needs fastapi, uvicorn and httptools ({', '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} missing): pip install 'retr[serve]'")
+    from retr.cli.serve_app import ServeConfig, is_loopback, uvicorn_server
 
     cfg = ServeConfig(encoder=options.query_encoder_config(args),
                       pipeline=options.pipeline_config(args), rerank=options.rerank_config(args, args.reranker),

@@ -1,6 +1,7 @@
 """The HTTP service behind `retr serve`: FastAPI over one index folder, on the same Searcher as `retr search`.
 
-Endpoints: ``POST /search`` (one query or a batch; the JSON of `retr search --json`), ``GET /doc/{id}``,
+Endpoints: ``POST /search`` (one query or a batch; the JSON of `retr search --json`), ``GET /search?q=...``
+(one query, its options as parameters, checked as the POST body is), ``GET /doc/{id}``,
 ``GET /healthz``, ``GET /metrics`` (Prometheus text), ``GET /`` (a search page whose URL holds the query:
 ``/?q=...&mode=...&k=...``), OpenAPI at ``/docs``.
 Every input is bounded (query length, k, batch size, body size, time per request); a bad request gets a 4xx
@@ -610,7 +611,7 @@ def uvicorn_server(folder: str | Path, cfg: ServeConfig = ServeConfig(), host: s
 
 def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
                open_connections: Callable[[], int] | None = None):
-    from fastapi import FastAPI
+    from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -706,6 +707,33 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
         ``results``). Served by the lean route in front of FastAPI; declared here for the OpenAPI schema."""
         status, body = await answer(req)
         return Response(body, status_code=status, media_type="application/json")
+
+    @app.get("/search", responses={400: {}, 422: {}, 504: {}})
+    async def search_get(request: Request):
+        """One query as URL parameters: ``q`` (the query), ``k``, ``mode``, ``fusion``, ``fusion_depth``,
+        ``rerank`` (true/false) and ``filter=FIELD=VALUE`` (repeatable); checked as the POST body is."""
+        status, body = await answer(get_body(request.query_params.multi_items()))
+        return Response(body, status_code=status, media_type="application/json")
+
+    def get_body(items: list[tuple[str, str]]) -> SearchBody:
+        from pydantic import ValidationError
+
+        fields: dict = {}
+        for name, value in items:
+            key = "query" if name == "q" else name
+            if key == "filter":
+                field_name, eq, wanted = value.partition("=")
+                if not eq or not field_name.strip():
+                    raise RetrError(f"filter {value!r}: give FIELD=VALUE")
+                fields.setdefault("filter", {})[field_name.strip()] = wanted
+            elif key in fields or key in ("query", "queries") and name != "q":
+                raise RetrError(f"give {name!r} once" if key in fields else "give the query as q=...")
+            else:
+                fields[key] = value
+        try:
+            return SearchBody.model_validate_strings(fields)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
 
     @app.get("/doc/{doc_id:any}")
     async def document(doc_id: str, format: Literal["json", "html"] = "json"):

@@ -1,5 +1,6 @@
-"""How the command line presents itself: every ``--help`` shows each option's default, and the names an option had
-before it was renamed still work, hidden, with one warning a process.
+"""How the command line presents itself: every ``--help`` shows each option's default, a command of many options
+shows its everyday ones first and the rest in named groups (``GROUPS``), and the names an option had before it was
+renamed still work, hidden, with one warning a process.
 
 ``finish(parser)`` applies both to a parser and every subcommand under it; `retr.cli.main.build_parser` calls it
 once the subcommands have added their options.
@@ -20,6 +21,28 @@ DEPRECATED = {
     "--aggregate": "--passage-aggregate",  # a document's score from its passages', at build and at query time
     "--output": "--out",  # the file or folder a command writes (Pyserini's name for a run file)
 }
+
+# the one registry of option groups: a command of more than ``GROUP_FROM`` options shows its everyday options first
+# (in its usage line and under "options"), then each group holding any of its options, in this order; a group
+# named with command prefixes it is not used for (a trainer's batch size and max length are everyday options there)
+GROUP_FROM = 12
+GROUPS: tuple[tuple[str, frozenset[str], tuple[str, ...]], ...] = (
+    ("model and graphs", frozenset({"--model", "--max-length", "--batch-size", "--backend", "--query-backend",
+                                    "--query-prompt", "--doc-prompt"}), ("train",)),
+    ("fusion, BM25 and passages", frozenset({"--fusion", "--fusion-depth", "--passage-aggregate", "--passages",
+                                             "--bm25-k1", "--bm25-b", "--bm25-method", "--bm25-delta",
+                                             "--bm25-language"}), ()),
+    ("ANN index", frozenset({"--kind", "--hnsw-m", "--ef-construction", "--ef-search", "--nlist", "--pq-m",
+                             "--pq-nbits", "--nprobe", "--lean-m", "--lean-nprobe", "--k-factor", "--shards"}), ()),
+    ("reranking", frozenset({"--rerank", "--rerank-depth", "--rerank-max-length", "--rerank-inputs",
+                             "--rerank-backend", "--rerank-alpha", "--no-rerank-check"}), ()),
+    ("encoding on Ray", frozenset({"--executor", "--ray-address", "--ray-actors", "--ray-cpus-per-actor"}), ()),
+    ("training", frozenset({"--mini-batch-size", "--num-negatives", "--dev-fraction", "--teacher", "--teacher-weight",
+                            "--precision", "--freeze-layers", "--max-steps", "--resume", "--attention-dropout",
+                            "--hidden-dropout", "--whole-word", "--mask-prob", "--in-batch-negatives", "--distill",
+                            "--inputs", "--corpus-lists", "--layers", "--no-graphs", "--seed", "--lr"}), ()),
+)
+GROUPED = "retr_group"  # the attribute an option moved into a group carries (its title)
 
 _warned: set[str] = set()
 
@@ -99,6 +122,42 @@ class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         return help_template(action)
 
+    def _format_usage(self, usage, actions, groups, prefix):
+        """The usage line of the everyday options; ``[OPTIONS]`` stands for the grouped ones."""
+        everyday = [a for a in actions if not getattr(a, GROUPED, None)]
+        text = super()._format_usage(usage, everyday, groups, prefix)
+        if usage is None and len(everyday) < len(actions):
+            text = text.rstrip("\n") + " [OPTIONS]\n\n"
+        return text
+
+
+def _group_of(command: str, option: str) -> str | None:
+    for title, options, not_for in GROUPS:
+        if option in options and not any(command == c or command.startswith(c + " ") for c in not_for):
+            return title
+    return None
+
+
+def _group(command: str, parser: argparse.ArgumentParser) -> None:
+    """Move the options of a command of many into their groups (``GROUPS``), after its everyday ones."""
+    own = parser._optionals
+    shown = [a for a in own._group_actions if a.option_strings and a.help is not argparse.SUPPRESS]
+    if len(shown) <= GROUP_FROM:
+        return
+    moved: dict[str, list[argparse.Action]] = {}
+    for action in shown:
+        title = _group_of(command, action.option_strings[-1])
+        if title is not None:
+            moved.setdefault(title, []).append(action)
+    for title, _, _ in GROUPS:
+        if title not in moved:
+            continue
+        group = parser.add_argument_group(title)
+        for action in moved[title]:
+            own._group_actions.remove(action)
+            group._group_actions.append(action)
+            setattr(action, GROUPED, title)
+
 
 def parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
     """``(command, parser)`` for the parser and each subcommand under it, depth first: ``("", retr)``,
@@ -126,8 +185,9 @@ def finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Every (sub)command shows its defaults, describes itself and accepts the deprecated option names; an integer
     option without a metavar of its own shows ``N`` (``--rerank-depth N``, not ``--rerank-depth RERANK_DEPTH``)."""
     counts = _counts()
-    for _, p in parsers(parser):
+    for command, p in parsers(parser):
         p.formatter_class = HelpFormatter
+        _group(command, p)
         for action in p._actions:
             if action.option_strings and action.metavar is None and action.nargs is None and action.type in counts:
                 action.metavar = "N"

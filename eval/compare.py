@@ -1,12 +1,14 @@
 """Is B better than A, where, and at what cost: paired tests over per-query metrics, corrected for multiplicity.
 
 Systems come from eval reports (one per dataset and pipeline; a report of many datasets gives many) or from TREC
-run files scored against qrels. Within each dataset the first system is the baseline and every other one is
-compared with it (where several reports are given, a pipeline of a later report with the first report's pipeline
-of the same name where it has one: A's hybrid with B's hybrid), per metric, on the queries both scored: the mean
-difference, a paired two-sided t-test and a paired randomization test, both corrected with Holm-Bonferroni
-across *everything* compared in the call; per-query wins, ties and losses; and, where both carry per-query
-latency, the difference in median latency with a paired bootstrap interval. Systems scored against other
+run files scored against qrels. Given one file, within each dataset the first system is the baseline and every
+other one is compared with it. Given several, only systems of different files are compared: a pipeline of a later
+file with the first file's pipeline of the same name where it has one (A's hybrid with B's hybrid), else with its
+first, on the datasets both hold (a dataset in one file only is named, not compared). Per metric, on the queries
+both scored: the mean difference, a paired two-sided t-test and a paired randomization test, both corrected with
+Holm-Bonferroni across everything compared in the call; per-query wins, ties and losses. Where both carry
+per-query latency, their medians and the difference: within one run with a paired bootstrap interval; across runs
+(another process, perhaps another load or machine) shown only, never tested. Systems scored against other
 judgements (reports record a digest of theirs) are never compared.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -71,8 +73,8 @@ class LatencyComparison:
     baseline_p50_ms: float
     system_p50_ms: float
     difference_ms: float
-    ci_low_ms: float
-    ci_high_ms: float
+    ci_low_ms: float | None  # None: measured in different runs (no interval: the environment differs)
+    ci_high_ms: float | None
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class Comparison:
     latency: list[LatencyComparison]
     resamples: int
     seed: int
+    unpaired: list[str] = field(default_factory=list)  # datasets held by one of several files only: not compared
 
     def to_dict(self) -> dict:
         return {"format": "retr-comparison", **asdict(self)}
@@ -120,14 +123,14 @@ def systems_from(paths: Sequence[str | Path], qrels: Qrels | None = None, qrels_
     return out
 
 
-def pairs(group: Sequence[System]) -> list[tuple[System, System]]:
+def pairs(group: Sequence[System], across: bool = False) -> list[tuple[System, System]]:
     """(baseline, system) pairs within one dataset: every system against the first one, except that a pipeline
     from a later file than the first is compared with the first file's pipeline of the same name where that file
     has one (the same pipeline in two configurations; the first file's pipelines are not compared among
-    themselves then)."""
+    themselves then). ``across``: several files were given, so systems of one file alone are not compared."""
     first = group[0]
     if all(s.source == first.source for s in group):
-        return [(first, s) for s in group[1:]]
+        return [] if across else [(first, s) for s in group[1:]]
     named = {s.pipeline: s for s in group if s.source == first.source and s.pipeline is not None}
     return [(named.get(s.pipeline, first), s) for s in group if s.source != first.source]
 
@@ -210,11 +213,15 @@ def compare(systems: Sequence[System], metrics: Sequence[str] = DEFAULT_METRICS,
     if not metrics:
         raise RetrError("no metric to compare: give --metrics, e.g. NDCG@10,Recall@100")
     by_dataset = _by_judgements(systems)
-    if not any(len(v) > 1 for v in by_dataset.values()):
-        raise RetrError("nothing to compare: give at least two systems on the same dataset")
+    across = len({s.source for s in systems}) > 1
+    paired = {dataset: pairs(group, across) for dataset, group in by_dataset.items()}
+    if not any(paired.values()):
+        raise RetrError("nothing to compare: give at least two systems on the same dataset"
+                        + (" in different files" if across else ""))
+    unpaired = [d for d, p in paired.items() if not p and len(by_dataset[d]) > 1]
     rows, latency = [], []
-    for dataset, group in by_dataset.items():
-        for base, other in pairs(group):
+    for dataset, group_pairs in paired.items():
+        for base, other in group_pairs:
             queries = sorted(set(base.per_query) & set(other.per_query))
             if not queries:
                 raise RetrError(f"{base.label} and {other.label} share no scored query on {dataset}")
@@ -237,21 +244,24 @@ def compare(systems: Sequence[System], metrics: Sequence[str] = DEFAULT_METRICS,
                 if lq:
                     la = [base.latency_ms[q] for q in lq]
                     lb = [other.latency_ms[q] for q in lq]
-                    diff, lo, hi = bootstrap_ci(la, lb, np.median, resamples, seed)
+                    if base.source == other.source:  # one run: paired queries, one environment
+                        diff, lo, hi = bootstrap_ci(la, lb, np.median, resamples, seed)
+                    else:
+                        diff, lo, hi = float(np.median(lb) - np.median(la)), None, None
                     latency.append(LatencyComparison(dataset, base.label, other.label, len(lq), float(np.median(la)),
                                                      float(np.median(lb)), diff, lo, hi))
     p_t_holm = holm([r["p_t"] for r in rows])
     p_r_holm = holm([r["p_randomization"] for r in rows])
     out = [MetricComparison(**r, p_t_holm=pt, p_randomization_holm=pr)
            for r, pt, pr in zip(rows, p_t_holm, p_r_holm, strict=True)]
-    return Comparison(out, latency, resamples, seed)
+    return Comparison(out, latency, resamples, seed, unpaired)
 
 
 def comparison_table(c: Comparison, alpha: float = 0.05) -> str:
     from retr.eval.table import grid
 
     header = ["dataset", "metric", "baseline", "system", "n", "base", "sys", "diff", "p (t)", "p (rand)",
-              "p Holm (t/rand)", "W/T/L", ""]
+              "p Holm (t/rand)", "W/T/L", f"both<{alpha:g}"]
     rows = []
     for r in c.metrics:
         mark = "*" if r.p_randomization_holm < alpha and r.p_t_holm < alpha else ""
@@ -261,11 +271,18 @@ def comparison_table(c: Comparison, alpha: float = 0.05) -> str:
     text = grid(header, rows)
     text += (f"\n* both corrected p-values < {alpha} (Holm-Bonferroni over all {len(c.metrics)} comparisons; "
              f"randomization: {c.resamples} seeded resamples, or exact)")
+    if c.unpaired:
+        text += f"\nnot compared (in one file only): {', '.join(c.unpaired)}"
     if c.latency:
         lat = [[x.dataset, x.baseline, x.system, str(x.queries), f"{x.baseline_p50_ms:.2f}", f"{x.system_p50_ms:.2f}",
-                f"{x.difference_ms:+.2f}", f"[{x.ci_low_ms:+.2f}, {x.ci_high_ms:+.2f}]"] for x in c.latency]
+                f"{x.difference_ms:+.2f}",
+                "other run" if x.ci_low_ms is None else f"[{x.ci_low_ms:+.2f}, {x.ci_high_ms:+.2f}]"]
+               for x in c.latency]
         text += "\n\n" + grid(["dataset", "baseline", "system", "n", "base p50 ms", "sys p50 ms", "diff ms",
                                "95% bootstrap CI"], lat)
+        if any(x.ci_low_ms is None for x in c.latency):
+            text += ("\nother run: latency measured in different runs (another process, load or machine) is shown, "
+                     "never tested")
     return text
 
 

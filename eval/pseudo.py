@@ -31,6 +31,7 @@ from retr.retrieval.bm25 import BM25Config
 from retr.retrieval.encoder import BiEncoder
 from retr.retrieval.errors import RetrError
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+from retr.retrieval.progress import Progress
 from retr.retrieval.rerank import (
     CHECK_SEED,
     MIN_PSEUDO_QUERIES,
@@ -150,10 +151,11 @@ class PseudoRun:
 
     def measure(self, reranker: CrossEncoderReranker, depth: int) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         """``curve``, and at every weight each pseudo-query's nDCG@10 (in query order) it is the mean of."""
-        from tqdm.auto import tqdm
-
-        ce = {q: reranker.score(self.queries[q], [self.texts[h.doc_id] for h in self.first[q][:depth]])
-              for q in tqdm(self.queries, desc="reranker check", unit="q", leave=False, disable=None)}
+        ce = {}
+        with Progress(len(self.queries), "reranker check", unit="q") as bar:
+            for q in self.queries:
+                ce[q] = reranker.score(self.queries[q], [self.texts[h.doc_id] for h in self.first[q][:depth]])
+                bar.update(1)
         curve, per_query = {}, {}
         for w in range(11):
             run = {q: rerank_head(self.first[q][:depth], self.first[q][depth:], ce[q], w / 10) for q in self.queries}

@@ -30,6 +30,7 @@ from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageConfig
 from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
+from retr.retrieval.progress import Progress
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.request import MAX_K
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
@@ -73,20 +74,20 @@ class EvalConfig:
 def run_pipeline(retriever, queries: dict[str, str], k: int, warmup: int) -> tuple[Run, dict[str, dict[str, float]]]:
     """One query at a time (the latency a user sees); the first ``warmup`` calls are not timed. Returns the run
     and, per query, the seconds of each stage and in total."""
-    from tqdm.auto import tqdm
-
     qids = list(queries)
     for qid in qids[:warmup]:
         retriever.search({qid: queries[qid]}, k)
     rankings: dict[str, tuple[Hit, ...]] = {}
     timings: dict[str, dict[str, float]] = {}
-    for qid in tqdm(qids, desc=f"{retriever.name}", unit="q", leave=False, disable=None):
-        timer = StageTimer()
-        t0 = time.perf_counter()
-        run = retriever.search({qid: queries[qid]}, k, timer)
-        total = time.perf_counter() - t0
-        rankings[qid] = run[qid]
-        timings[qid] = {**timer.seconds, "total": total}
+    with Progress(len(qids), f"searching ({retriever.name})", unit="q") as bar:
+        for qid in qids:
+            timer = StageTimer()
+            t0 = time.perf_counter()
+            run = retriever.search({qid: queries[qid]}, k, timer)
+            total = time.perf_counter() - t0
+            rankings[qid] = run[qid]
+            timings[qid] = {**timer.seconds, "total": total}
+            bar.update(1)
     return Run(rankings), timings
 
 
@@ -168,14 +169,17 @@ def score_runs(runs: Mapping[str, str | Path], qrels_path: str | Path, k_values:
     metrics and per-query values as ``run_eval`` gives them, with the same scorer (a judged query the run lacks counts
     0, as trec_eval -c counts it); no latency (none was measured)."""
     from retr.eval.data import load_qrels
-    from retr.eval.trec import read_run, with_judged_queries
+    from retr.eval.trec import read_run, say_depth, with_judged_queries
 
     t_start = time.perf_counter()
     qrels_path = Path(qrels_path)
     qrels = load_qrels(qrels_path)
     if not any(qrels.num_relevant(q) for q in qrels):
         raise RetrError(f"{qrels_path}: nothing to score: no judged query has a relevant document")
-    results = {name: pipeline_result(name, with_judged_queries(read_run(path), qrels, str(path)), qrels, k_values,
+    read = {name: read_run(path) for name, path in runs.items()}
+    for name, path in runs.items():
+        say_depth(read[name], k_values, str(path))
+    results = {name: pipeline_result(name, with_judged_queries(read[name], qrels, str(path)), qrels, k_values,
                                      ignore_identical_ids, str(path), stages=("total",)) for name, path in runs.items()}
     return EvalReport(
         dataset=DatasetInfo(name=qrels_path.stem, path=str(qrels_path), split="", num_docs=0,

@@ -152,6 +152,17 @@ def with_judged_queries(run: Run, qrels: Qrels, source: str = "run") -> Run:
     return Run({**run, **{q: () for q in missing}})
 
 
+def say_depth(run: Run, k_values, source: str) -> int:
+    """How deep ``run`` is (the most hits any query has), said in a warning where a cut-off goes past it: Recall@1000
+    of a 10-deep run counts only those 10 hits."""
+    depth = max((len(hits) for hits in run.values()), default=0)
+    past = sorted(k for k in set(k_values) if k > depth)
+    if depth and past:
+        logger.warning("%s is %d deep (at most %d hit%s per query): %s count%s only those", source, depth, depth,
+                       "" if depth == 1 else "s", ", ".join(f"@{k}" for k in past), "s" if len(past) == 1 else "")
+    return depth
+
+
 def _warn_unjudged(run: Run, qrels: Qrels, source: str) -> None:
     """A warning where not one document ``run`` retrieved for a judged query is judged for it: the run's ids are
     then almost always written otherwise than the qrels' (``d17`` against ``17``, another id field), and every

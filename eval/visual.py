@@ -1,5 +1,6 @@
 """One self-contained HTML page from eval reports: the summary table, quality against latency with the Pareto front
-marked, Recall@k curves, and per-query nDCG@10 differences between two pipelines, sorted. Figures are drawn with
+marked, Recall@k curves, and per-query nDCG@10 differences, sorted: the default pipeline (hybrid) against each
+other one, or the two pipelines asked for. Figures are drawn with
 matplotlib (Agg, chosen here, never at import) and embedded as PNG data URIs: the file needs nothing beside it.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retr.eval.report import EvalReport, read_reports
+from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
 
 
@@ -144,15 +146,20 @@ def delta_figure(a: Entry, b: Entry, metric: str = "NDCG@10") -> tuple[str, dict
     return _png(fig), counts
 
 
-def _pair(entries: Sequence[Entry], dataset: str, pair: tuple[str, str] | None) -> tuple[Entry, Entry] | None:
+def _pairs(entries: Sequence[Entry], dataset: str, pair: tuple[str, str] | None) -> list[tuple[Entry, Entry]]:
+    """The (A, B) whose per-query differences B - A are drawn: ``pair``; by default the default pipeline (hybrid)
+    against each other one, or the first two where no pipeline is the default one."""
     group = [e for e in entries if e.dataset == dataset]
     if pair is None:
-        return (group[0], group[1]) if len(group) > 1 else None
+        main = next((e for e in group if e.pipeline == defaults.MODE), None)
+        if main is None:
+            return [(group[0], group[1])] if len(group) > 1 else []
+        return [(e, main) for e in group if e is not main]
     found = [next((e for e in group if e.label == name or e.pipeline == name), None) for name in pair]
     if None in found:
         have = ", ".join(e.label for e in group)
         raise RetrError(f"--pair {pair[0]} {pair[1]}: not both on {dataset} (pipelines there: {have})")
-    return found[0], found[1]
+    return [(found[0], found[1])]
 
 
 def _shown(x, digits: int) -> str:
@@ -192,13 +199,11 @@ def render(entries: Sequence[Entry], pair: tuple[str, str] | None = None, title:
              "<h2>Recall@k</h2>", f'<img id=recall alt="Recall at each k" src="{recall_figure(entries)}">']
     deltas = []
     for d in datasets:
-        chosen = _pair(entries, d, pair)
-        if chosen is None:
-            continue
-        img, c = delta_figure(*chosen)
-        deltas.append(f"<h3>{esc(d)}: {esc(chosen[1].label)} against {esc(chosen[0].label)}</h3>"
-                      f"<p>{c['wins']} queries better, {c['ties']} equal, {c['losses']} worse; mean "
-                      f"{c['mean']:+.4f}</p><img class=delta alt=\"per-query differences\" src=\"{img}\">")
+        for chosen in _pairs(entries, d, pair):
+            img, c = delta_figure(*chosen)
+            deltas.append(f"<h3>{esc(d)}: {esc(chosen[1].label)} against {esc(chosen[0].label)}</h3>"
+                          f"<p>{c['wins']} queries better, {c['ties']} equal, {c['losses']} worse; mean "
+                          f"{c['mean']:+.4f}</p><img class=delta alt=\"per-query differences\" src=\"{img}\">")
     if deltas:
         parts.append("<h2>Per-query nDCG@10 differences</h2>" + "".join(deltas))
     parts.append("</body></html>")

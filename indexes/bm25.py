@@ -35,10 +35,10 @@ class RowTokens:
         return len(self.rows)
 
     @classmethod
-    def of(cls, texts: Sequence[str], cfg: BM25Config, show_progress: bool = False) -> RowTokens:
+    def of(cls, texts: Sequence[str], cfg: BM25Config) -> RowTokens:
         import bm25s
 
-        tok = bm25s.tokenize(list(texts), **tokenizer_options(cfg), return_ids=True, show_progress=show_progress)
+        tok = bm25s.tokenize(list(texts), **tokenizer_options(cfg), return_ids=True, show_progress=False)
         vocab = [""] * len(tok.vocab)
         for word, i in tok.vocab.items():
             vocab[i] = word
@@ -94,7 +94,7 @@ def index_bm25(tokens: RowTokens, cfg: BM25Config = _DEFAULT):
         raise RetrError(f"BM25 has no term to index: each of the {len(tokens)} documents is empty or holds only "
                         f"stopwords and one-letter words: index without BM25 (--no-bm25; bm25=False in the API)")
     model = bm25s.BM25(k1=cfg.k1, b=cfg.b, delta=cfg.delta, method=cfg.method)
-    model.index((tokens.rows, {w: i for i, w in enumerate(tokens.vocab)}), show_progress=len(tokens) > 10_000)
+    model.index((tokens.rows, {w: i for i, w in enumerate(tokens.vocab)}), show_progress=False)
     return model
 
 
@@ -140,6 +140,6 @@ def _save_bm25(model, tokens: RowTokens, folder: Path, cfg: BM25Config, t0: floa
 def build_bm25(texts: Sequence[str], folder: Path, cfg: BM25Config = _DEFAULT) -> dict:
     """Tokenise and index ``texts`` (positions are rows) into ``folder``; return build stats."""
     t0 = time.perf_counter()
-    stats = write_bm25(RowTokens.of(texts, cfg, show_progress=len(texts) > 10_000), folder, cfg)
+    stats = write_bm25(RowTokens.of(texts, cfg), folder, cfg)
     stats["build_seconds"] = time.perf_counter() - t0
     return stats

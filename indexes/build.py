@@ -123,10 +123,9 @@ def corpus_embeddings(encoder: BiEncoder, corpus: Corpus, use_cache: bool = True
         if hit is not None:
             return hit[0], {"cached": True, "cache_key": key, "encode_seconds": 0.0, "graph": hit[1].get("graph"),
                             "truncation": hit[1].get("truncation")}
-    logger.info("encoding %d %s with %s (max length %d, %s backend%s)", len(texts.texts),
-                "passages" if texts.passages else "documents", encoder.model_id, encoder.max_length, encoder.backend,
-                "" if encoder.planner.corpus_backend == encoder.backend
-                else f"; the {encoder.planner.corpus_backend} graph on this CPU")
+    logger.info("encoding %d %s with %s (max length %d, through %s)", len(texts.texts),
+                "passages" if texts.passages else "documents", encoder.model_id, encoder.max_length,
+                encoder.planner.corpus_backend)
     t0 = time.perf_counter()
     executor = executor or ExecutorConfig()
     encoded = EXECUTORS[executor.name](encoder, texts.texts, executor)
@@ -299,7 +298,7 @@ def _write_sharded(tmp: Path, corpus: Corpus, enc: Encoded, cfg: IndexConfig, en
     part = None
     if cfg.bm25 is not None:
         t0 = time.perf_counter()
-        tokens = RowTokens.of([d.full_text() for d in corpus.docs], cfg.bm25, show_progress=len(corpus) > 10_000)
+        tokens = RowTokens.of([d.full_text() for d in corpus.docs], cfg.bm25)
         whole = index_bm25(tokens, cfg.bm25)
         shared = time.perf_counter() - t0
 

@@ -31,6 +31,7 @@ from retr.retrieval.backends.registry import get_backend
 from retr.retrieval.corpus_plan import CorpusPlan
 from retr.retrieval.encoder import BiEncoder, CorpusEncoding
 from retr.retrieval.errors import RetrError
+from retr.retrieval.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +176,6 @@ def encode_on_ray(encoder: BiEncoder, texts: list[str], *, address: str | None =
         import ray.data
     except ImportError:
         raise RetrError("--executor ray needs Ray Data: pip install 'retr[ray]'") from None
-    from tqdm.auto import tqdm
-
     plan, cplan, n_batches = make_plan(encoder, texts)
     graph = cplan.graph
     n = len(texts)
@@ -184,6 +183,7 @@ def encode_on_ray(encoder: BiEncoder, texts: list[str], *, address: str | None =
     if n == 0:
         return CorpusEncoding(out, graph.info(), {"name": "ray", "documents": 0}, cplan.truncation)
     started = _connect(address)
+    ray.data.DataContext.get_current().enable_progress_bars = False  # retr's own progress reports the encoding
     seen = np.zeros(n, dtype=np.int32)
     pids: set[int] = set()
     busy = 0.0
@@ -195,7 +195,7 @@ def encode_on_ray(encoder: BiEncoder, texts: list[str], *, address: str | None =
         ds = ray.data.from_items([{"batch": b} for b in range(n_batches)], override_num_blocks=blocks).map_batches(
             EncoderActor, fn_constructor_args=(plan_ref,), batch_size=batches_per_task, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus_per_actor)
-        with tqdm(total=n, desc="encoding on ray", unit="doc", leave=False, disable=None) as bar:
+        with Progress(n, "encoding on ray", unit="doc") as bar:
             for block in ds.iter_batches(batch_size=None, batch_format="numpy"):
                 rows = block["row"]
                 out[rows] = block["emb"]

@@ -121,10 +121,10 @@ def analyzer(cfg: BM25Config = BM25Config()):
     return terms
 
 
-def tokenize(texts: Sequence[str], cfg: BM25Config, show_progress: bool = False) -> list[list[str]]:
+def tokenize(texts: Sequence[str], cfg: BM25Config) -> list[list[str]]:
     import bm25s
 
-    return bm25s.tokenize(list(texts), **tokenizer_options(cfg), return_ids=False, show_progress=show_progress)
+    return bm25s.tokenize(list(texts), **tokenizer_options(cfg), return_ids=False, show_progress=False)
 
 
 class BM25Retriever:

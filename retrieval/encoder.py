@@ -24,11 +24,12 @@ from retr.retrieval.backends.export import EMBEDDING
 from retr.retrieval.backends.graphs import Graph, graph_info, lone_feed
 from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import Platform, this_platform
-from retr.retrieval.backends.quiet import quiet_third_party, tty
+from retr.retrieval.backends.quiet import quiet_third_party
 from retr.retrieval.backends.registry import DEFAULT_BACKEND, base_of, get_backend
 from retr.retrieval.corpus_plan import CorpusPlan, CorpusPlanner
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef, check_bi_encoder_dir
+from retr.retrieval.progress import Progress
 from retr.retrieval.query_graphs import QueryGraphs
 from retr.retrieval.tokens import Tokens, prefixed
 
@@ -180,9 +181,15 @@ class BiEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self.graph is not None:
             return self._run(self.graph, self.tokens.ids(texts), show_progress)
-        emb = self.model.encode(texts, batch_size=batch_size or self.config.batch_size, convert_to_numpy=True,
-                                normalize_embeddings=True, show_progress_bar=show_progress and tty())
-        return np.ascontiguousarray(emb, dtype=np.float32)
+        size = batch_size or self.config.batch_size
+        step = size * 16  # sentence-transformers sorts by length within each call: chunks of many batches
+        parts = []
+        with _progress(len(texts), show_progress) as bar:
+            for i in range(0, len(texts), step):
+                parts.append(self.model.encode(texts[i:i + step], batch_size=size, convert_to_numpy=True,
+                                               normalize_embeddings=True, show_progress_bar=False))
+                bar.update(len(parts[-1]))
+        return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
 
     def encode_corpus(self, texts: list[str], show_progress: bool = False) -> CorpusEncoding:
         """The documents of a corpus to index. With a calibrated backend, at least ``calibration_min_docs`` texts
@@ -232,9 +239,8 @@ class BiEncoder:
         if len(tok) == 1:  # the query path: no sorting, no progress bar
             return graph.runner(lone_feed(graph, tok[0], self.max_length))
         out = np.empty((len(tok), self.dim), dtype=np.float32)
-        bar = _progress(len(tok), show_progress)
-        run_sorted(graph.runner, tok, self.config.token_budget, out, on_done=lambda idx: bar.update(len(idx)))
-        bar.close()
+        with _progress(len(tok), show_progress) as bar:
+            run_sorted(graph.runner, tok, self.config.token_budget, out, on_done=lambda idx: bar.update(len(idx)))
         return out
 
     @functools.cached_property
@@ -259,12 +265,11 @@ class BiEncoder:
         if not graph.backend.batch_invariant:
             # dynamic int8 scales each activation tensor by its own range: batched with others, a query would get
             # another vector than alone. One at a time, a query's vector never depends on its neighbours.
-            bar = _progress(len(texts), show_progress)
             out = np.empty((len(texts), self.dim), dtype=np.float32)
-            for i, t in enumerate(texts):
-                out[i] = self._run(graph, self.tokens.ids([t]), False)[0]
-                bar.update(1)
-            bar.close()
+            with _progress(len(texts), show_progress) as bar:
+                for i, t in enumerate(texts):
+                    out[i] = self._run(graph, self.tokens.ids([t]), False)[0]
+                    bar.update(1)
             return out
         return self._run(graph, self.tokens.ids(texts), show_progress)
 
@@ -278,7 +283,5 @@ class BiEncoder:
         return self.query_graphs.describe()
 
 
-def _progress(total: int, show: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="encoding", unit="doc", disable=not show or None, leave=False)
+def _progress(total: int, show: bool) -> Progress:
+    return Progress(total, "encoding", unit="doc", show=show)

@@ -175,6 +175,30 @@ def _hub_snapshot(model_id: str) -> Path | None:
     return None
 
 
+def known_names() -> list[str]:
+    """The model names that resolve here without the network: the bundled model's and the hub cache's ids."""
+    names = [DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}"]
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        for entry in sorted(Path(HF_HUB_CACHE).glob("models--*")):
+            repo = entry.name.removeprefix("models--").replace("--", "/")
+            names += [repo, repo.rpartition("/")[2]]
+    except (ImportError, OSError):
+        pass
+    return list(dict.fromkeys(names))
+
+
+def near_name(name: str) -> str | None:
+    """The known model name (``known_names``) closest to a mistyped ``name``, where one is close."""
+    import difflib
+
+    names = known_names()
+    lowered = {n.lower(): n for n in names}
+    match = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.8)
+    return lowered[match[0]] if match else None
+
+
 def model_architecture(path: Path) -> str | None:
     """The backbone's ``model_type`` from its config.json (``bert``, ``modernbert``, ...), or None."""
     for candidate in (path / "config.json", *sorted(path.glob("*/config.json"))):
@@ -232,8 +256,10 @@ class ModelRef:
             raise RetrError(f"{name}: no such model folder")
         snap = _hub_snapshot(name)
         if snap is None:
-            raise RetrError(f"model {name!r}: no such folder, and not in the hub cache (offline?): download it "
-                            f"once where the hub is reachable, or pass a local folder")
+            near = near_name(name)
+            raise RetrError(f"model {name!r}: no such folder, and not in the hub cache (offline?): "
+                            + (f"did you mean {near!r}? Else d" if near else "d")
+                            + "ownload it once where the hub is reachable, or pass a local folder")
         check_loadable(snap)
         return cls(name, snap, hash_model_dir(snap))
 

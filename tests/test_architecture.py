@@ -11,7 +11,7 @@ from .conftest import REPO
 # lowest first; a module's layer is that of the longest prefix listed
 LAYERS = {
     "retr.retrieval.errors": 1, "retr.retrieval.types": 1, "retr.retrieval.artifacts": 1,
-    "retr.retrieval.protocol": 1, "retr.retrieval.models": 1,
+    "retr.retrieval.protocol": 1, "retr.retrieval.models": 1, "retr.retrieval.progress": 1,
     "retr.retrieval.backends": 2,
     "retr.retrieval": 3,  # encoder, rerank, bm25, dense, fusion, pipeline: work on the objects they are handed
     "retr.indexes": 4,

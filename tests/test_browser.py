@@ -3,6 +3,7 @@ page, type a query, read the results, follow a result to its document."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 
@@ -160,7 +161,36 @@ def test_the_html_report_renders_with_its_figures(tiny_dataset, tiny_bi_encoder,
     rows = browser.find_elements(By.CSS_SELECTOR, "#summary tr")
     assert len(rows) == 4 and "hybrid" in rows[-1].text
     images = browser.find_elements(By.TAG_NAME, "img")
-    assert len(images) == 3
+    assert len(images) == 4  # quality/latency, Recall@k, hybrid against bm25 and against dense
     sizes = [browser.execute_script("return [arguments[0].complete, arguments[0].naturalWidth, "
                                     "arguments[0].naturalHeight]", img) for img in images]
     assert all(done and w > 200 and h > 100 for done, w, h in sizes), sizes
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs not installed (pip install -e '.[docs]')")
+def test_no_code_block_of_the_docs_site_is_cut_at_1280_px(tmp_path, browser):
+    """Every page of the built site at a 1280 px wide window: each code block shows all its text (it wraps at the
+    page's edge; nothing is left past a hidden right edge)."""
+    import subprocess
+    import sys
+
+    from selenium.webdriver.common.by import By
+
+    from .conftest import REPO
+
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "-q", "-d", str(site)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    browser.set_window_size(1280, 900)
+    pages = sorted(p for p in site.rglob("index.html") if "assets" not in p.parts)
+    assert len(pages) > 20
+    cut, blocks = [], 0
+    for page in pages:
+        browser.get(page.as_uri())
+        for code in browser.find_elements(By.CSS_SELECTOR, ".md-typeset pre > code"):
+            blocks += 1
+            over = browser.execute_script("return arguments[0].scrollWidth - arguments[0].clientWidth", code)
+            if over > 1:
+                cut.append(f"{page.relative_to(site)}: {over} px past the edge: {code.text[:60]!r}")
+    assert blocks > 30 and not cut, "\n".join(cut[:20])

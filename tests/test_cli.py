@@ -232,3 +232,32 @@ def test_eval_config_alone_is_valid_and_runs_without_the_cli(tiny_dataset, tiny_
                       EvalConfig(encoder=EncoderConfig(model=str(tiny_bi_encoder), backend="onnx"), k_values=(1, 10)))
     assert set(report.pipelines) == {"bm25", "dense", "hybrid"}
     assert report.pipelines["dense"].num_queries_scored == 6 and report.pipelines["dense"].run_file is None
+
+
+def test_sigterm_stops_retr_index_and_removes_its_building_folder_as_ctrl_c_does(tiny_bi_encoder, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    words = "solar wind grid battery storage turbine panel voltage current heat pump roof cell charge".split()
+    corpus = tmp_path / "c.jsonl"
+    with corpus.open("w") as fh:  # enough documents that the build is still running when it is stopped
+        for i in range(20_000):
+            fh.write(json.dumps({"id": f"d{i}", "text": " ".join(words[(i * 7 + j) % len(words)] for j in range(40))})
+                     + "\n")
+    out = tmp_path / "x.idx"
+    proc = subprocess.Popen([sys.executable, "-m", "retr.cli.main", "index", "--corpus", str(corpus), "--out",
+                             str(out), "--model", str(tiny_bi_encoder)], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "RETR_PROGRESS_SECONDS": "0"})
+    deadline = time.time() + 240
+    while not list(tmp_path.glob(".x.idx.*.building")):  # the build has begun
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert proc.poll() is None, "the build ended before it could be stopped: give it more documents"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "retr: terminated" in err, (proc.returncode, err[-2000:])
+    assert not list(tmp_path.glob(".x.idx.*")) and not out.exists()

@@ -208,3 +208,28 @@ def test_cli_reference_lists_every_command_and_option():
                 assert f"`{', '.join(a.option_strings)}" in text, (name, a.option_strings)
     for old, new in surface.DEPRECATED.items():
         assert f"| `{old}` | `{new}` |" in text
+
+
+@pytest.mark.parametrize("command,groups", [
+    ("eval", ["model and graphs", "fusion, BM25 and passages", "ANN index", "reranking", "encoding on Ray"]),
+    ("index", ["model and graphs", "fusion, BM25 and passages", "ANN index", "reranking", "encoding on Ray"]),
+    ("search", ["model and graphs", "fusion, BM25 and passages", "reranking"]),
+    ("train bi-encoder", ["training"]),
+])
+def test_a_command_of_many_options_shows_its_everyday_ones_first_and_groups_the_rest(command, groups, capsys):
+    import re
+
+    with pytest.raises(SystemExit):
+        main([*command.split(), "--help"])
+    text = capsys.readouterr().out
+    usage = text.split("\n\n", 1)[0]
+    assert usage.rstrip().endswith("[OPTIONS]") and usage.count("\n") < 8, usage
+    titles = re.findall(r"^([a-zA-Z][^\n:]*):$", text, flags=re.M)
+    assert titles[-len(groups):] == groups and "options" in titles, titles
+    everyday = text.split("\noptions:\n", 1)[1].split(f"\n{groups[0]}:\n", 1)[0]
+    assert "--model " not in everyday and "--rerank-depth" not in everyday and "--hnsw-m" not in everyday
+    parser = dict(surface.parsers(build_parser()))[command]
+    for a in parser._actions:  # every option still shown, once
+        if _visible(a) and a.option_strings:
+            assert len(re.findall(rf"^  {re.escape(a.option_strings[0])}(?=[ ,\n])", text, flags=re.M)) == 1, \
+                a.option_strings

@@ -114,6 +114,26 @@ def test_eval_over_two_datasets_then_compare(tiny_bi_encoder, tmp_path, capsys):
     want = st.ttest_rel(b, a).pvalue if np.std(np.subtract(b, a)) > 0 else 1.0
     assert alpha_dense["p_t"] == pytest.approx(float(want), nan_ok=True)
 
+    # a second report of one of the two collections: only its pipeline against the first's of the same name, on
+    # that collection; the other collection and the first report's pipelines among themselves are not compared,
+    # and latency across the two runs is shown, never tested
+    single = tmp_path / "rrf.json"
+    assert main(["eval", "--dataset", str(one), "--model", str(tiny_bi_encoder), "--backend", "onnx",
+                 "--pipelines", "hybrid", "--fusion", "rrf", "--k-values", "1,10,100", "--warmup", "1",
+                 "--out", str(single)]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(suite), str(single), "--resamples", "200", "--out", str(tmp_path / "ab.json")]) == 0
+    text = capsys.readouterr().out
+    ab = json.loads((tmp_path / "ab.json").read_text())
+    assert [(r["dataset"], r["baseline"], r["system"]) for r in ab["metrics"]] == [
+        ("alpha", "suite:hybrid", "rrf:hybrid")] * 2
+    assert ab["unpaired"] == ["beta"] and "not compared (in one file only): beta" in text
+    assert [(x["baseline"], x["system"], x["ci_low_ms"]) for x in ab["latency"]] == [("suite:hybrid", "rrf:hybrid",
+                                                                                       None)]
+    assert "other run" in text and "never tested" in text
+    header = text.splitlines()[0].split()
+    assert header[-1] == "both<0.05" and "suite:dense" not in text
+
 
 def test_compare_trec_runs_and_bad_input(tmp_path, capsys):
     qrels = tmp_path / "qrels.tsv"

@@ -240,3 +240,19 @@ def test_the_site_builds_strict(tmp_path):
     changelog = (tmp_path / "site" / "changelog" / "index.html").read_text()  # its links, written from the root
     assert 'href="../studies/measured-choices/"' in changelog and 'href="docs/' not in changelog
     assert (tmp_path / "site" / "reference" / "python-api" / "index.html").read_text().count('id="retr.Index.') >= 3
+
+
+def test_no_page_speaks_of_issues_by_number_or_of_sessions():
+    """The docs speak in the project's voice (what was measured, on which CPU, with which command, what it showed),
+    not of the tracker or of who worked when: no "issue 39", no "the tenth session". Inline code (a file's name)
+    is not prose."""
+    import re
+
+    said = re.compile(r"\bissues?\s*#?\d+|\bsessions?\b", re.IGNORECASE)
+    found = []
+    for page in sorted(DOCS.rglob("*.md")):
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+            prose = re.sub(r"`[^`]*`", "", line)
+            if said.search(prose):
+                found.append(f"{page.relative_to(REPO)}:{n}: {line.strip()[:100]}")
+    assert not found, "\n".join(found)

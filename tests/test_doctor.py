@@ -33,18 +33,54 @@ def test_doctor_prints_the_cpu_the_candidates_the_choice_and_the_first_run_cost(
     assert abs(first["encode_seconds_estimate"] - 500 * report["documents"]["base"]["ms_per_doc"] / 1000) < 1e-9
 
     monkeypatch.setenv("RETR_INT8_DOT", "1")  # with them: int8 a candidate, its break-even said (assumed: not made)
-    assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "500"]) == 0
+    assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "500", "--verbose"]) == 0
     text = capsys.readouterr().out
     assert "CPU: " in text and "queries (one alone, ms):" in text and "chosen: openvino" in text
     assert "openvino-int8" in text and "assumed" in text
     assert ("int8 pays from ~" in text or "int8 is no faster here" in text) and "None" not in text
     assert "first run on 500 new documents here" in text
+    # the summary first, the detail after it
+    assert text.index("graphs: documents through ") < text.index("suggestion: ") < text.index("detail:") \
+        < text.index("queries (one alone, ms):")
     here = this_platform()
     if here.precision_probe is not None:  # bf16 native here: the probe measured it, and doctor says what it chose
         assert f"bf16 or fp32 (measured once here): bf16 {here.precision_probe.bf16_ms:.1f} ms" in text
         assert f"graphs compute in {here.precision};" in text
     elif not here.bf16_native:
         assert "bf16: no native instructions here: fp32" in text
+
+
+def test_doctor_leads_with_a_plain_summary_and_keeps_the_detail_for_verbose(tiny_bi_encoder, capsys, monkeypatch):
+    import re
+
+    monkeypatch.setenv("RETR_INT8_DOT", "0")  # an AVX2-only class of CPU, as far as int8 goes
+    assert main(["doctor", "--model", str(tiny_bi_encoder), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    summary = report["summary"]
+    assert summary["documents_graph"] == report["documents"]["chosen"] == "openvino"
+    assert summary["queries_graph"] == report["queries"]["chosen"]
+    runs = {x["docs"]: x["seconds"] for x in summary["first_runs"]}
+    per_doc = report["documents"]["base"]["ms_per_doc"] / 1000
+    build = report["first_run"]["graph_build_seconds"]
+    assert set(runs) == {1000, 100_000}
+    assert runs[1000] == pytest.approx(build + 1000 * per_doc) and runs[100_000] == pytest.approx(build + 1e5 * per_doc)
+    from retr.cli.doctor import CLASS_FIRST_RUN, SCIFACT_DOCS, SCIFACT_TOKENS
+
+    if summary["cpu_class"] in CLASS_FIRST_RUN:  # SciFact's encoding estimated here against the class's first run
+        assert summary["estimate_against_class"] == pytest.approx(
+            SCIFACT_DOCS * runs[100_000] / 1e5 * SCIFACT_TOKENS / 200 / CLASS_FIRST_RUN[summary["cpu_class"]][1])
+    assert summary["suggestion"] and summary["cpu_class"] in ("AVX2 only", "AVX-512 without VNNI", "AMX", "no AVX2")
+    assert main(["doctor", "--model", str(tiny_bi_encoder)]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert lines[0].startswith("CPU: ") and summary["cpu_class"] in lines[0]
+    # the query graph is timed again by this run: either candidate may win it
+    assert re.fullmatch(rf"graphs: documents through openvino, queries through (openvino|{ONE}) "
+                        rf"\(computing in {report['platform']['precision']}\)", lines[1]), lines[1]
+    assert re.search(r"first run here .*: 1,000 documents ~[\d.]+ (s|min|h), 100,000 documents ~[\d.]+ (s|min|h)$",
+                     lines[2]), lines[2]
+    assert any(line.startswith("suggestion: ") for line in lines)
+    assert "pruned:" not in text and "queries (one alone, ms)" not in text and "retr doctor --verbose" in text
 
 
 def test_doctor_times_the_documents_graphs_as_the_index_will_and_stores_it(tiny_bi_encoder, capsys, monkeypatch):
@@ -91,7 +127,7 @@ def test_doctor_shows_the_int8_weights_graph_a_corpus_too_small_for_a_calibratio
     assert even > 500 and f"int8 pays from ~{round(even)} documents" in docs["why"]
     assert report["first_run"]["encode_seconds_estimate"] == pytest.approx(10.0)
     assert "openvino-int8w" not in report["not_in_cache"]  # a documents' graph, not a query candidate
-    assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "500", "--doc-tokens", "10"]) == 0
+    assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "500", "--doc-tokens", "10", "--verbose"]) == 0
     assert "openvino-int8w 20.0 (measured)" in capsys.readouterr().out
 
 
@@ -108,7 +144,7 @@ def test_doctor_says_where_the_base_graphs_speed_is_estimated_from_the_probe_not
     assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "5000", "--doc-tokens", "10", "--json"]) == 0
     base = json.loads(capsys.readouterr().out)["documents"]["base"]
     assert base["estimated"] is True and base["ms_per_doc"] == pytest.approx(40)
-    assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "5000", "--doc-tokens", "10"]) == 0
+    assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "5000", "--doc-tokens", "10", "--verbose"]) == 0
     assert "40.0 (estimated from the precision probe, not timed)" in capsys.readouterr().out
 
 
@@ -127,7 +163,7 @@ def test_doctor_shows_each_query_candidates_ranking_noise_beside_its_speed(tiny_
     assert set(rows) - {ONE} == {"openvino", "onnx"} and queries["max_rank_noise"] == 0.05
     assert rows["openvino"]["rank_noise"] is None  # the documents' own graph: nothing to compare
     assert 0 <= rows["onnx"]["rank_noise"] < 0.05 and rows["onnx"]["passed"] and rows["onnx"]["ms_per_query"] > 0
-    assert main(["doctor", "--model", str(tiny_bi_encoder)]) == 0
+    assert main(["doctor", "--model", str(tiny_bi_encoder), "--verbose"]) == 0
     assert "ranking noise " in capsys.readouterr().out
 
 

@@ -74,3 +74,15 @@ def test_a_hub_id_not_cached_is_one_clear_error(hub):
         CrossEncoderReranker(RerankConfig(model="retr-test/absent"))
     with pytest.raises(RetrError, match="not a cross-encoder"):  # a bi-encoder named as a cross-encoder
         CrossEncoderReranker(RerankConfig(model="retr-test/tiny-bi"))
+
+
+def test_a_mistyped_model_name_gets_the_near_name_it_may_mean(hub):
+    from retr.retrieval.models import ModelRef
+
+    for typed, meant in [("all-MiniLM-L6-V3", "all-MiniLM-L6-v2"), ("retr-test/tiny-bj", "retr-test/tiny-bi"),
+                         ("Tiny-Bi", "tiny-bi")]:
+        with pytest.raises(RetrError, match=f"'{typed}': no such folder.* did you mean '{meant}'\\? Else download"):
+            ModelRef.resolve(typed)
+    with pytest.raises(RetrError) as e:
+        ModelRef.resolve("retr-test/absent")
+    assert "did you mean" not in str(e.value)

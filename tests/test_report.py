@@ -39,6 +39,16 @@ def test_report_page_holds_the_table_and_every_figure(reports, tmp_path, capsys)
     assert "src=\"http" not in text and "<script src" not in text  # self-contained
 
 
+def test_report_draws_the_default_pipeline_against_each_other_one_by_default(reports, tmp_path, capsys):
+    import re
+
+    page = tmp_path / "report.html"
+    assert main(["report", *map(str, reports), "--out", str(page)]) == 0
+    assert "4 figures embedded" in capsys.readouterr().out  # quality/latency, Recall@k, hybrid against bm25, dense
+    heads = re.findall(r"<h3>[^<]*: ([^<]*) against ([^<]*)</h3>", page.read_text())
+    assert heads == [("b:hybrid", "a:bm25"), ("b:hybrid", "a:dense")], heads
+
+
 def test_report_refuses_an_unknown_pair_and_a_non_report(reports, tmp_path, capsys):
     assert main(["report", *map(str, reports), "--out", str(tmp_path / "r.html"), "--pair", "a:bm25", "nope"]) == 2
     assert "--pair a:bm25 nope" in capsys.readouterr().err

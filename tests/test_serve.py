@@ -85,6 +85,33 @@ def test_bad_requests_get_a_4xx_with_a_json_error(served, body, status, message)
     assert got == status and message in answer["error"], (got, answer)
 
 
+def test_get_search_answers_as_post_and_checks_its_parameters_alike(served):
+    from urllib.parse import urlencode
+
+    server, _ = served
+    status, posted = server.request("/search", {"query": "solar panels", "k": 2, "mode": "bm25"})
+    got, answer = server.request("/search?" + urlencode([("q", "solar panels"), ("k", "2"), ("mode", "bm25")]))
+    assert status == got == 200, answer
+    assert [h["id"] for h in answer["results"]] == [h["id"] for h in posted["results"]]
+    assert {k: v for k, v in answer.items() if k != "latency_ms"} == {k: v for k, v in posted.items()
+                                                                      if k != "latency_ms"}
+    status, hybrid = server.request("/search?q=wolves")  # the defaults: hybrid, k 10
+    assert status == 200 and hybrid["pipeline"] == "hybrid" and len(hybrid["results"]) == 10
+    for query, want, message in [
+        ("", 422, "query"), ("q=", 422, "query"), ("q=%20%20", 400, "empty"),
+        ("q=solar&k=ten", 422, "k"), ("q=solar&k=0", 422, "k"), ("q=solar&k=100000", 422, "k"),
+        ("q=solar&k=1.5", 422, "k"), ("q=solar&k=2&k=3", 400, "give 'k' once"),
+        ("q=solar&mode=colbert", 422, "mode"), ("q=solar&fusion=max", 422, "fusion"),
+        ("q=solar&fusion_depth=0", 422, "fusion_depth"), ("q=solar&rerank=maybe", 422, "rerank"),
+        ("q=solar&rerank=true", 400, "no cross-encoder"), ("q=solar&filter=lang", 400, "FIELD=VALUE"),
+        ("q=solar&filter=lang=en", 400, "no document has a field 'lang'"),  # the filter reaches the search
+        ("q=solar&extra=1", 422, "extra"), ("q=" + "x" * 2001, 422, "query"),
+        ("query=solar", 400, "q=..."), ("q=solar&queries=a", 400, "q=..."),
+    ]:
+        got, answer = server.request("/search?" + query)
+        assert got == want and message in answer["error"], (query, got, answer)
+
+
 def test_malformed_and_oversized_bodies(served):
     server, _ = served
     status, answer = server.request("/search", raw=b"{not json")

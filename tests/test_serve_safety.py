@@ -524,3 +524,18 @@ def test_any_bytes_and_paths_get_a_2xx_or_a_4xx(in_process, raw, doc, query):
     check_answer(*in_process.call("POST", "/search", raw))
     status, body = in_process.call("GET", "/doc/" + doc, query=query)
     assert 200 <= status < 500, (status, body[:300])
+
+
+def test_serve_without_its_extra_names_every_missing_package(monkeypatch, tmp_path, capsys):
+    import sys
+
+    from retr.cli.main import main
+
+    for name in ("uvicorn", "httptools"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed
+    assert main(["serve", str(tmp_path / "idx")]) == 2
+    err = capsys.readouterr().err
+    assert "(uvicorn, httptools are missing): pip install 'retr[serve]'" in err, err
+    monkeypatch.setitem(sys.modules, "fastapi", None)
+    assert main(["serve", str(tmp_path / "idx")]) == 2
+    assert "(fastapi, uvicorn, httptools are missing)" in capsys.readouterr().err

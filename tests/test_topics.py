@@ -218,3 +218,18 @@ def test_topic_and_run_readers_check_the_file_and_its_form_alike(tmp_path):
             read(tmp_path / "missing")
         with pytest.raises(RetrError, match=f"^{what} format 'xml': choose one of {forms}$"):
             read(present, "xml")
+
+
+def test_scoring_a_run_shallower_than_a_cut_off_says_how_deep_it_is(tiny_dataset, tmp_path, caplog, capsys):
+    run = tmp_path / "shallow.trec"
+    run.write_text("".join(f"{q} Q0 {d} {r} {4 - r} x\n" for q in ("q1", "q2")
+                           for r, d in enumerate(("d1", "d2", "d3"), start=1)))
+    qrels = str(tiny_dataset / "qrels" / "test.tsv")
+    with caplog.at_level("WARNING", logger="retr"):
+        assert main(["eval", "--run", str(run), "--qrels", qrels, "--k-values", "1,3,10,100"]) == 0
+    said = [r.getMessage() for r in caplog.records if "deep" in r.getMessage()]
+    assert said == [f"{run} is 3 deep (at most 3 hits per query): @10, @100 count only those"], said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="retr"):
+        assert main(["eval", "--run", str(run), "--qrels", qrels, "--k-values", "1,3"]) == 0
+    assert not [r for r in caplog.records if "deep" in r.getMessage()]

@@ -1,5 +1,6 @@
-"""How a training run reports itself: on a terminal a step bar with its ETA and the running loss; elsewhere (a
-pipe, a log file, CI) one log line per epoch; in both, the dev metric of every evaluation.
+"""How a training run reports itself: its steps through ``retr.retrieval.progress`` (on a terminal a step bar with
+its ETA and the running loss; elsewhere a line every ``RETR_PROGRESS_SECONDS``), and one log line per epoch with
+the dev metric of its evaluation.
 
 Imported only once a trainer runs (it imports transformers): ``run_trainer`` attaches it in place of transformers'
 own printer, which writes raw ``{'loss': ...}`` dicts to stdout.
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from dataclasses import dataclass
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from retr.retrieval.progress import Progress, clock
 
 logger = logging.getLogger(__name__)
 
@@ -22,20 +24,11 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ProgressConfig:
     """What to report: ``metric_key`` is the evaluation's metric (as the trainer logs it), shown as ``label``;
-    ``bar`` draws the step bar (default: when stderr is a terminal and retr logs at INFO)."""
+    ``bar`` draws the step bar (default: when stderr is a terminal and retr logs at INFO; otherwise the steps are
+    logged at ``retr.retrieval.progress``'s interval)."""
     metric_key: str = "eval_dev_ndcg@10"
     label: str = "dev nDCG@10"
     bar: bool | None = None
-
-    def wants_bar(self) -> bool:
-        if self.bar is not None:
-            return self.bar
-        return bool(getattr(sys.stderr, "isatty", lambda: False)()) and logger.isEnabledFor(logging.INFO)
-
-
-def _seconds(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 class TrainProgress(TrainerCallback):
@@ -57,19 +50,18 @@ class TrainProgress(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
         self._first_step = self._last_logged = state.global_step  # > 0 when resumed
-        if self.cfg.wants_bar():
-            from tqdm.auto import tqdm
+        self.bar = Progress(state.max_steps, "training", unit="step", bar=self.cfg.bar, initial=state.global_step,
+                            leave=True)
+        if self.bar.drawing:
             from tqdm.contrib.logging import logging_redirect_tqdm
 
-            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="training", unit="step",
-                            file=sys.stderr, dynamic_ncols=True, leave=True)
             # retr's log lines go above the bar instead of through it
             self._redirect = logging_redirect_tqdm(loggers=[logging.getLogger("retr")])
             self._redirect.__enter__()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.bar is not None:
-            self.bar.update(state.global_step - self.bar.n)
+            self.bar.update(state.global_step - self.bar.done)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
@@ -80,7 +72,7 @@ class TrainProgress(TrainerCallback):
         self._loss_steps += steps
         self._postfix["loss"] = f"{float(logs['loss']):.4f}"
         if self.bar is not None:
-            self.bar.set_postfix(self._postfix)
+            self.bar.set_postfix(**self._postfix)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         control.should_log = True  # the epoch's last steps' loss is logged before its evaluation, not after
@@ -100,11 +92,11 @@ class TrainProgress(TrainerCallback):
         spent = time.perf_counter() - self._t0
         left = spent / done * (state.max_steps - state.global_step) if done else 0.0
         logger.info("%s (step %d/%d, %s, %s left)", ", ".join(parts), state.global_step, state.max_steps,
-                    _seconds(spent), _seconds(left))
+                    clock(spent), clock(left))
         self._loss_sum, self._loss_steps = 0.0, 0
         self._postfix[self.cfg.label] = shown
         if self.bar is not None:
-            self.bar.set_postfix(self._postfix)
+            self.bar.set_postfix(**self._postfix)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.close()

@@ -31,14 +31,6 @@ def vendor_telemetry_off() -> None:
     sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
 
 
-def tty() -> bool:
-    """Whether stderr is a terminal (progress bars only there)."""
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 class _ToDebug(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.name == logger.name:  # its own line, propagated up to the root: handled once already

@@ -5,6 +5,7 @@ Each list of choices (the CLI's, the configs' checks, the reranker's) is derived
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -140,14 +141,19 @@ def base_of(name: str) -> Backend:
 
 def on_this_cpu(backend: Backend, kind: GraphKind = EMBEDDING, platform: Platform | None = None) -> Backend:
     """The backend that does ``backend``'s work on ``platform`` (default: this machine): itself, or its base where
-    it cannot run natively there (static int8 without int8 dot products: ``chooser.prune``), with an info line
-    saying so. Whether a corpus then pays for a calibration is measured (``chooser.calibration_pays``)."""
+    it cannot run natively there (static int8 without int8 dot products: ``chooser.prune``), said once per process
+    in an info line. Whether a corpus then pays for a calibration is measured (``chooser.calibration_pays``)."""
     platform = platform or this_platform()
     if backend.base is None or platform.static_int8:
         return backend
-    logger.info("%s: this CPU has no int8 dot-product instructions (int8 would be emulated): the %s's work goes "
-                "through the %s graph, and nothing is calibrated", backend.name, kind.label, backend.base)
+    _say_base(backend.name, backend.base, kind.label, platform.precision)
     return get_backend(backend.base, kind)
+
+
+@functools.cache
+def _say_base(name: str, base: str, label: str, precision: str) -> None:
+    logger.info("the %s runs the %s graph (%s) here, not %s: this CPU has no int8 dot-product instructions "
+                "(AVX-512 VNNI, AVX-VNNI or AMX), so int8 would only be emulated", label, base, precision, name)
 
 
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "DEFAULT_RERANK_BACKEND", "EMBEDDING", "SCORING", "Backend", "base_of",
