@@ -88,6 +88,8 @@ def add_parser(sub) -> None:
                    help="what becomes of the chosen tokens, in %% as BERT's ablation writes it: [MASK] / kept the "
                         "same / a random token (default 80/10/10; its other rows: 100/0/0, 80/0/20, 80/20/0, "
                         "0/20/80, 0/0/100)")
+    t.add_argument("--dev-fraction", type=float, default=mlm.dev_fraction,
+                   help="documents held out for the dev MLM loss that picks the checkpoint")
     t.add_argument("--packing", choices=PACKINGS, default=mlm.packing,
                    help="an input: a document alone (cut at --max-length), two consecutive sentences "
                         "(pairs), or a run of sentences filling --max-length cut in two (segments)")
@@ -142,7 +144,8 @@ def run_mlm(args: argparse.Namespace) -> int:
 
     require_training_stack()  # before the corpus is read
     cfg = MLMTrainConfig(**_common(args), mask_prob=args.mask_prob, whole_word=args.whole_word,
-                         replace=args.replace, packing=args.packing, nsp=args.nsp)
+                         replace=args.replace, packing=args.packing, nsp=args.nsp,
+                         dev_fraction=args.dev_fraction)
     m = train_mlm(Path(args.out), cfg, load_corpus(Path(args.corpus)), resume=args.resume)
     print(f"MLM-adapted BERT written to {args.out}: dev MLM loss {m['dev_mlm_loss_before']:.3f} -> "
           f"{m['dev_mlm_loss']:.3f} ({m['train_docs']} docs, {m['train_seconds']:.0f} s)")

@@ -215,6 +215,9 @@ def test_nsp_needs_two_segments_and_a_bert_head():
         MLMTrainConfig(nsp=True)
     with pytest.raises(RetrError, match="unknown packing"):
         MLMTrainConfig(packing="sentences")
+    for fraction in (0.0, 1.0):
+        with pytest.raises(RetrError, match="--dev-fraction"):
+            MLMTrainConfig(dev_fraction=fraction)
 
 
 def _paragraph_corpus(folder):

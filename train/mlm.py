@@ -86,6 +86,8 @@ class MLMTrainConfig(TrainConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_packing(self.packing, self.nsp)
+        if not 0.0 < self.dev_fraction < 1.0:
+            raise RetrError(f"--dev-fraction must be in (0, 1), got {self.dev_fraction}")
         if self.replace is not None:
             parse_replacement(self.replace)
 
