@@ -9,6 +9,7 @@ from retr.retrieval.focus import INPUT_FORMS
 from retr.train.bi_encoder import BiEncoderTrainConfig
 from retr.train.cross_encoder import CrossEncoderTrainConfig
 from retr.train.mlm import MLMTrainConfig
+from retr.train.packing import PACKINGS
 
 
 def _add_common(t, cfg, base_help: str) -> None:
@@ -77,12 +78,24 @@ def add_parser(sub) -> None:
     t.set_defaults(run=run_bi_encoder)
 
     mlm = MLMTrainConfig()
-    t = tsub.add_parser("mlm", help="domain-adaptive masked-language modelling (BERT's 80/10/10 rule)")
+    t = tsub.add_parser("mlm", help="domain-adaptive masked-language modelling (BERT's 80/10/10 rule; NSP optional)")
     t.add_argument("--corpus", required=True, help="BEIR folder or corpus file")
     t.add_argument("--whole-word", action="store_true", help="mask all word-pieces of a word together")
     t.add_argument("--mask-prob", type=float, default=mlm.mask_prob,
                    help="share of tokens chosen for prediction (default: the backbone's recipe: BERT 0.15, "
                         "ModernBERT 0.30)")
+    t.add_argument("--replace", default=mlm.replace, metavar="MASK/SAME/RND",
+                   help="what becomes of the chosen tokens, in %% as BERT's ablation writes it: [MASK] / kept the "
+                        "same / a random token (default 80/10/10; its other rows: 100/0/0, 80/0/20, 80/20/0, "
+                        "0/20/80, 0/0/100)")
+    t.add_argument("--dev-fraction", type=float, default=mlm.dev_fraction,
+                   help="documents held out for the dev MLM loss that picks the checkpoint")
+    t.add_argument("--packing", choices=PACKINGS, default=mlm.packing,
+                   help="an input: a document alone (cut at --max-length), two consecutive sentences "
+                        "(pairs), or a run of sentences filling --max-length cut in two (segments)")
+    t.add_argument("--nsp", action="store_true",
+                   help="next-sentence prediction on [CLS] beside MLM: half the inputs' second segments come "
+                        "from another document (needs --packing pairs or segments; BERT backbones)")
     _add_common(t, mlm, "BERT folder (default: bundled MiniLM; an MLM head is added)")
     t.set_defaults(run=run_mlm)
 
@@ -130,7 +143,9 @@ def run_mlm(args: argparse.Namespace) -> int:
     from retr.train.runtime import require_training_stack
 
     require_training_stack()  # before the corpus is read
-    cfg = MLMTrainConfig(**_common(args), mask_prob=args.mask_prob, whole_word=args.whole_word)
+    cfg = MLMTrainConfig(**_common(args), mask_prob=args.mask_prob, whole_word=args.whole_word,
+                         replace=args.replace, packing=args.packing, nsp=args.nsp,
+                         dev_fraction=args.dev_fraction)
     m = train_mlm(Path(args.out), cfg, load_corpus(Path(args.corpus)), resume=args.resume)
     print(f"MLM-adapted BERT written to {args.out}: dev MLM loss {m['dev_mlm_loss_before']:.3f} -> "
           f"{m['dev_mlm_loss']:.3f} ({m['train_docs']} docs, {m['train_seconds']:.0f} s)")

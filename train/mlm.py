@@ -21,6 +21,7 @@ from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
 from retr.retrieval.types import check_float
 from retr.train.common import TrainConfig, common_training_args, dropout_overrides, run_trainer, write_output
+from retr.train.packing import check_packing, pack
 from retr.train.runtime import training_run
 
 logger = logging.getLogger(__name__)
@@ -32,32 +33,64 @@ class MaskRecipe:
     mask: float = 0.8  # of those: replaced by [MASK]
     random: float = 0.1  # replaced by a random token (the rest stay as they are)
 
+    @property
+    def keep(self) -> float:
+        return round(1.0 - self.mask - self.random, 10)
+
     def to_dict(self, architecture: str) -> dict:
+        """What the manifest records; ``replace`` is the rule as BERT's Table 8 writes it ([MASK]/same/random %)."""
         return {"architecture": architecture, "mask_prob": self.mask_prob, "mask": self.mask, "random": self.random,
-                "keep": round(1.0 - self.mask - self.random, 10)}
+                "keep": self.keep, "replace": "/".join(f"{round(x * 100):d}" for x in (self.mask, self.keep,
+                                                                                        self.random))}
 
 
 RECIPES = {"bert": MaskRecipe(0.15), "modernbert": MaskRecipe(0.30)}
 DEFAULT_RECIPE = "bert"  # for a backbone not in RECIPES (logged)
+# the rows of BERT's masking ablation (Devlin et al., 2019, Table 8), written as its columns are: the shares (%) of
+# the chosen tokens that become [MASK] / stay the SAME / become a RaNDom token
+BERT_ABLATION = ("80/10/10", "100/0/0", "80/0/20", "80/20/0", "0/20/80", "0/0/100")
 
 
-def recipe_for(architecture: str | None, mask_prob: float | None) -> tuple[str, MaskRecipe]:
-    """The backbone's recipe (BERT's for one retr does not know), with ``mask_prob`` when given."""
+def parse_replacement(rule: str) -> tuple[float, float]:
+    """``MASK/SAME/RND`` percentages (BERT's Table 8 order, summing to 100) -> (mask share, random share)."""
+    try:
+        mask, same, rnd = (int(x) for x in rule.split("/"))
+    except ValueError:
+        raise RetrError(f"--replace {rule!r}: write MASK/SAME/RND percentages, e.g. 80/10/10") from None
+    if min(mask, same, rnd) < 0 or mask + same + rnd != 100:
+        raise RetrError(f"--replace {rule!r}: three percentages >= 0 that sum to 100 ([MASK]/same/random)")
+    return mask / 100, rnd / 100
+
+
+def recipe_for(architecture: str | None, mask_prob: float | None,
+               replace: str | None = None) -> tuple[str, MaskRecipe]:
+    """The backbone's recipe (BERT's for one retr does not know), with ``mask_prob`` and the ``replace`` rule
+    (``MASK/SAME/RND``) when given."""
     name = architecture if architecture in RECIPES else DEFAULT_RECIPE
     if architecture not in RECIPES:
         logger.info("no MLM recipe for %r: using %s's", architecture, DEFAULT_RECIPE)
     recipe = RECIPES[name]
-    if mask_prob is not None:
-        recipe = MaskRecipe(mask_prob, recipe.mask, recipe.random)
-    return architecture or name, recipe
+    mask, rnd = parse_replacement(replace) if replace is not None else (recipe.mask, recipe.random)
+    return architecture or name, MaskRecipe(recipe.mask_prob if mask_prob is None else mask_prob, mask, rnd)
 
 
 @dataclass(frozen=True)
 class MLMTrainConfig(TrainConfig):
     warmup_ratio: float = 0.06
     mask_prob: float | None = None  # None: the backbone's recipe (RECIPES)
+    replace: str | None = None  # MASK/SAME/RND percentages of the chosen tokens; None: the recipe's (80/10/10)
     whole_word: bool = False
     dev_fraction: float = 0.05
+    packing: str = "documents"  # documents | pairs | segments (train/packing.py)
+    nsp: bool = False  # next-sentence prediction on [CLS] beside MLM (pairs or segments; BERT backbones)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_packing(self.packing, self.nsp)
+        if not 0.0 < self.dev_fraction < 1.0:
+            raise RetrError(f"--dev-fraction must be in (0, 1), got {self.dev_fraction}")
+        if self.replace is not None:
+            parse_replacement(self.replace)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -94,7 +127,8 @@ def mask_tokens(input_ids, special, mask_id: int, allowed_random, prob: float, g
 class MLMCollator:
     """Tokenises raw texts and masks them (a fresh random mask every time a text is seen)."""
 
-    def __init__(self, tokenizer, cfg: MLMTrainConfig, recipe: MaskRecipe = RECIPES[DEFAULT_RECIPE]):
+    def __init__(self, tokenizer, cfg: MLMTrainConfig, recipe: MaskRecipe = RECIPES[DEFAULT_RECIPE],
+                 seed: int | None = None):
         import torch
 
         self.tok = tokenizer
@@ -102,71 +136,126 @@ class MLMCollator:
         self.recipe = recipe
         specials = set(tokenizer.all_special_ids)
         self.allowed = torch.tensor([i for i in range(len(tokenizer)) if i not in specials], dtype=torch.long)
-        self.gen = torch.Generator().manual_seed(cfg.seed)
+        # its own generator with ``seed``; else torch's global one, which the trainer seeds and restores from a
+        # checkpoint on --resume (so a resumed run masks as the uninterrupted one did)
+        self.gen = None if seed is None else torch.Generator().manual_seed(seed)
 
     def __call__(self, rows):
         import torch
 
         if "labels" in rows[0]:  # pre-masked rows (the dev set): pad only
-            width = max(len(r["input_ids"]) for r in rows)
-
-            def pad(key, value):
-                return torch.tensor([r[key] + [value] * (width - len(r[key])) for r in rows])
-
-            return {"input_ids": pad("input_ids", self.tok.pad_token_id or 0), "labels": pad("labels", -100),
-                    "attention_mask": pad("attention_mask", 0)}
-        enc = self.tok([r["text"] for r in rows], truncation=True, max_length=self.cfg.max_length, padding=True,
+            return _pad(rows, self.tok.pad_token_id or 0)
+        pair = "text_b" in rows[0]
+        enc = self.tok([r["text"] for r in rows], [r["text_b"] for r in rows] if pair else None,
+                       truncation="longest_first", max_length=self.cfg.max_length, padding=True,
                        return_special_tokens_mask=True, return_tensors="pt")
         special = enc.pop("special_tokens_mask").bool() | (enc["attention_mask"] == 0)
         word_ids = None
         if self.cfg.whole_word:
-            word_ids = torch.tensor([[-1 if w is None else w for w in enc.word_ids(i)] for i in range(len(rows))])
+            word_ids = torch.tensor([_word_ids(enc, i) for i in range(len(rows))])
         inputs, labels = mask_tokens(enc["input_ids"], special, self.tok.mask_token_id, self.allowed,
                                      self.recipe.mask_prob, self.gen, word_ids, self.recipe.mask, self.recipe.random)
         enc["input_ids"] = inputs
         enc["labels"] = labels
+        if "next_sentence_label" in rows[0]:
+            enc["next_sentence_label"] = torch.tensor([r["next_sentence_label"] for r in rows])
         return dict(enc)
+
+
+def _word_ids(enc, i: int) -> list[int]:
+    """Row ``i``'s word of each token, -1 on specials; B's words numbered after A's (each restarts at 0)."""
+    words, seqs = enc.word_ids(i), enc.sequence_ids(i)
+    offset = 1 + max((w for w, q in zip(words, seqs, strict=True) if q == 0 and w is not None), default=-1)
+    return [-1 if w is None else w + offset * (q == 1) for w, q in zip(words, seqs, strict=True)]
+
+
+def _pad(rows, pad_id: int) -> dict:
+    """Pre-masked rows padded into one batch (a row's scalar next-sentence label as it is)."""
+    import torch
+
+    width = max(len(r["input_ids"]) for r in rows)
+    fill = {"input_ids": pad_id, "labels": -100, "attention_mask": 0, "token_type_ids": 0}
+    out = {k: torch.tensor([r[k] + [v] * (width - len(r[k])) for r in rows]) for k, v in fill.items() if k in rows[0]}
+    if "next_sentence_label" in rows[0]:
+        out["next_sentence_label"] = torch.tensor([r["next_sentence_label"] for r in rows])
+    return out
+
+
+def _mlm_only_loss(outputs, labels, num_items_in_batch=None):
+    """The MLM loss of a model that also has a next-sentence head, trained without NSP."""
+    import torch
+
+    logits = outputs["prediction_logits"]
+    return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1),
+                                             ignore_index=-100)
+
+
+def _load_model(source: str, ref, cfg: MLMTrainConfig, architecture: str):
+    """BERT's pre-training model (MLM and [CLS] next-sentence heads) for two-segment inputs, so the [CLS] pooler
+    goes on to the output trained by NSP or, without it, as the base had it; else an MLM model (a fresh MLM head
+    where the base has none). Returns (model, the Trainer's loss for it or None for the model's own)."""
+    from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
+
+    overrides = dropout_overrides(ref.path, cfg)
+    if cfg.packing == "documents" or architecture != "bert":
+        if cfg.nsp:
+            raise RetrError(f"--nsp: a {architecture} backbone has no next-sentence head (BERT's has)")
+        return AutoModelForMaskedLM.from_pretrained(source, **overrides), None
+    model = AutoModelForPreTraining.from_pretrained(source, **overrides)
+    return model, (None if cfg.nsp else _mlm_only_loss)
 
 
 @training_run
 def train_mlm(out: Path, cfg: MLMTrainConfig, corpus: Corpus, resume: bool = False) -> dict:
     import torch
     from datasets import Dataset as HFDataset
-    from transformers import AutoModelForMaskedLM, AutoTokenizer, Trainer, TrainingArguments
+    from transformers import AutoTokenizer, Trainer, TrainingArguments
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     ref = ModelRef.resolve(cfg.base)
     source = str(ref.path)
-    architecture, recipe = recipe_for(ref.architecture(), cfg.mask_prob)
+    architecture, recipe = recipe_for(ref.architecture(), cfg.mask_prob, cfg.replace)
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.mask_token_id is None:
         raise RetrError(f"{source}: its tokenizer has no [MASK] token")
-    # adds a fresh MLM head where there is none
-    model = AutoModelForMaskedLM.from_pretrained(source, **dropout_overrides(ref.path, cfg))
+    model, loss = _load_model(source, ref, cfg, architecture)
     model.tie_weights()
     texts = [d.full_text() for d in corpus.docs if d.full_text().strip()]
     order = list(range(len(texts)))
     random.Random(cfg.seed).shuffle(order)
-    n_dev = max(1, int(len(texts) * cfg.dev_fraction))
+    n_dev = max(2 if cfg.nsp else 1, int(len(texts) * cfg.dev_fraction))
+    if n_dev >= len(texts):
+        raise RetrError(f"{corpus.source}: {len(texts)} documents with text: too few to hold {n_dev} out for dev")
+
+    def count(parts: list[str]) -> list[int]:
+        return [len(ids) for ids in tokenizer(parts, add_special_tokens=False)["input_ids"]]
+
+    budget = cfg.max_length - tokenizer.num_special_tokens_to_add(pair=True)
+    train_packed = pack([texts[i] for i in order[n_dev:]], cfg.packing, cfg.nsp, count, budget, cfg.seed)
+    dev_packed = pack([texts[i] for i in order[:n_dev]], cfg.packing, cfg.nsp, count, budget, cfg.seed + 1)
     collator = MLMCollator(tokenizer, cfg, recipe)
-    fixed = MLMCollator(tokenizer, cfg, recipe)  # the dev set is masked once, so dev losses are comparable
-    dev_rows = [fixed([{"text": texts[i]}]) for i in order[:n_dev]]
-    dev = HFDataset.from_dict({k: [r[k][0].tolist() for r in dev_rows] for k in ("input_ids", "labels",
-                                                                                "attention_mask")})
-    train = HFDataset.from_dict({"text": [texts[i] for i in order[n_dev:]]})
+    fixed = MLMCollator(tokenizer, cfg, recipe, seed=cfg.seed)  # the dev set masked once: dev losses comparable
+    dev_rows = dev_packed.rows()
+    dev_masked = [fixed([{k: v[j] for k, v in dev_rows.items()}]) for j in range(len(dev_packed.a))]
+    dev = HFDataset.from_dict({k: [r[k][0].tolist() for r in dev_masked] for k in dev_masked[0]})
+    train = HFDataset.from_dict(train_packed.rows())
+    label_names = ["labels", "next_sentence_label"] if cfg.nsp else ["labels"]
     args = TrainingArguments(**common_training_args(out, cfg, len(train), log_every=20),
                              per_device_eval_batch_size=cfg.batch_size, metric_for_best_model="eval_loss",
-                             greater_is_better=False, remove_unused_columns=False)
+                             greater_is_better=False, remove_unused_columns=False, label_names=label_names)
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev,
-                      data_collator=collator)
+                      data_collator=collator, compute_loss_func=loss)
+    objective = "MLM+NSP" if cfg.nsp else "MLM"
     result = run_trainer(trainer, out, resume, eval_key="eval_loss", name="dev_mlm_loss", best=min,
-                         label="dev MLM loss", evaluate_first=True)
+                         label=f"dev {objective} loss", evaluate_first=True)
     if result["dev_mlm_loss"] is None:
         result["dev_mlm_loss"] = result["dev_mlm_loss_before"]
-    extra = {"base": cfg.base_name, "recipe": recipe.to_dict(architecture), "corpus_sha256": corpus.sha256, "train_docs": len(train),
-             "dev_docs": len(dev), **result,
-             "train_seconds": time.perf_counter() - t0}
+    extra = {"base": cfg.base_name, "recipe": recipe.to_dict(architecture), "corpus_sha256": corpus.sha256,
+             "train_docs": len(texts) - n_dev, "dev_docs": n_dev,
+             "packing": {"packing": cfg.packing, "nsp": cfg.nsp, "objective": objective.lower(),
+                         "train": train_packed.summary(), "dev": dev_packed.summary()},
+             **result, "train_seconds": time.perf_counter() - t0}
 
     def save(p: Path) -> None:
         trainer.model.save_pretrained(str(p))
