@@ -527,3 +527,35 @@ def test_every_index_attribute_the_index_format_page_names_exists_on_retr_index(
                 assert hasattr(value, attr), f"index-format.md names `index.{chain}`: retr.Index has no {attr!r}"
                 value = getattr(value, attr)
         assert index.manifest.generation == 0
+
+
+# -- what held, kept as a test: a reader killed with kill -9 frees its generation -----------------------------------
+def test_a_reader_killed_with_kill_9_frees_its_generation_for_the_next_writer(built, tmp_path):
+    """The lease is an flock: the kernel drops it with the process. A generation a live reader holds is kept across
+    a change; once that reader is killed with ``kill -9``, the next change removes it (at most the published
+    generation is left)."""
+    import signal
+    import sys
+
+    idx = _copy(built, tmp_path / "g.idx")
+    reader = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, retr\n"
+        f"index = retr.Index.load({str(idx)!r}, backend='onnx')\n"
+        "index.search('wolves', k=3)\n"
+        "print('open', flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "open"
+        a = _corpus(tmp_path / "a.jsonl", [("a1", "", "alpha one")])
+        assert _run(["add", str(idx), "--corpus", str(a)])[0] == 0
+        assert (idx / "ids.json").is_file(), "generation 0 (at the root) is held by the reader: kept"
+        reader.send_signal(signal.SIGKILL)
+        assert reader.wait(30) == -signal.SIGKILL
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    b = _corpus(tmp_path / "b.jsonl", [("b1", "", "beta one")])
+    assert _run(["add", str(idx), "--corpus", str(b)])[0] == 0
+    assert not (idx / "ids.json").exists(), "the killed reader's generation was freed and removed"
+    assert sorted(p.name for p in idx.iterdir() if p.name.startswith("gen-")) == ["gen-000002"]
