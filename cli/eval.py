@@ -52,6 +52,7 @@ def add_parser(sub) -> None:
     options.add_index_args(p)
     options.add_bm25_args(p)
     options.add_passage_args(p)
+    options.add_sparse_model_arg(p)
     p.set_defaults(run=run)
 
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         bm25=options.bm25_config(args), pipeline=options.pipeline_config(args),
         reranker=options.rerank_config(args, args.reranker), ignore_identical_ids=args.ignore_identical_ids,
         warmup=max(0, args.warmup), use_cache=not args.no_cache, passages=options.passage_config(args),
-        shards=args.shards, executor=options.executor_config(args),
+        shards=args.shards, executor=options.executor_config(args), sparse=options.sparse_config(args),
     )
     if args.index is not None:
         return _eval_index(args, cfg)

@@ -33,6 +33,7 @@ from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpe
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.request import MAX_K
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
+from retr.retrieval.sparse import SparseConfig
 from retr.retrieval.types import Hit, Qrels, Run
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class EvalConfig:
     passages: PassageConfig | None = None  # index passages of documents (None: documents cut at max length)
     shards: int = 1  # > 1: the index is that many shards, each query fanned out and merged
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # where a new index's documents are encoded
+    sparse: SparseConfig | None = None  # the learned sparse part of the index (needed by splade and hybrid3)
     ignore_identical_ids: bool = False
     warmup: int = defaults.WARMUP
     use_cache: bool = True
@@ -92,7 +94,7 @@ def run_pipeline(retriever, queries: dict[str, str], k: int, warmup: int) -> tup
 
 def _cost(index: IndexFolder, spec: PipelineSpec) -> dict[str, float]:
     m = index.manifest
-    parts = [m.dense] * spec.uses_dense + [m.bm25] * spec.uses_bm25
+    parts = [m.dense] * spec.uses_dense + [m.bm25] * spec.uses_bm25 + [m.sparse] * spec.uses_sparse
     seconds = sum(p.build_seconds for p in parts)
     return {"build_seconds": seconds, "index_bytes": sum(p.bytes for p in parts),
             "docs_per_second": m.num_docs / seconds if seconds > 0 else float("inf")}
@@ -242,10 +244,13 @@ def run_eval_index(folder: str | Path, topics: Mapping[str, str], qrels: Qrels, 
 def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> EvalReport:
     t_start = time.perf_counter()
     needs_dense = any(p.uses_dense for p in cfg.pipelines)
+    if any(p.uses_sparse for p in cfg.pipelines) and cfg.sparse is None:
+        raise RetrError("the splade and hybrid3 pipelines need a sparse encoder: pass --sparse-model MODEL")
     encoder = BiEncoder(cfg.encoder)
     index = cached_index(dataset.name, dataset.corpus, encoder,
                          IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache,
-                                     passages=cfg.passages, shards=cfg.shards, executor=cfg.executor))
+                                     passages=cfg.passages, shards=cfg.shards, executor=cfg.executor,
+                                     sparse=cfg.sparse))
     reranker = _reranker(cfg, len(dataset.queries))
     factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
     if reranker is not None and reranker.needs_check(factory.corpus_sha256):

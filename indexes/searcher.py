@@ -189,6 +189,9 @@ class Searcher:
         if spec.uses_bm25 and variant._bm25 is None:
             base.bm25()
             variant._bm25 = base._bm25
+        if spec.uses_sparse and variant._sparse is None:
+            base.sparse()
+            variant._sparse = base._sparse
         return variant
 
     def run(self, request: SearchRequest) -> list[SearchResult]:

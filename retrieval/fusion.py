@@ -146,22 +146,21 @@ ADAPTIVE = {"adaptive zscore": lambda runs, k: adaptive(runs, k, zscore),
 
 
 class HybridRetriever:
-    """Runs two retrievers to ``depth`` each and fuses their rankings."""
-
-    name = "hybrid"
+    """Runs two retrievers (or more: ``more``) to ``depth`` each and fuses their rankings."""
 
     def __init__(self, first: Retriever, second: Retriever, fusion: str = DEFAULT_FUSION, depth: int = 100,
-                 rrf_k: int = 60, weights: Sequence[float] | None = None):
+                 rrf_k: int = 60, weights: Sequence[float] | None = None, more: Sequence[Retriever] = (),
+                 name: str = "hybrid"):
         if fusion not in FUSIONS:
             raise RetrError(f"unknown fusion {fusion!r}: choose one of {', '.join(FUSIONS)}")
+        self.parts = (first, second, *more)
         self.first, self.second = first, second
-        self.fusion, self.depth, self.rrf_k, self.weights = fusion, depth, rrf_k, weights
-        self.stages = tuple(dict.fromkeys(first.stages + second.stages + ("fusion",)))
+        self.fusion, self.depth, self.rrf_k, self.weights, self.name = fusion, depth, rrf_k, weights, name
+        self.stages = tuple(dict.fromkeys([s for p in self.parts for s in p.stages] + ["fusion"]))
 
     def search(self, queries: Mapping[str, str], k: int, timer: StageTimer | None = None) -> Run:
         timer = timer or StageTimer()
         depth = max(k, self.depth)
-        a = self.first.search(queries, depth, timer)
-        b = self.second.search(queries, depth, timer)
+        runs = [part.search(queries, depth, timer) for part in self.parts]
         with timer.stage("fusion"):
-            return FUSIONS[self.fusion]([a, b], k, self.rrf_k, self.weights, self.depth)
+            return FUSIONS[self.fusion](runs, k, self.rrf_k, self.weights, self.depth)

@@ -175,6 +175,15 @@ def _hub_snapshot(model_id: str) -> Path | None:
     return None
 
 
+def _hub_cache() -> str:
+    """Where hub snapshots are looked for (``HF_HUB_CACHE``, ``HF_HOME``/hub, else ~/.cache/huggingface/hub)."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - a dependency of transformers
+        return "~/.cache/huggingface/hub"
+    return str(constants.HF_HUB_CACHE)
+
+
 def model_architecture(path: Path) -> str | None:
     """The backbone's ``model_type`` from its config.json (``bert``, ``modernbert``, ...), or None."""
     for candidate in (path / "config.json", *sorted(path.glob("*/config.json"))):
@@ -213,8 +222,8 @@ class ModelRef:
             raise RetrError(f"{name}: no such model folder")
         snap = _hub_snapshot(name)
         if snap is None:
-            raise RetrError(f"model {name!r}: no such folder, and not in the hub cache (offline?): download it "
-                            f"once where the hub is reachable, or pass a local folder")
+            raise RetrError(f"model {name!r}: no such folder, and not in the hub cache {_hub_cache()} (offline?): "
+                            f"download it once where the hub is reachable, or pass a local folder")
         check_loadable(snap)
         return cls(name, snap, hash_model_dir(snap))
 

@@ -1,4 +1,5 @@
-"""Named pipelines (bm25, dense, hybrid, each optionally +rerank) composed over one index folder.
+"""Named pipelines (bm25, dense, splade, hybrid = dense + bm25, hybrid3 = dense + bm25 + splade, each optionally
++rerank) composed over one index folder.
 
 A pipeline name is parsed once into a ``PipelineSpec``; everything else (which parts of an index it needs, which
 stages it times, which build costs it carries) asks the spec.
@@ -21,15 +22,16 @@ from retr.retrieval.passages import AGGREGATES, PassageMap
 from retr.retrieval.protocol import Retriever
 from retr.retrieval.rerank import CrossEncoderReranker, RerankRetriever, RerankWeight
 from retr.retrieval.shards import Merged, ShardedDense, split_positions
+from retr.retrieval.sparse import ENGINES, SparseRetriever, sparse_encoder_for
 
-FIRST_STAGES = ("bm25", "dense", "hybrid")
+FIRST_STAGES = ("bm25", "dense", "hybrid", "splade", "hybrid3")
 RERANK_SUFFIX = "+rerank"
-PIPELINES = (*FIRST_STAGES, *(f"{b}{RERANK_SUFFIX}" for b in ("dense", "hybrid", "bm25")))
+PIPELINES = (*FIRST_STAGES, *(f"{b}{RERANK_SUFFIX}" for b in ("dense", "hybrid", "bm25", "splade", "hybrid3")))
 
 
 @dataclass(frozen=True)
 class PipelineSpec:
-    first: str  # bm25 | dense | hybrid
+    first: str  # one of FIRST_STAGES
     rerank: bool = False
 
     @classmethod
@@ -45,11 +47,15 @@ class PipelineSpec:
 
     @property
     def uses_dense(self) -> bool:
-        return self.first in ("dense", "hybrid")
+        return self.first in ("dense", "hybrid", "hybrid3")
 
     @property
     def uses_bm25(self) -> bool:
-        return self.first in ("bm25", "hybrid")
+        return self.first in ("bm25", "hybrid", "hybrid3")
+
+    @property
+    def uses_sparse(self) -> bool:
+        return self.first in ("splade", "hybrid3")
 
 
 def parse_pipelines(spec: str) -> tuple[PipelineSpec, ...]:
@@ -66,8 +72,11 @@ class PipelineConfig:
     fusion_depth: int = defaults.FUSION_DEPTH
     rrf_k: int = 60
     passage_aggregate: str | None = None  # an index of passages: None takes the one it was built with
+    sparse_engine: str = "exact"  # how the splade stage searches: exact (CSR dot products) | seismic (approximate)
 
     def __post_init__(self) -> None:
+        if self.sparse_engine not in ENGINES:
+            raise RetrError(f"unknown sparse engine {self.sparse_engine!r}: choose one of {', '.join(ENGINES)}")
         if self.fusion not in FUSIONS:
             raise RetrError(f"unknown fusion {self.fusion!r}: choose one of {', '.join(FUSIONS)}")
         if self.passage_aggregate is not None and self.passage_aggregate not in AGGREGATES:
@@ -110,6 +119,7 @@ class PipelineFactory:
         self.config = config
         self.encoder_config = encoder_config  # how the encoder is made when none is given and one is needed
         self._bm25: BM25Retriever | list[BM25Retriever] | None = None
+        self._sparse: SparseRetriever | None = None
         self._positions: dict[str, int] | None = None
 
     @property
@@ -169,6 +179,20 @@ class PipelineFactory:
                            zip(self._bm25, split_positions(allowed, self.index.offsets), strict=True)])
         return self._bm25.restricted(allowed)
 
+    def sparse(self, allowed=None) -> Retriever:
+        """The learned sparse stage over the index's ``sparse/`` part, its query encoder the one it was built with."""
+        if self._sparse is None:
+            if self._shards is not None:
+                raise RetrError(f"{self.index.folder}: a sharded index has no sparse part: build it unsharded with "
+                                f"--sparse-model")
+            info = self.index.manifest.sparse
+            if info is None:
+                raise RetrError(f"{self.index.folder}: this index has no sparse part: rebuild it with "
+                                f"`retr index --sparse-model MODEL`")
+            encoder = sparse_encoder_for(self.index.folder, info.model, self.config.sparse_engine)
+            self._sparse = SparseRetriever(self.index.sparse_matrix, self.index.ids, encoder)
+        return self._sparse.restricted(allowed)
+
     def make(self, spec: PipelineSpec | str, reranker: CrossEncoderReranker | None = None,
              allowed=None) -> Retriever:
         """The retriever for ``spec``; ``reranker`` (else the factory's) for a +rerank pipeline; ``allowed``: the
@@ -179,9 +203,12 @@ class PipelineFactory:
             first: Retriever = self.dense(allowed)
         elif spec.first == "bm25":
             first = self.bm25(allowed)
+        elif spec.first == "splade":
+            first = self.sparse(allowed)
         else:
+            more = (self.sparse(allowed),) if spec.first == "hybrid3" else ()
             first = HybridRetriever(self.dense(allowed), self.bm25(allowed), self.config.fusion, self.config.fusion_depth,
-                                    self.config.rrf_k)
+                                    self.config.rrf_k, more=more, name=spec.first)
         if not spec.rerank:
             return first
         if reranker is None:
