@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from retr.retrieval.errors import RetrError
-from tests.conftest import DOCS, QUERIES, _tiny_bert_config, _tokenizer
+
+from .conftest import DOCS, QUERIES, _tiny_bert_config, _tokenizer, write_beir
 
 
 @pytest.fixture(scope="session")
@@ -203,7 +204,7 @@ def test_add_and_delete_equal_a_fresh_build(tmp_path, sparse_index, tiny_bi_enco
     from retr.retrieval.bm25 import BM25Config
     from retr.retrieval.encoder import EncoderConfig
     from retr.retrieval.sparse import SparseConfig
-    from tests.conftest import write_beir
+
 
     delete_documents(sparse_index, ["d2", "d7"])
     extra = [("d17", "Geysers", "Geysers erupt hot water and steam from the earth."),
@@ -279,3 +280,29 @@ def test_cli_eval_three_way(tmp_path, tiny_dataset, tiny_bi_encoder, tiny_splade
     assert splade["index_bytes"] == report["index"]["manifest"]["sparse"]["bytes"] > 0
     assert "splade" in splade["latency_ms"] and "splade" in three["latency_ms"] and "bm25" in three["latency_ms"]
     assert three["index_bytes"] == sum(report["pipelines"][m]["index_bytes"] for m in ("bm25", "dense", "splade"))
+
+
+def test_api_and_service_search_the_sparse_part_as_the_pipeline_does(tmp_path, tiny_dataset, tiny_bi_encoder,
+                                                                      tiny_splade):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import retr
+    from retr.cli.serve_app import ServeConfig
+
+    from .serving import Server
+
+    out = tmp_path / "api-idx"
+    with retr.Index.build(tiny_dataset, out, model=str(tiny_bi_encoder), use_cache=False,
+                          sparse_model=str(tiny_splade)) as index:
+        assert index.manifest.sparse.model["kind"] == "splade"
+        found = {m: index.search(QUERIES["q4"], k=4, mode=m) for m in ("splade", "hybrid3")}
+    want = {m: _search(out, m, 4)["q4"] for m in ("splade", "hybrid3")}
+    for m in found:
+        assert [h.id for h in found[m].hits] == [h.doc_id for h in want[m]] and found[m].hits
+        assert "splade" in found[m].latency_ms
+    server = Server(out, ServeConfig())
+    try:
+        status, body = server.request("/search", {"query": QUERIES["q4"], "k": 4, "mode": "hybrid3"})
+    finally:
+        server.stop()
+    assert status == 200 and [r["id"] for r in body["results"]] == [h.doc_id for h in want["hybrid3"]]
