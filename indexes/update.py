@@ -38,9 +38,9 @@ from retr.indexes.manifest import INDEX_FORMAT_VERSION, is_index_folder, load_ma
 from retr.indexes.shards import SHARDED_KIND
 from retr.retrieval.artifacts import checksums, read_text, versions, writer_lock
 from retr.retrieval.bm25 import BM25_DIR, BM25Config
+from retr.retrieval.compose import encoder_for_index
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
-from retr.retrieval.pipeline import encoder_for_index
 from retr.retrieval.types import Document
 
 logger = logging.getLogger(__name__)
