@@ -261,8 +261,8 @@ class Index:
     def search(self, query: str, k: int = defaults.K, mode: str = defaults.MODE, rerank: str | None = None,
                filter: Mapping[str, object] | None = None, *, fusion: str | None = None,
                passage_aggregate: str | None = None, fusion_depth: int | None = None) -> SearchResult:
-        """The top ``k`` documents for ``query``: ``mode`` bm25, dense or hybrid; ``rerank`` a cross-encoder
-        folder; ``filter`` ``{field: value}`` on the corpus records' other fields (every stage restricted);
+        """The top ``k`` documents for ``query``: ``mode`` a pipeline (bm25, dense, hybrid, an expression such as
+        ``"bm25+rm3"`` or a ``retr.stages`` value); ``rerank`` a cross-encoder folder (``+rerank`` added if absent); ``filter`` ``{field: value}`` on the corpus records' other fields (every stage restricted);
         ``fusion`` / ``fusion_depth`` / ``passage_aggregate``: this search's, instead of the index's. Defaults and
         checks are ``retr.SearchRequest``'s. The result's ``hits`` are typed (rank, id, score, title, text,
         metadata); ``latency_ms`` per stage."""
@@ -476,14 +476,17 @@ def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, s
     from retr.retrieval.rerank import RerankConfig
 
     dataset = _path(dataset, "dataset")
-    names = _names(mode, "mode")
-    if not names or any("," in n for n in names):
-        raise RetrError(f"mode must name one pipeline per item, e.g. {list(_DEFAULT_PIPELINES)}, got {names}")
+    if isinstance(mode, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(mode, Iterable):
+        _names(mode, "mode")  # its one-line error
+    try:  # each item a str (parsed here, once) or a retr.stages value
+        pipelines = parse_pipelines(list(mode))
+    except RetrError as e:
+        raise RetrError(f"mode: {e}") from None
     ks = _cutoffs(k_values)
     out_path, run_path = _new_file(out, "out"), _new_file(run_dir, "run_dir")
     rerank = _text(rerank, "rerank")
     rerank_depth = check_int(rerank_depth, "rerank_depth", 1, 10_000)  # checked with or without a cross-encoder
-    cfg = EvalConfig(pipelines=parse_pipelines(",".join(names)), k_values=ks,
+    cfg = EvalConfig(pipelines=pipelines, k_values=ks,
                      encoder=_encoder(model, backend, query_backend, None, query_prompt, doc_prompt),
                      dense=DenseIndexConfig(kind=kind),
                      pipeline=PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS),

@@ -68,7 +68,7 @@ def run_batch(args: argparse.Namespace) -> int:
             searcher.reranker(args.rerank).expect(len(topics))
         searcher.search_run(SearchRequest.one(request.queries[0], k=1, mode=args.mode, rerank=args.rerank,
                                               filter=request.filter))  # everything loaded before the clock
-        with tqdm(total=len(topics), desc=request.pipeline, unit="q", leave=False, disable=None) as bar:
+        with tqdm(total=len(topics), desc=str(request.pipeline), unit="q", leave=False, disable=None) as bar:
             t0 = time.perf_counter()
             run = searcher.search_run(request, ids=list(topics), chunk=args.query_batch, progress=bar.update)
             wall = time.perf_counter() - t0

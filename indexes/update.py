@@ -39,9 +39,9 @@ from retr.indexes.shards import SHARDED_KIND
 from retr.indexes.sparse import SPARSE_DIR, encode_sparse, write_sparse
 from retr.retrieval.artifacts import checksums, read_text, versions, writer_lock
 from retr.retrieval.bm25 import BM25_DIR, BM25Config
+from retr.retrieval.compose import encoder_for_index
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
-from retr.retrieval.pipeline import encoder_for_index
 from retr.retrieval.sparse import sparse_encoder_for
 from retr.retrieval.types import Document
 

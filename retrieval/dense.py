@@ -12,6 +12,7 @@ from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
 from retr.retrieval.passages import PassageMap
 from retr.retrieval.protocol import StageTimer
+from retr.retrieval.stage import Stage
 from retr.retrieval.types import Hit, Run
 
 
@@ -149,3 +150,7 @@ class DenseRetriever:
             if depth >= total or all(len(d) >= want for d, _ in folded):
                 return [s for _, s in folded], [d for d, _ in folded]
             depth = min(total, depth * 4)
+
+
+STAGE = Stage("dense", "source", lambda ctx, node, inputs: ctx.parts.dense(ctx.allowed, ctx.config.passage_aggregate),
+              "the bi-encoder's query vector searched in the index's FAISS part", needs=("dense",))

@@ -19,6 +19,7 @@ import numpy as np
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef
 from retr.retrieval.protocol import StageTimer
+from retr.retrieval.stage import Stage
 from retr.retrieval.types import Hit, Run, trec_sorted
 
 logger = logging.getLogger(__name__)
@@ -261,3 +262,7 @@ def build_seismic(matrix, **params):
     dataset.add_documents_by_id([str(i) for i in range(matrix.shape[0])], matrix.indices.astype(np.int64),
                                 matrix.data.astype(np.float32), matrix.indptr.astype(np.int64))
     return SeismicIndex.build_from_dataset(dataset, **params)
+
+
+STAGE = Stage("splade", "source", lambda ctx, node, inputs: ctx.parts.sparse(ctx.allowed, ctx.config.sparse_engine),
+              "the learned sparse encoder's query vector against the index's sparse part", needs=("sparse",))

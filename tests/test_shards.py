@@ -15,10 +15,11 @@ from retr.indexes.corpus import load_corpus
 from retr.indexes.searcher import Searcher
 from retr.indexes.shards import ShardedIndex
 from retr.retrieval.bm25 import BM25Config
+from retr.retrieval.compose import IndexParts, build
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageConfig
-from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+from retr.retrieval.pipeline import PipelineConfig, parse
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
 from .conftest import DOCS, QRELS, QUERIES, write_beir
@@ -51,9 +52,8 @@ def built(tiny_bi_encoder, tmp_path_factory):
 def _run(folder, encoder, mode, k, allowed_topic=None, reranker=None):
     s = Searcher(folder, EncoderConfig(backend="onnx"))
     try:
-        factory = PipelineFactory(s.index, encoder, reranker, PipelineConfig())
         allowed = s.allowed({"topic": allowed_topic}) if allowed_topic else None
-        return factory.make(mode, reranker, allowed).search(QUERIES, k)
+        return build(parse(mode), IndexParts(s.index, encoder), PipelineConfig(), reranker, allowed).search(QUERIES, k)
     finally:
         s.close()
 

@@ -186,13 +186,14 @@ def test_an_unrecorded_file_in_the_sparse_part_is_refused(sparse_index):
         IndexFolder(sparse_index)
 
 
-def _search(folder, mode, k=5):
+def _search(folder, mode, k=5, engine="exact"):
     from retr.indexes.folder import IndexFolder
-    from retr.retrieval.pipeline import PipelineFactory
+    from retr.retrieval.compose import IndexParts, build
+    from retr.retrieval.pipeline import PipelineConfig, parse
 
     index = IndexFolder(folder)
     try:
-        return PipelineFactory(index).make(mode).search(QUERIES, k)
+        return build(parse(mode), IndexParts(index), PipelineConfig(sparse_engine=engine)).search(QUERIES, k)
     finally:
         index.close()
 
@@ -224,15 +225,18 @@ def test_add_and_delete_equal_a_fresh_build(tmp_path, sparse_index, tiny_bi_enco
 
 def test_three_way_fusion_fuses_the_three_runs(sparse_index):
     from retr.retrieval.fusion import minmax
-    from retr.retrieval.pipeline import PipelineConfig, PipelineSpec
+    from retr.retrieval.pipeline import PipelineConfig, parse
 
     depth = PipelineConfig().fusion_depth
-    parts = [_search(sparse_index, m, depth) for m in ("dense", "bm25", "splade")]
+    parts = [_search(sparse_index, m, depth) for m in ("bm25", "dense", "splade")]
     want = minmax(parts, 5, None, depth)
     got = _search(sparse_index, "hybrid3")
+    assert str(parse("fuse(bm25,dense,splade)")) == "hybrid3"
     for qid in QUERIES:
         assert [(h.doc_id, round(h.score, 9)) for h in got[qid]] == [(h.doc_id, round(h.score, 9)) for h in want[qid]]
-    assert PipelineSpec.parse("hybrid3").uses_sparse and not PipelineSpec.parse("hybrid").uses_sparse
+    assert "sparse" in parse("hybrid3").needs and "sparse" not in parse("hybrid").needs
+    seismic = _search(sparse_index, "fuse(splade,bm25)", engine="seismic")  # a composition the registry allows
+    assert all(seismic[q] for q in QUERIES if _search(sparse_index, "bm25")[q])
     two = _search(sparse_index, "hybrid")
     assert any([h.doc_id for h in two[q]] != [h.doc_id for h in got[q]] for q in QUERIES)  # the third list counts
 
