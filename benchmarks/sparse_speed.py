@@ -39,15 +39,15 @@ def _sample(corpus: Path, docs: int, queries: int, out: Path, seed: int = 0) -> 
 
 def _child_retr(folder: str, queries_file: str, warmup: int) -> dict:
     from retr.indexes.folder import IndexFolder
-    from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+    from retr.retrieval.compose import IndexParts, build
+    from retr.retrieval.pipeline import PipelineConfig, parse
 
     queries = json.loads(Path(queries_file).read_text())
     out = {}
     for mode, engine in (("dense", "exact"), ("splade", "exact"), ("splade", "seismic")):
         index = IndexFolder(folder)
-        factory = PipelineFactory(index, config=PipelineConfig(sparse_engine=engine))
         t0 = time.perf_counter()
-        retriever = factory.make(mode)
+        retriever = build(parse(mode), IndexParts(index), PipelineConfig(sparse_engine=engine))
         for q in queries[:warmup]:
             retriever.search({"w": q}, 10)
         first = time.perf_counter() - t0  # the model loaded (and the seismic index built) and the warm-up
