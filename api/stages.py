@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from retr.retrieval.pipeline import Pipeline, parse
 
-__all__ = ["BM25", "RM3", "Dense", "Fuse", "Hybrid", "Pipeline", "Rerank", "parse", "stage"]
+__all__ = ["BM25", "RM3", "Dense", "Fuse", "Hybrid", "Pipeline", "Rerank", "Splade", "parse", "stage"]
 
 
 def stage(name: str, *inputs: Pipeline | str, **options) -> Pipeline:
@@ -33,6 +33,12 @@ def BM25() -> Pipeline:
 def Dense() -> Pipeline:
     """The bi-encoder's query vector searched in the index's FAISS part."""
     return Pipeline("dense")
+
+
+def Splade() -> Pipeline:
+    """The learned sparse encoder's query vector against the index's sparse part (``retr index --sparse-model``);
+    ``Fuse(BM25(), Dense(), Splade())`` is ``hybrid3``."""
+    return Pipeline("splade")
 
 
 def Hybrid() -> Pipeline:

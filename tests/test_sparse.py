@@ -232,6 +232,9 @@ def test_three_way_fusion_fuses_the_three_runs(sparse_index):
     want = minmax(parts, 5, None, depth)
     got = _search(sparse_index, "hybrid3")
     assert str(parse("fuse(bm25,dense,splade)")) == "hybrid3"
+    from retr.stages import BM25, Dense, Fuse, Splade
+
+    assert Fuse(BM25(), Dense(), Splade()) == parse("hybrid3")
     for qid in QUERIES:
         assert [(h.doc_id, round(h.score, 9)) for h in got[qid]] == [(h.doc_id, round(h.score, 9)) for h in want[qid]]
     assert "sparse" in parse("hybrid3").needs and "sparse" not in parse("hybrid").needs
