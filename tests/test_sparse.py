@@ -313,3 +313,29 @@ def test_api_and_service_search_the_sparse_part_as_the_pipeline_does(tmp_path, t
     finally:
         server.stop()
     assert status == 200 and [r["id"] for r in body["results"]] == [h.doc_id for h in want["hybrid3"]]
+
+
+@pytest.mark.parametrize("kind,base", [("csr", "st"), ("splade", "bert")])
+def test_train_sparse_encoder_writes_a_folder_the_index_takes(kind, base, tiny_train, tiny_bi_encoder, tmp_path):
+    """`retr train sparse-encoder` on the tiny train split: a SparseEncoder folder of the kind asked for, whose loss
+    fell, with its manifest; the splade stage then indexes with it."""
+    from retr.eval.data import load_dataset
+    from retr.train.sparse_encoder import SparseEncoderTrainConfig, train_sparse_encoder
+
+    ds = load_dataset(str(tiny_train), "train", download=False)
+    out = tmp_path / kind
+    cfg = SparseEncoderTrainConfig(base=str(tiny_bi_encoder.parent / base), kind=kind, epochs=3, batch_size=4,
+                                   learning_rate=1e-3, max_length=32, negative_depth=5, dev_fraction=0.3,
+                                   dev_candidates=5, active_dims=8, freeze_layers=0, seed=0)
+    m = train_sparse_encoder(out, cfg, dataset=ds)
+    assert len(m["loss_history"]) >= 2 and m["loss_history"][-1] < m["loss_history"][0]
+    assert len(m["dev_ndcg@10_per_epoch"]) == 3
+    manifest = json.loads((out / "retr_manifest.json").read_text())
+    assert manifest["format"] == "retr-sparse-encoder" and manifest["sparse_kind"] == kind
+    enc = _encoder(out)
+    assert enc.kind == kind
+    rows = enc.encode_documents(TEXTS[:3])
+    assert rows.shape[0] == 3 and rows.nnz > 0
+    if kind == "csr":
+        assert (np.diff(rows.indptr) <= 8).all()  # at most active_dims non-zero a text
+    assert not (tmp_path / f".{kind}.checkpoints").exists()
