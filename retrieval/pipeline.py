@@ -220,7 +220,9 @@ class _Parser:
 
     def pipelines(self) -> list[Pipeline]:
         found = [self.expr()]
+        self.commas: list[int] = []  # the columns of the commas between pipelines (none inside parentheses)
         while self.peek(","):
+            self.commas.append(self._column())
             self.take(",")
             found.append(self.expr())
         if not self.done():
@@ -307,8 +309,7 @@ def parse(text: str | Pipeline) -> Pipeline:
         raise RetrError(f"no pipeline given: write e.g. {', '.join(FIRST_STAGES)}, bm25+rm3 or fuse(bm25,dense)")
     found = parser.pipelines()
     if len(found) > 1:
-        parser.fail("one pipeline expected, found a list (a comma outside parentheses)",
-                    next(c for k, v, c in parser.tokens if v == ","))
+        parser.fail("one pipeline expected, found a list (a comma outside parentheses)", parser.commas[0])
     return found[0]
 
 

@@ -16,7 +16,9 @@ original_query_weight=0.5`` (PyTerrier's RM3 takes the same three):
 
 Ties (a cut among terms of equal weight) are broken by the term, so the expansion does not depend on an order
 nobody chose (Anserini's is a hash map's). The first pass may be any pipeline (``dense+rm3``: feedback from the
-bi-encoder's ranking, its cosine scores as s_i); the second pass is BM25 over the same index.
+bi-encoder's ranking, its cosine scores as s_i); the second pass is BM25 over the same index (a sharded index:
+each shard searched with the expanded query and the lists merged, document frequencies summed over the shards,
+so the run equals the unsharded index's).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from retr.retrieval.bm25 import BM25Retriever
-from retr.retrieval.errors import RetrError
 from retr.retrieval.protocol import Retriever, StageTimer
+from retr.retrieval.shards import Merged, merge_runs
 from retr.retrieval.stage import Option, Stage
 from retr.retrieval.types import Hit, Run
 
@@ -50,8 +52,8 @@ def _unit(weights: Mapping[str, float]) -> dict[str, float]:
 class RM3Retriever:
     """``feedback``'s top ``fb_docs`` expand each query (``expansion``); ``bm25`` searches the expanded query."""
 
-    def __init__(self, feedback: Retriever, bm25: BM25Retriever, positions: Mapping[str, int], fb_terms: int = 10,
-                 fb_docs: int = 10, original_query_weight: float = 0.5, name: str = "bm25+rm3"):
+    def __init__(self, feedback: Retriever, bm25: BM25Retriever | ShardedTerms, positions: Mapping[str, int],
+                 fb_terms: int = 10, fb_docs: int = 10, original_query_weight: float = 0.5, name: str = "bm25+rm3"):
         self.feedback, self.bm25, self.positions = feedback, bm25, positions
         self.fb_terms, self.fb_docs, self.weight = fb_terms, fb_docs, original_query_weight
         self.name = name
@@ -103,11 +105,40 @@ class RM3Retriever:
         return found
 
 
+class ShardedTerms:
+    """What RM3 reads of a sharded index's BM25 parts (each a shard's rows with the collection's vocabulary and
+    statistics): the vocabulary, each term's document frequency summed over the shards, a document's tokens by
+    its position in the whole index (shards in order), and a weighted search fanned out and merged."""
+
+    def __init__(self, parts: Sequence[BM25Retriever]):
+        self.parts = list(parts)
+        self.vocab = self.parts[0].vocab
+        stats = [p.stats for p in self.parts]
+        self.terms = stats[0].terms
+        self.doc_freq = np.sum([st.doc_freq for st in stats], axis=0)
+        self.starts = np.cumsum([0, *(st.num_docs for st in stats)])
+        self.num_docs = int(self.starts[-1])
+        self._stats = stats
+
+    @property
+    def stats(self) -> ShardedTerms:
+        return self
+
+    def doc_terms(self, position: int) -> np.ndarray:
+        shard = int(np.searchsorted(self.starts, position, side="right")) - 1
+        return self._stats[shard].doc_terms(position - int(self.starts[shard]))
+
+    def query_terms(self, text: str) -> list[str]:
+        return self.parts[0].query_terms(text)
+
+    def search_weighted(self, queries: Mapping[str, Mapping[int, float]], k: int, timer: StageTimer) -> Run:
+        return merge_runs([p.search_weighted(queries, k, timer) for p in self.parts], k)
+
+
 def _build(ctx, node, inputs: Sequence[Retriever]) -> RM3Retriever:
     bm25 = ctx.parts.bm25(ctx.allowed)
-    if not isinstance(bm25, BM25Retriever):
-        raise RetrError(f"{node}: RM3 reads one BM25 index's document tokens: a sharded index is not supported "
-                        f"(search it with {node.inputs[0]})")
+    if isinstance(bm25, Merged):  # a sharded index
+        bm25 = ShardedTerms(bm25.parts)
     return RM3Retriever(inputs[0], bm25, ctx.parts.positions, node.option("fb_terms"), node.option("fb_docs"),
                         node.option("original_query_weight"), str(node))
 

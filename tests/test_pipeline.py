@@ -59,6 +59,7 @@ def test_the_operators_compose_the_values_the_text_names():
     ("fuse(bm25,dense,method=max)", "method is 'max': choose one of minmax, zscore, rrf"),
     ("bm25 ; dense", "position 6: unexpected character ';'"),
     ("bm25,dense", "position 5: one pipeline expected, found a list"),
+    ("fuse(bm25,dense),bm25", "position 17: one pipeline expected, found a list"),
 ])
 def test_a_bad_expression_is_one_line_naming_the_position(text, message):
     with pytest.raises(RetrError, match=message) as e:
@@ -219,3 +220,20 @@ def test_a_pipeline_is_a_value_that_pickles_and_deep_copies():
 
     p = parse("fuse(bm25,bm25+rm3(fb_docs=3),dense,method=rrf)+rerank")
     assert pickle.loads(pickle.dumps(p)) == p and copy.deepcopy(p) == p and isinstance(p, Pipeline)
+
+
+def test_eval_of_a_dataset_reports_a_row_per_expression(tiny_dataset, tiny_bi_encoder, tmp_path, capsys):
+    report = tmp_path / "r.json"
+    modes = "bm25,bm25+rm3,hybrid,fuse(bm25,bm25+rm3,dense),fuse(bm25,dense)"  # the last is hybrid: one row
+    assert main(["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--backend", "onnx",
+                 "--mode", modes, "--k-values", "1,10", "--warmup", "0", "--out", str(report)]) == 0
+    rep = json.loads(report.read_text())
+    names = ["bm25", "bm25+rm3", "hybrid", "fuse(bm25,bm25+rm3,dense)"]
+    assert list(rep["pipelines"]) == names and rep["config"]["pipelines"] == names
+    assert set(rep["pipelines"]["fuse(bm25,bm25+rm3,dense)"]["latency_ms"]) == \
+        {"bm25", "rm3", "encode", "ann", "fusion", "total"}
+    table = capsys.readouterr().out
+    assert all(f"\n{n} " in table for n in names)
+    # a bad expression: one line naming its position, before any dataset is read
+    assert main(["eval", "--dataset", str(tiny_dataset), "--mode", "bm25,fuse(bm25"]) == 2
+    assert "pipeline 'bm25,fuse(bm25', position 15: expected ',' or ')', found the end" in capsys.readouterr().err

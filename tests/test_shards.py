@@ -77,14 +77,14 @@ def test_partition_is_stable_and_complete(built):
         assert shard.manifest["shard"] == {"index": i, "of": 3, "partition": "sha256(id)[:8] mod shards"}
 
 
-@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
+@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid", "bm25+rm3", "fuse(bm25,bm25+rm3,dense)"])
 @pytest.mark.parametrize("k", [5, 1000])
 def test_merged_top_k_equals_the_unsharded_index(built, mode, k):
     _, encoder, folders, _ = built
     _same(_run(folders["three"], encoder, mode, k), _run(folders["one"], encoder, mode, k))
 
 
-@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
+@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid", "bm25+rm3"])
 def test_filters_and_passages_over_shards(built, mode):
     _, encoder, folders, _ = built
     _same(_run(folders["three"], encoder, mode, 6, "odd"), _run(folders["one"], encoder, mode, 6, "odd"))
