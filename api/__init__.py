@@ -166,18 +166,22 @@ class Index:
               query_prompt: str | None = None, doc_prompt: str | None = None, passages: str | None = None,
               passage_aggregate: str = defaults.AGGREGATE, shards: int = defaults.SHARDS,
               executor: str = defaults.EXECUTOR, ray_address: str | None = None,
-              ray_actors: int = defaults.RAY_ACTORS, **dense_options) -> Index:
+              ray_actors: int = defaults.RAY_ACTORS, sparse_model: str | None = None, **dense_options) -> Index:
         """Build ``out`` from ``corpus`` (a BEIR folder or a JSONL/CSV/TSV file) and open it. The options are
         `retr index`'s (prompts: None takes the model's own; ``passages``: ``"N[:STRIDE]"`` indexes passages and
         ranks documents by their ``passage_aggregate``; ``executor="ray"`` encodes on a Ray cluster);
         ``dense_options`` are ``DenseIndexConfig`` fields (``hnsw_m``, ``ef_search``, ...), each bounded by the
-        config. ``aggregate``: the older name of ``passage_aggregate`` (a ``FutureWarning``)."""
+        config; ``sparse_model``: a SparseEncoder for the learned sparse part (the ``splade`` and ``hybrid3`` modes).
+        ``aggregate``: the older name of ``passage_aggregate`` (a ``FutureWarning``)."""
+        from dataclasses import replace
+
         from retr.indexes.build import build_index
         from retr.indexes.corpus import CorpusFormat, load_corpus
 
         corpus_path, out_path = _path(corpus, "corpus"), _path(out, "out")
         cfg = _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages,
                             passage_aggregate, shards, executor, ray_address, ray_actors, dense_options)
+        cfg = replace(cfg, sparse=_sparse(sparse_model))
         fmt = CorpusFormat(_text(id_field, "id_field"), _text(text_field, "text_field"),
                            _text(title_field, "title_field"))
         build_index(load_corpus(corpus_path, fmt), out_path, cfg)
@@ -257,8 +261,8 @@ class Index:
     def search(self, query: str, k: int = defaults.K, mode: str = defaults.MODE, rerank: str | None = None,
                filter: Mapping[str, object] | None = None, *, fusion: str | None = None,
                passage_aggregate: str | None = None, fusion_depth: int | None = None) -> SearchResult:
-        """The top ``k`` documents for ``query``: ``mode`` bm25, dense or hybrid; ``rerank`` a cross-encoder
-        folder; ``filter`` ``{field: value}`` on the corpus records' other fields (every stage restricted);
+        """The top ``k`` documents for ``query``: ``mode`` a pipeline (bm25, dense, hybrid, an expression such as
+        ``"bm25+rm3"`` or a ``retr.stages`` value); ``rerank`` a cross-encoder folder (``+rerank`` added if absent); ``filter`` ``{field: value}`` on the corpus records' other fields (every stage restricted);
         ``fusion`` / ``fusion_depth`` / ``passage_aggregate``: this search's, instead of the index's. Defaults and
         checks are ``retr.SearchRequest``'s. The result's ``hits`` are typed (rank, id, score, title, text,
         metadata); ``latency_ms`` per stage."""
@@ -367,6 +371,13 @@ class Index:
         self.close()
 
 
+def _sparse(model: object):
+    from retr.retrieval.sparse import SparseConfig
+
+    name = _text(model, "sparse_model")
+    return SparseConfig(name) if name else None
+
+
 def _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages, aggregate,
                   shards, executor, ray_address, ray_actors, dense_options: dict) -> IndexConfig:
     """An index's config from the options of ``Index.build`` / ``from_documents``, each checked; ``bm25``: True,
@@ -451,7 +462,7 @@ def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, s
              warmup: int = defaults.WARMUP, download: bool = True, run_dir: str | Path | None = None,
              out: str | Path | None = None, query_prompt: str | None = None,
              doc_prompt: str | None = None, passages: str | None = None,
-             passage_aggregate: str = defaults.AGGREGATE) -> EvalReport:
+             passage_aggregate: str = defaults.AGGREGATE, sparse_model: str | None = None) -> EvalReport:
     """`retr eval` from Python, with its options' names (``mode``: the pipelines, e.g. ``("bm25", "hybrid")``;
     ``rerank``: a cross-encoder folder for ``+rerank`` pipelines): the typed report (written to ``out`` as JSON
     when given; its folder must exist, as must ``run_dir``'s parent). ``pipelines``, ``reranker`` and
@@ -465,21 +476,24 @@ def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, s
     from retr.retrieval.rerank import RerankConfig
 
     dataset = _path(dataset, "dataset")
-    names = _names(mode, "mode")
-    if not names or any("," in n for n in names):
-        raise RetrError(f"mode must name one pipeline per item, e.g. {list(_DEFAULT_PIPELINES)}, got {names}")
+    if isinstance(mode, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(mode, Iterable):
+        _names(mode, "mode")  # its one-line error
+    try:  # each item a str (parsed here, once) or a retr.stages value
+        pipelines = parse_pipelines(list(mode))
+    except RetrError as e:
+        raise RetrError(f"mode: {e}") from None
     ks = _cutoffs(k_values)
     out_path, run_path = _new_file(out, "out"), _new_file(run_dir, "run_dir")
     rerank = _text(rerank, "rerank")
     rerank_depth = check_int(rerank_depth, "rerank_depth", 1, 10_000)  # checked with or without a cross-encoder
-    cfg = EvalConfig(pipelines=parse_pipelines(",".join(names)), k_values=ks,
+    cfg = EvalConfig(pipelines=pipelines, k_values=ks,
                      encoder=_encoder(model, backend, query_backend, None, query_prompt, doc_prompt),
                      dense=DenseIndexConfig(kind=kind),
                      pipeline=PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS),
                                              fusion_depth=check_k(fusion_depth, "fusion_depth")),
                      reranker=RerankConfig(model=rerank, depth=rerank_depth) if rerank else None,
                      warmup=check_int(warmup, "warmup", 0, 1_000_000),
-                     passages=_passages(passages, passage_aggregate))
+                     passages=_passages(passages, passage_aggregate), sparse=_sparse(sparse_model))
     split = _text(split, "split")
     data = load_dataset(str(dataset), split or "", download=_flag(download, "download"))
     from retr.retrieval.artifacts import check_output

@@ -33,8 +33,8 @@ def _runs(name: str, root: Path, cache: Path):
     from retr.eval.data import load_dataset
     from retr.indexes.build import IndexConfig, cached_index
     from retr.retrieval.bm25 import BM25Config
+    from retr.retrieval.compose import IndexParts
     from retr.retrieval.encoder import BiEncoder
-    from retr.retrieval.pipeline import PipelineFactory
     from retr.retrieval.types import Qrels, Run
     from retr.train.data import split_dev
     from retr.train.negatives import temporary_bm25
@@ -57,14 +57,14 @@ def _runs(name: str, root: Path, cache: Path):
         cfg = replace(cfg, encoder=replace(cfg.encoder, max_length=WEAK_TOKENS))
     encoder = BiEncoder(cfg.encoder)
     index = cached_index(ds.name, ds.corpus, encoder, cfg)
-    factory = PipelineFactory(index, encoder)
-    dense = factory.dense().search(queries, DEPTH)
+    parts = IndexParts(index, encoder)
+    dense = parts.dense().search(queries, DEPTH)
     if variant == "weakbm25":
         texts = [" ".join(d.full_text().split()[:WEAK_WORDS]) for d in ds.corpus.docs]
         with temporary_bm25(ds.corpus.ids, texts) as weak:
             bm25 = weak.search(queries, DEPTH)
     else:
-        bm25 = factory.bm25().search(queries, DEPTH)
+        bm25 = parts.bm25().search(queries, DEPTH)
     cache.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"bm25": bm25.to_dict(), "dense": dense.to_dict()}))
     return bm25, dense, qrels

@@ -95,12 +95,14 @@ def main() -> None:
     from retr.retrieval.artifacts import versions
     from retr.retrieval.backends.batching import run_sorted
     from retr.retrieval.backends.platform import this_platform
+    from retr.retrieval.compose import IndexParts, build
     from retr.retrieval.dense import DenseRetriever
-    from retr.retrieval.pipeline import PipelineFactory
+    from retr.retrieval.fuse import FusedRetriever
+    from retr.retrieval.pipeline import parse
 
     ds = load_dataset(args.dataset, "test", download=False)
-    factory = PipelineFactory(open_index(args.index))
-    enc = factory.encoder
+    parts = IndexParts(open_index(args.index))
+    enc = parts.encoder
     base = enc.graph
     calibrated = enc.exported.find(enc.config.backend, enc.planner.calibration)
     rows = enc.tokens.ids([enc.prompts.document + d.full_text() for d in ds.corpus.docs]) \
@@ -110,7 +112,7 @@ def main() -> None:
         runner, compress_s = runner_for(variant, base, calibrated.path if calibrated else None,
                                         streams=1 if args.side == "queries" else None)
         row = {"compress_s": compress_s}
-        made = factory
+        made = {p: build(parse(p), parts) for p in ("dense", "hybrid")}
         if args.side == "queries":
             enc.query_graphs.__dict__["graph"] = replace(base, runner=runner)
         else:
@@ -120,10 +122,10 @@ def main() -> None:
             row["encode_s"] = time.perf_counter() - t0
             index = faiss.IndexFlatIP(enc.dim)
             index.add(out)
-            made = PipelineFactory(factory.index, encoder=enc)
-            made.dense = lambda allowed=None, i=index: DenseRetriever(i, ds.corpus.ids, enc)
+            dense = DenseRetriever(index, ds.corpus.ids, enc)
+            made = {"dense": dense, "hybrid": FusedRetriever([parts.bm25(), dense], name="hybrid")}
         for pipeline in ("dense", "hybrid"):
-            run, timings = run_pipeline(made.make(pipeline), ds.queries, 1000, warmup=5)
+            run, timings = run_pipeline(made[pipeline], ds.queries, 1000, warmup=5)
             row[f"{pipeline}_ndcg10"] = evaluate(run, ds.qrels, k_values=[10]).mean["NDCG@10"]
             if args.side == "queries":
                 row[f"{pipeline}_encode_p50_ms"] = float(np.median([t["encode"] for t in timings.values()])) * 1000

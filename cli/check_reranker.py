@@ -41,17 +41,17 @@ def check_and_store(index: str, model: str, pipeline, rerank) -> str:
     from retr.eval.pseudo import check_index_reranker
     from retr.eval.table import reranker_line
     from retr.indexes.shards import open_index
-    from retr.retrieval.encoder import EncoderConfig
-    from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+    from retr.retrieval.compose import IndexParts
+    from retr.retrieval.pipeline import PipelineConfig
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
     opened = open_index(index)
     try:
-        factory = PipelineFactory(opened, config=pipeline or PipelineConfig(), encoder_config=EncoderConfig())
+        parts = IndexParts(opened)
         reranker = CrossEncoderReranker(replace(rerank, model=model) if rerank else RerankConfig(model=model))
-        if factory.dense_model_hash is not None and reranker.needs_check(factory.corpus_sha256):
-            check_index_reranker(opened, factory.encoder, reranker, factory.config, strict=True)
-        weight = factory.rerank_weight(reranker)
+        if parts.dense_model_hash is not None and reranker.needs_check(parts.corpus_sha256):
+            check_index_reranker(opened, parts.encoder, reranker, pipeline or PipelineConfig(), strict=True)
+        weight = parts.rerank_weight(reranker)
     finally:
         opened.close()
     line = reranker_line({"weight": weight.weight, "weight_source": weight.source,

@@ -6,7 +6,6 @@ import argparse
 
 from retr.cli import options
 from retr.eval.runner import DEFAULT_PIPELINES, EvalConfig
-from retr.retrieval.pipeline import PIPELINES
 
 
 def add_parser(sub) -> None:
@@ -33,8 +32,10 @@ def add_parser(sub) -> None:
     p.add_argument("--topic-field", choices=TREC_FIELDS, default=TREC_FIELDS[0],
                    help="TREC topics: the field searched")
     p.add_argument("--split", default="test", help="the split whose queries and qrels are scored")
-    p.add_argument("--mode", dest="pipelines", default=",".join(DEFAULT_PIPELINES), metavar="MODE[,MODE...]",
-                   help=f"the pipelines to measure, comma-separated, each on the same index: {', '.join(PIPELINES)}")
+    p.add_argument("--mode", dest="pipelines", default=",".join(DEFAULT_PIPELINES), metavar="PIPELINE[,PIPELINE...]",
+                   help="the pipelines to measure, comma-separated (a comma inside parentheses belongs to its "
+                        "expression), each on the same index: bm25, dense, hybrid, dense+rerank, hybrid+rerank, "
+                        "bm25+rerank, bm25+rm3, fuse(bm25,bm25+rm3,dense), ... (docs/guides/search.md)")
     p.add_argument("--rerank", dest="reranker", default=None, metavar="MODEL_DIR",
                    help="cross-encoder folder for the +rerank modes (default: none)")
     options.add_rerank_args(p)
@@ -52,6 +53,7 @@ def add_parser(sub) -> None:
     options.add_index_args(p)
     options.add_bm25_args(p)
     options.add_passage_args(p)
+    options.add_sparse_model_arg(p)
     p.set_defaults(run=run)
 
 
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         bm25=options.bm25_config(args), pipeline=options.pipeline_config(args),
         reranker=options.rerank_config(args, args.reranker), ignore_identical_ids=args.ignore_identical_ids,
         warmup=max(0, args.warmup), use_cache=not args.no_cache, passages=options.passage_config(args),
-        shards=args.shards, executor=options.executor_config(args),
+        shards=args.shards, executor=options.executor_config(args), sparse=options.sparse_config(args),
     )
     if args.index is not None:
         return _eval_index(args, cfg)

@@ -25,6 +25,7 @@ def add_parser(sub) -> None:
     options.add_index_args(p)
     options.add_bm25_args(p)
     options.add_passage_args(p)
+    options.add_sparse_model_arg(p)
     p.add_argument("--rerank", default=None, metavar="MODEL_DIR",
                    help="cross-encoder: once the index is built, check it on the corpus as `retr check-reranker` "
                         "does and store the check beside the index (default: none)")
@@ -46,13 +47,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = IndexConfig(dense=options.dense_config(args), encoder=options.encoder_config(args),
                       bm25=options.bm25_config(args) if args.bm25 else None, use_cache=not args.no_cache,
                       passages=options.passage_config(args), shards=args.shards,
-                      executor=options.executor_config(args))
+                      executor=options.executor_config(args), sparse=options.sparse_config(args))
     m = build_index(corpus, Path(args.out), cfg)
     d = m["dense"]
     parts = f" as {d['passages']['count']} passages" if d.get("passages") else ""
     parts += f" in {len(m['shards'])} shards" if m.get("shards") else ""
     print(f"indexed {m['num_docs']} documents{parts} into {args.out}: {d['kind']} {d['dim']}-d ({d['model']['id']}), "
           f"{d['docs_per_second']:.1f} docs/s{', + bm25' if m['bm25'] else ''}"
+          f"{', + sparse (' + m['sparse']['model']['kind'] + ')' if m.get('sparse') else ''}"
           f"{f', {corpus.empty_docs} empty' if corpus.empty_docs else ''}")
     if args.rerank:
         from retr.cli.check_reranker import check_and_store

@@ -16,6 +16,7 @@ from retr.retrieval.fusion import FUSIONS
 from retr.retrieval.passages import AGGREGATES, DEFAULT_AGGREGATE
 from retr.retrieval.pipeline import PipelineConfig
 from retr.retrieval.rerank import DEFAULT_RERANK_DEPTH, DEFAULT_RERANK_MAX_LENGTH
+from retr.retrieval.sparse import ENGINES as SPARSE_ENGINES
 
 _DENSE = DenseIndexConfig()
 _EXECUTOR = ExecutorConfig()
@@ -125,7 +126,28 @@ def add_fusion_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fusion-depth", type=fusion_depth, default=_PIPELINE.fusion_depth,
                    help="hybrid: the top hits of BM25 and of dense whose scores set each list's normalisation (each "
                         "list is still searched to k where k is larger)")
+    p.add_argument("--sparse-engine", choices=SPARSE_ENGINES, default=_PIPELINE.sparse_engine,
+                   help="splade, hybrid3: how the sparse part is searched (exact: CSR dot products; seismic: "
+                        "approximate, pyseismic-lsr)")
     add_passage_aggregate_arg(p, building=False)
+
+
+def add_sparse_model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sparse-model", default=None, metavar="MODEL",
+                   help="a sentence-transformers SparseEncoder (folder or hub id in the local cache): build the "
+                        "index's learned sparse part with it, for the splade and hybrid3 pipelines (default: none)")
+    p.add_argument("--sparse-max-length", type=positive_int, default=None,
+                   help="tokens of each text the sparse encoder reads (default: the model's own)")
+
+
+def sparse_config(args):
+    from retr.retrieval.sparse import SparseConfig
+
+    model = getattr(args, "sparse_model", None)
+    if not model:
+        return None
+    return SparseConfig(model, max_length=args.sparse_max_length,
+                        engine=getattr(args, "sparse_engine", None) or _PIPELINE.sparse_engine)
 
 
 def add_passage_aggregate_arg(p: argparse.ArgumentParser, building: bool) -> None:
@@ -158,7 +180,8 @@ def passage_config(args):
 
 
 def pipeline_config(args) -> PipelineConfig:
-    return PipelineConfig(fusion=args.fusion, fusion_depth=args.fusion_depth, passage_aggregate=args.passage_aggregate)
+    return PipelineConfig(fusion=args.fusion, fusion_depth=args.fusion_depth, passage_aggregate=args.passage_aggregate,
+                          sparse_engine=getattr(args, "sparse_engine", _PIPELINE.sparse_engine))
 
 
 def add_index_args(p: argparse.ArgumentParser) -> None:

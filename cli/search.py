@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from retr.cli import options
-from retr.retrieval.pipeline import FIRST_STAGES
 from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE
 
 
@@ -21,8 +20,10 @@ def add_parser(sub) -> None:
     p.add_argument("index", help="index folder written by `retr index`")
     p.add_argument("query", nargs="?", default=None, help="the query text (or --topics FILE: a batch)")
     p.add_argument("-k", type=options.positive_int, default=DEFAULT_K, help="hits to return")
-    p.add_argument("--mode", choices=FIRST_STAGES, default=DEFAULT_MODE,
-                   help="first stage: bm25, dense, or hybrid (the two fused), as in the API and the service")
+    p.add_argument("--mode", default=DEFAULT_MODE, metavar="PIPELINE",
+                   help="one pipeline: bm25, dense, hybrid (= fuse(bm25,dense)), or an expression such as bm25+rm3, "
+                        "fuse(bm25,bm25+rm3,dense) or hybrid+rerank (docs/guides/search.md), as in the API and the "
+                        "service; --rerank adds +rerank to one without it")
     options.add_fusion_arg(p)
     p.add_argument("--rerank", default=None, metavar="MODEL_DIR",
                    help="cross-encoder folder: rescore the first stage's top --rerank-depth hits (default: none)")

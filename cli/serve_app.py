@@ -42,7 +42,7 @@ from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.fusion import FUSIONS
 from retr.retrieval.mapped import DamagedPart
-from retr.retrieval.pipeline import FIRST_STAGES, PipelineConfig
+from retr.retrieval.pipeline import FIRST_STAGES, PipelineConfig, parse
 from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE, MAX_K, SearchRequest
 from retr.retrieval.rerank import RerankConfig
 
@@ -172,16 +172,18 @@ class Generations:
 
     def _open(self) -> Searcher:
         if self._searcher is None:
-            searcher = Searcher(self.folder, self.cfg.encoder, self.cfg.pipeline, self.cfg.rerank,
-                                checker=check_index_reranker)
+            searcher = Searcher(self.folder, self.cfg.encoder, self.cfg.pipeline, self.cfg.rerank)
         else:
             searcher = self._searcher.reopened()
         try:
             # every part loaded now, from this generation, not by the first request that needs it
             searcher.search_many(["retr"], 1, "hybrid" if searcher.index.has_bm25 else "dense")
-            if self.cfg.rerank is not None:  # loaded (and checked on this corpus: the check stored beside the
-                # index read, or one measured and stored there) before any request waits on it
-                searcher.reranker(self.cfg.rerank.model)
+            if self.cfg.rerank is not None:  # loaded before any request waits on it; the first generation's is
+                # checked on this corpus once, here (the check stored beside the index read, or one measured and
+                # stored there); a new generation reads the stored one, or carries the last one over
+                reranker = searcher.reranker(self.cfg.rerank.model)
+                if self._searcher is None and searcher.check_applies(reranker):
+                    check_index_reranker(searcher.index, searcher.encoder, reranker, self.cfg.pipeline)
         except BaseException:
             searcher.close()
             raise
@@ -614,7 +616,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-    from pydantic import BaseModel, ConfigDict, Field, model_validator
+    from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
     from starlette.convertors import PathConvertor, register_url_convertor
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -639,7 +641,9 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
         query: str | None = Field(None, min_length=1, max_length=cfg.max_query_chars)
         queries: list[str] | None = Field(None, min_length=1, max_length=cfg.max_batch)
         k: int = Field(DEFAULT_K, ge=1, le=max_k)
-        mode: Literal[FIRST_STAGES] = DEFAULT_MODE
+        mode: str = Field(DEFAULT_MODE, min_length=1, max_length=400, validate_default=True, description="a pipeline: bm25, dense, hybrid, "
+                          "or an expression such as bm25+rm3 or fuse(bm25,dense)+rerank (+rerank: this server's "
+                          "cross-encoder)")
         fusion: Literal[tuple(FUSIONS)] | None = Field(None, description=f"hybrid's fusion (default: "
                                                                           f"{cfg.pipeline.fusion})")
         fusion_depth: int | None = Field(None, ge=1, le=max_k, description=f"hybrid: hits each of BM25 and dense "
@@ -647,6 +651,14 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
                                          f"{cfg.pipeline.fusion_depth}; each list still searched to k)")
         rerank: bool = False
         filter: dict[str, str | int | float | bool] | None = Field(None, max_length=16)
+
+        @field_validator("mode", mode="after")
+        @classmethod
+        def pipeline(cls, text: str):
+            try:
+                return parse(text)  # parsed once, here: the value travels on
+            except RetrError as e:
+                raise ValueError(str(e)) from None
 
         @model_validator(mode="after")
         def one_of(self):
@@ -673,8 +685,9 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
         return error(503 if isinstance(exc, DamagedPart) else 400, str(exc))
 
     def request_of(body: SearchBody) -> SearchRequest:
+        reranks = body.rerank or body.mode.reranks
         options = {"k": body.k, "mode": body.mode, "fusion": body.fusion, "fusion_depth": body.fusion_depth,
-                   "filter": body.filter, "rerank": cfg.rerank.model if body.rerank else None}
+                   "filter": body.filter, "rerank": cfg.rerank.model if reranks else None}
         if body.query is not None:
             return SearchRequest.one(body.query, **options)
         return SearchRequest.batch(body.queries, **options)
@@ -682,7 +695,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
     async def answer(body: SearchBody) -> tuple[int, bytes]:
         """The status and JSON body for a validated search request (one code path for the lean route below and
         the FastAPI route that documents it)."""
-        if body.rerank and cfg.rerank is None:
+        if (body.rerank or body.mode.reranks) and cfg.rerank is None:
             return 400, error_body("this server has no cross-encoder: start it with --rerank DIR")
         try:
             request = request_of(body)

@@ -1,4 +1,4 @@
-"""`retr train mlm | bi-encoder | cross-encoder`: train retr models from a BERT backbone."""
+"""`retr train mlm | bi-encoder | cross-encoder | sparse-encoder`: train retr models from a BERT backbone."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from retr.train.bi_encoder import BiEncoderTrainConfig
 from retr.train.cross_encoder import CrossEncoderTrainConfig
 from retr.train.mlm import MLMTrainConfig
 from retr.train.packing import PACKINGS
+from retr.train.sparse_encoder import SPARSE_KINDS, SparseEncoderTrainConfig
 
 
 def _add_common(t, cfg, base_help: str) -> None:
@@ -76,6 +77,23 @@ def add_parser(sub) -> None:
     _add_freeze(t, bi)
     _add_common(t, bi, "BERT or sentence-transformers folder (default: bundled MiniLM)")
     t.set_defaults(run=run_bi_encoder)
+
+    sp = SparseEncoderTrainConfig()
+    t = tsub.add_parser("sparse-encoder", help="learned sparse encoder (CSR over a dense model, or SPLADE over an "
+                                               "MLM head) for the splade stage")
+    t.add_argument("--dataset", required=True, help="BEIR dataset with training qrels")
+    t.add_argument("--split", default="train", help="the split whose queries and qrels are trained on")
+    t.add_argument("--kind", choices=SPARSE_KINDS, default=sp.kind,
+                   help="csr: a sparse auto-encoder over the base's pooled vector; splade: max-pooled MLM logits "
+                        "over the vocabulary with FLOPS regularisation (the base's MLM head, or a new one)")
+    t.add_argument("--active-dims", type=options.positive_int, default=sp.active_dims,
+                   help="csr: non-zero dimensions kept per text")
+    t.add_argument("--num-negatives", type=int, default=sp.num_negatives,
+                   help="BM25 hard negatives per pair (0: in-batch only)")
+    _add_precision(t, sp)
+    _add_freeze(t, sp)
+    _add_common(t, sp, "BERT or sentence-transformers folder (default: bundled MiniLM)")
+    t.set_defaults(run=run_sparse_encoder)
 
     mlm = MLMTrainConfig()
     t = tsub.add_parser("mlm", help="domain-adaptive masked-language modelling (BERT's 80/10/10 rule; NSP optional)")
@@ -203,4 +221,21 @@ def run_bi_encoder(args: argparse.Namespace) -> int:
         m = train_bi_encoder(Path(args.out), cfg, corpus=load_corpus(Path(args.corpus)), resume=args.resume)
     print(f"bi-encoder written to {args.out}: dev nDCG@10 {m['dev_ndcg@10_before']:.4f} -> {m['dev_ndcg@10']:.4f} "
           f"({m['train_pairs']} pairs, {m['train_seconds']:.0f} s)")
+    return 0
+
+
+def run_sparse_encoder(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from retr.eval.data import load_dataset
+    from retr.train.runtime import require_training_stack
+    from retr.train.sparse_encoder import train_sparse_encoder
+
+    require_training_stack()
+    cfg = SparseEncoderTrainConfig(**_common(args), kind=args.kind, active_dims=args.active_dims,
+                                   num_negatives=args.num_negatives, precision=args.precision,
+                                   freeze_layers=args.freeze_layers)
+    m = train_sparse_encoder(Path(args.out), cfg, dataset=load_dataset(args.dataset, args.split), resume=args.resume)
+    print(f"sparse encoder ({cfg.kind}) written to {args.out}: dev nDCG@10 {m['dev_ndcg@10_before']:.4f} -> "
+          f"{m['dev_ndcg@10']:.4f} ({m['train_pairs']} pairs, {m['train_seconds']:.0f} s)")
     return 0

@@ -26,11 +26,12 @@ from retr.indexes.build import IndexConfig, build_index, corpus_embeddings
 from retr.indexes.cache import EmbeddingCache, embedding_key
 from retr.indexes.corpus import Corpus
 from retr.indexes.dense import live_vectors
+from retr.indexes.searcher import Searcher
 from retr.indexes.shards import open_index
 from retr.retrieval.bm25 import BM25Config
 from retr.retrieval.encoder import BiEncoder
 from retr.retrieval.errors import RetrError
-from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+from retr.retrieval.pipeline import PipelineConfig, parse
 from retr.retrieval.progress import Progress
 from retr.retrieval.rerank import (
     CHECK_SEED,
@@ -200,11 +201,10 @@ def pseudo_run(corpus: Corpus, encoder: BiEncoder, cut: list[PseudoQuery], fetch
                    {"graph": graph})
         build_index(short, where / "index", IndexConfig(encoder=encoder.config, bm25=BM25Config()), encoder=encoder,
                     cache=cache)
-        index = open_index(where / "index")
+        searcher = Searcher(open_index(where / "index"), pipeline=pipeline or PipelineConfig(), query_encoder=encoder)
         queries = {f"p{j}": c.query for j, c in enumerate(cut)}
-        retriever = PipelineFactory(index, encoder, None, pipeline or PipelineConfig()).make(first_stage)
-        first = retriever.search(queries, fetch)
-        index.close()
+        first = searcher.retriever(parse(first_stage)).search(queries, fetch)
+        searcher.close()
     qrels = Qrels({q: {short.docs[c.position].doc_id: 1} for q, c in zip(queries, cut, strict=True)})
     return PseudoRun(queries, qrels, first, {d.doc_id: d.full_text() for d in short.docs})
 

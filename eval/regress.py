@@ -33,9 +33,13 @@ import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from retr.retrieval.artifacts import read_text
 from retr.retrieval.errors import RetrError
+
+if TYPE_CHECKING:
+    from retr.retrieval.pipeline import Pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +56,7 @@ def _where(source: str | Path, line: int) -> str:
 @dataclass(frozen=True)
 class Expected:
     dataset: str
-    pipeline: str
+    pipeline: Pipeline  # parsed once, from the file
     metric: str
     value: float
     tolerance: float
@@ -87,7 +91,7 @@ class Outcome:
 
 
 def load_expected(path: str | Path) -> list[Expected]:
-    from retr.retrieval.pipeline import PipelineSpec
+    from retr.retrieval.pipeline import parse
 
     path = Path(path)
     try:
@@ -123,10 +127,10 @@ def load_expected(path: str | Path) -> list[Expected]:
         if tolerance < 0:
             raise RetrError(f"{where}: tolerance must be >= 0")
         try:
-            pipeline = PipelineSpec.parse(str(e["pipeline"]))
+            pipeline = parse(str(e["pipeline"]))
         except RetrError as err:
             raise RetrError(f"{where}: {err}") from None
-        if pipeline.rerank and "reranker" not in options:
+        if pipeline.reranks and "reranker" not in options:
             raise RetrError(f"{where}: pipeline {pipeline.name!r} needs a reranker in its options")
         cpu = e.get("cpu")
         if cpu is not None and not isinstance(cpu, str):
@@ -134,7 +138,7 @@ def load_expected(path: str | Path) -> list[Expected]:
         export = e.get("export")
         if export is not None and (type(export) is not int or export < 1):
             raise RetrError(f"{where}: export must be a graph export generation, an integer >= 1")
-        out.append(Expected(str(e["dataset"]), str(e["pipeline"]), str(e["metric"]), value, tolerance, tier,
+        out.append(Expected(str(e["dataset"]), pipeline, str(e["metric"]), value, tolerance, tier,
                             dict(options), cpu, export, i, str(path)))
     return out
 
@@ -214,7 +218,7 @@ def measure(entries: Sequence[Expected], datasets: Path | None = None, download:
         pipe_defaults = PipelineConfig()
         documents, queries = graphs_of(group)
         cfg = EvalConfig(
-            pipelines=parse_pipelines(",".join(dict.fromkeys(e.pipeline for e in group))), k_values=tuple(ks),
+            pipelines=parse_pipelines(list(dict.fromkeys(e.pipeline for e in group))), k_values=tuple(ks),
             encoder=EncoderConfig(model=model, backend=documents, query_backend=queries),
             dense=DenseIndexConfig(kind=o.get("kind", "flat")), bm25=BM25Config(),
             pipeline=PipelineConfig(fusion=o.get("fusion", pipe_defaults.fusion),
@@ -224,7 +228,7 @@ def measure(entries: Sequence[Expected], datasets: Path | None = None, download:
         report = run_eval(load_dataset(_dataset_spec(dataset, datasets), o.get("split", "test"), download=download),
                           cfg)
         for e in group:
-            metrics = report.pipelines[e.pipeline].metrics
+            metrics = report.pipelines[str(e.pipeline)].metrics
             if e.metric not in metrics:
                 raise RetrError(f"{e.where}: metric {e.metric!r} is not measured "
                                 f"(choose from {', '.join(sorted(metrics))})")
@@ -239,7 +243,7 @@ def outcome_table(outcomes: Sequence[Outcome]) -> str:
     for o in outcomes:
         e = o.expected
         opts = ",".join(f"{k}={v}" for k, v in sorted(e.options.items())) or "-"
-        rows.append([e.dataset, e.pipeline, opts, e.metric, f"{e.value:.4f}", f"{o.measured:.4f}",
+        rows.append([e.dataset, str(e.pipeline), opts, e.metric, f"{e.value:.4f}", f"{o.measured:.4f}",
                      f"{o.drift:+.4f}", f"±{e.tolerance:g}", "ok" if o.ok else "DRIFT"])
     return grid(["dataset", "pipeline", "options", "metric", "expected", "measured", "drift", "tolerance", ""], rows)
 

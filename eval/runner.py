@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import platform
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -23,27 +24,30 @@ from retr.indexes.dense import DenseIndexConfig
 from retr.indexes.executors import ExecutorConfig
 from retr.indexes.folder import IndexFolder
 from retr.indexes.manifest import IndexManifest
+from retr.indexes.searcher import Searcher
 from retr.retrieval import defaults
 from retr.retrieval.artifacts import versions
 from retr.retrieval.bm25 import BM25Config
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageConfig
-from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
+from retr.retrieval.pipeline import Pipeline, PipelineConfig, parse_pipelines
 from retr.retrieval.progress import Progress
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.request import MAX_K
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
+from retr.retrieval.sparse import SparseConfig
 from retr.retrieval.types import Hit, Qrels, Run
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PIPELINES = defaults.PIPELINES
+_FILE_UNSAFE = re.compile(r"[^\w.-]")  # in a pipeline's text, what a run file's name replaces by _
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    pipelines: tuple[PipelineSpec, ...] = tuple(PipelineSpec.parse(p) for p in DEFAULT_PIPELINES)
+    pipelines: tuple[Pipeline, ...] = parse_pipelines(DEFAULT_PIPELINES)  # values, or their text form (parsed once)
     k_values: tuple[int, ...] = DEFAULT_K_VALUES
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     dense: DenseIndexConfig = field(default_factory=DenseIndexConfig)
@@ -53,6 +57,7 @@ class EvalConfig:
     passages: PassageConfig | None = None  # index passages of documents (None: documents cut at max length)
     shards: int = 1  # > 1: the index is that many shards, each query fanned out and merged
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # where a new index's documents are encoded
+    sparse: SparseConfig | None = None  # the learned sparse part of the index (needed by splade and hybrid3)
     ignore_identical_ids: bool = False
     warmup: int = defaults.WARMUP
     use_cache: bool = True
@@ -60,7 +65,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if not self.pipelines:
             raise RetrError("no pipeline to evaluate")
-        if any(p.rerank for p in self.pipelines) and self.reranker is None:
+        object.__setattr__(self, "pipelines", parse_pipelines(self.pipelines))
+        if any(p.reranks for p in self.pipelines) and self.reranker is None:
             raise RetrError("rerank pipelines need a cross-encoder: pass --rerank DIR")
         if not self.k_values or min(self.k_values) < 1:
             raise RetrError(f"k values must be positive integers, got {self.k_values}")
@@ -91,9 +97,10 @@ def run_pipeline(retriever, queries: dict[str, str], k: int, warmup: int) -> tup
     return Run(rankings), timings
 
 
-def _cost(index: IndexFolder, spec: PipelineSpec) -> dict[str, float]:
+def _cost(index: IndexFolder, pipeline: Pipeline) -> dict[str, float]:
     m = index.manifest
-    parts = [m.dense] * spec.uses_dense + [m.bm25] * spec.uses_bm25
+    needs = pipeline.needs
+    parts = [m.dense] * ("dense" in needs) + [m.bm25] * ("bm25" in needs) + [m.sparse] * ("sparse" in needs)
     seconds = sum(p.build_seconds for p in parts)
     return {"build_seconds": seconds, "index_bytes": sum(p.bytes for p in parts),
             "docs_per_second": m.num_docs / seconds if seconds > 0 else float("inf")}
@@ -122,7 +129,7 @@ def _as_json(obj):
 def _reranker(cfg: EvalConfig, queries: int) -> CrossEncoderReranker | None:
     """The cross-encoder of the rerank pipelines (None: none reranks), told how many queries they will rerank:
     where those would repay it, its static int8 graph is made first (``CrossEncoderReranker.expect``)."""
-    reranking = sum(p.rerank for p in cfg.pipelines)
+    reranking = sum(p.reranks for p in cfg.pipelines)
     if not reranking:
         return None
     reranker = CrossEncoderReranker(cfg.reranker)
@@ -130,10 +137,10 @@ def _reranker(cfg: EvalConfig, queries: int) -> CrossEncoderReranker | None:
     return reranker
 
 
-def _reranker_record(reranker: CrossEncoderReranker, factory: PipelineFactory) -> dict:
+def _reranker_record(reranker: CrossEncoderReranker, searcher: Searcher) -> dict:
     """The reranker as the report records it: what it is, where it was trained, and the weight it got here."""
-    weight = factory.rerank_weight(reranker)
-    return {**reranker.describe(), "trained_on_this_corpus": reranker.trained_on(factory.corpus_sha256),
+    weight = searcher.parts.rerank_weight(reranker)
+    return {**reranker.describe(), "trained_on_this_corpus": reranker.trained_on(searcher.parts.corpus_sha256),
             "weight": weight.weight, "weight_source": weight.source,
             "corpus_check": asdict(weight.check) if weight.check else None}
 
@@ -189,21 +196,36 @@ def score_runs(runs: Mapping[str, str | Path], qrels_path: str | Path, k_values:
         environment=environment(), total_seconds=time.perf_counter() - t_start)
 
 
-def _pipelines(index, factory: PipelineFactory, queries: dict[str, str], qrels: Qrels, cfg: EvalConfig,
-               run_dir: Path | None, run_prefix: str, source: str) -> dict[str, PipelineResult]:
-    """Each pipeline of ``cfg`` over ``queries``, one warm query at a time, scored against ``qrels``."""
+def _searcher(index, cfg: EvalConfig, queries: int, encoder: BiEncoder | None = None,
+              corpus=None) -> tuple[Searcher, CrossEncoderReranker | None]:
+    """The searcher `retr search` would open on ``index`` with ``cfg``'s options, and the cross-encoder of the
+    rerank pipelines, checked on this corpus as search and serve read it (the check beside the index, else the
+    cache's, else measured once here: one explicit step)."""
+    reranker = _reranker(cfg, queries)
+    searcher = Searcher(index, cfg.encoder, cfg.pipeline, cfg.reranker, query_encoder=encoder,
+                        rerankers={cfg.reranker.model: reranker} if reranker is not None else None)
+    if reranker is not None and searcher.check_applies(reranker):
+        check_index_reranker(index, searcher.encoder, reranker, cfg.pipeline, corpus)
+    return searcher, reranker
+
+
+def _pipelines(searcher: Searcher, queries: dict[str, str], qrels: Qrels, cfg: EvalConfig, run_dir: Path | None,
+               run_prefix: str, source: str) -> dict[str, PipelineResult]:
+    """Each pipeline of ``cfg`` over ``queries``, one warm query at a time, scored against ``qrels``: each the
+    retriever ``searcher`` builds for it, the one a search with that pipeline runs."""
     k = max(cfg.k_values)
     results: dict[str, PipelineResult] = {}
-    for spec in cfg.pipelines:
-        retriever = factory.make(spec)
+    for pipeline in cfg.pipelines:
+        retriever = searcher.retriever(pipeline, rerank=cfg.reranker.model if pipeline.reranks else None)
         t0 = time.perf_counter()
         run, timings = run_pipeline(retriever, queries, k, cfg.warmup)
         wall = time.perf_counter() - t0
+        name = str(pipeline)
         run_file = None
         if run_dir is not None:
-            run_file = str(Path(run_dir) / f"{run_prefix}.{spec.name.replace('+', '_')}.trec")
-        results[spec.name] = pipeline_result(spec.name, run, qrels, cfg.k_values, cfg.ignore_identical_ids, source,
-                                             timings, (*retriever.stages, "total"), wall, run_file, _cost(index, spec))
+            run_file = str(Path(run_dir) / f"{run_prefix}.{_FILE_UNSAFE.sub('_', name)}.trec")
+        results[name] = pipeline_result(name, run, qrels, cfg.k_values, cfg.ignore_identical_ids, source, timings,
+                                        (*retriever.stages, "total"), wall, run_file, _cost(searcher.index, pipeline))
     return results
 
 
@@ -219,50 +241,50 @@ def run_eval_index(folder: str | Path, topics: Mapping[str, str], qrels: Qrels, 
 
     t_start = time.perf_counter()
     index = open_index(folder)
+    searcher = None
     try:
         qrels, check = checked_split(qrels, topics, set(index.ids), qrels_source)
         queries = {q: topics[q] for q in qrels}
-        reranker = _reranker(cfg, len(queries))
-        factory = PipelineFactory(index, None, reranker, cfg.pipeline, encoder_config=cfg.encoder)
-        if reranker is not None and factory.dense_model_hash is not None \
-                and reranker.needs_check(factory.corpus_sha256):
-            # as search and serve do: beside the index first, then the cache (stored beside the index), else measured
-            check_index_reranker(index, factory.encoder, reranker, cfg.pipeline)
+        searcher, reranker = _searcher(index, cfg, len(queries))
         name = Path(index.folder).name
         split = Path(qrels_source).stem
-        results = _pipelines(index, factory, queries, qrels, cfg, run_dir, f"{name}.{split}", qrels_source)
-        encoder = factory._encoder
+        results = _pipelines(searcher, queries, qrels, cfg, run_dir, f"{name}.{split}", qrels_source)
         return EvalReport(
             dataset=DatasetInfo(name=name, path=str(index.folder), split=split, num_docs=len(index.ids),
                                 num_queries=len(queries), qrels_check=asdict(check), qrels_sha256=qrels.digest()),
             k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
             index={"folder": str(index.folder), "manifest": index.manifest.to_dict()},
-            reranker=_reranker_record(reranker, factory) if reranker else None, config=_as_json(asdict(cfg)),
-            environment=environment(encoder, index.manifest), total_seconds=time.perf_counter() - t_start)
+            reranker=_reranker_record(reranker, searcher) if reranker else None, config=_as_json(asdict(cfg)),
+            environment=environment(searcher.parts.loaded_encoder, index.manifest),
+            total_seconds=time.perf_counter() - t_start)
     finally:
-        index.close()
+        (searcher or index).close()
 
 
 def run_eval(dataset: Dataset, cfg: EvalConfig, run_dir: Path | None = None) -> EvalReport:
     t_start = time.perf_counter()
-    needs_dense = any(p.uses_dense for p in cfg.pipelines)
+    needs_dense = any("dense" in p.needs for p in cfg.pipelines)
+    if any("sparse" in p.needs for p in cfg.pipelines) and cfg.sparse is None:
+        raise RetrError("the splade and hybrid3 pipelines need a sparse encoder: pass --sparse-model MODEL")
     encoder = BiEncoder(cfg.encoder)
     index = cached_index(dataset.name, dataset.corpus, encoder,
                          IndexConfig(dense=cfg.dense, encoder=cfg.encoder, bm25=cfg.bm25, use_cache=cfg.use_cache,
-                                     passages=cfg.passages, shards=cfg.shards, executor=cfg.executor))
-    reranker = _reranker(cfg, len(dataset.queries))
-    factory = PipelineFactory(index, encoder if needs_dense else None, reranker, cfg.pipeline)
-    if reranker is not None and reranker.needs_check(factory.corpus_sha256):
-        check_index_reranker(index, encoder, reranker, cfg.pipeline, dataset.corpus)  # as search and serve do
-    results = _pipelines(index, factory, dataset.queries, dataset.qrels, cfg, run_dir,
-                         f"{dataset.name}.{dataset.split}", f"{dataset.path} ({dataset.split})")
-    return EvalReport(
-        dataset=DatasetInfo(name=dataset.name, path=str(dataset.path), split=dataset.split,
-                            num_docs=len(dataset.corpus), num_queries=len(dataset.queries),
-                            empty_docs=dataset.corpus.empty_docs, qrels_check=asdict(dataset.check),
-                            qrels_sha256=dataset.qrels.digest()),
-        k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
-        index={"folder": str(index.folder), "manifest": index.manifest.to_dict()},
-        reranker=_reranker_record(reranker, factory) if reranker else None, config=_as_json(asdict(cfg)),
-        environment=environment(encoder if needs_dense else None, index.manifest),
-        total_seconds=time.perf_counter() - t_start)
+                                     passages=cfg.passages, shards=cfg.shards, executor=cfg.executor,
+                                     sparse=cfg.sparse))
+    searcher, reranker = _searcher(index, cfg, len(dataset.queries), encoder if needs_dense else None,
+                                   dataset.corpus)
+    try:
+        results = _pipelines(searcher, dataset.queries, dataset.qrels, cfg, run_dir,
+                             f"{dataset.name}.{dataset.split}", f"{dataset.path} ({dataset.split})")
+        return EvalReport(
+            dataset=DatasetInfo(name=dataset.name, path=str(dataset.path), split=dataset.split,
+                                num_docs=len(dataset.corpus), num_queries=len(dataset.queries),
+                                empty_docs=dataset.corpus.empty_docs, qrels_check=asdict(dataset.check),
+                                qrels_sha256=dataset.qrels.digest()),
+            k_values=list(cfg.k_values), ignore_identical_ids=cfg.ignore_identical_ids, pipelines=results,
+            index={"folder": str(index.folder), "manifest": index.manifest.to_dict()},
+            reranker=_reranker_record(reranker, searcher) if reranker else None, config=_as_json(asdict(cfg)),
+            environment=environment(encoder if needs_dense else None, index.manifest),
+            total_seconds=time.perf_counter() - t_start)
+    finally:
+        searcher.close()

@@ -15,13 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from retr.retrieval.bm25 import CONFIG, BM25Config, tokenizer_options
+from retr.retrieval.bm25 import CONFIG, TOKEN_OFFSETS, TOKEN_VOCAB, TOKENS, BM25Config, tokenizer_options
 from retr.retrieval.errors import RetrError
 
 _DEFAULT = BM25Config()
-TOKENS = "retr_tokens.npy"  # every row's token ids, concatenated (int32)
-TOKEN_OFFSETS = "retr_token_offsets.npy"  # row i's ids are TOKENS[offsets[i]:offsets[i + 1]]
-TOKEN_VOCAB = "retr_token_vocab.json"  # id -> token
 
 
 class RowTokens:

@@ -30,12 +30,14 @@ from retr.indexes.folder import INDEX_KIND
 from retr.indexes.generations import collect, new_generation, recover_swap
 from retr.indexes.manifest import INDEX_FORMAT_VERSION, is_index_folder, write_manifest
 from retr.indexes.shards import SHARD_DIR, SHARD_PARTITION, SHARDED_KIND, open_index
+from retr.indexes.sparse import SPARSE_DIR, encode_sparse, write_sparse
 from retr.retrieval import defaults
 from retr.retrieval.artifacts import MANIFEST, atomic_dir, cache_home, checksums, new_manifest, writer_lock
 from retr.retrieval.bm25 import BM25_DIR, BM25Config
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageConfig, Passages, split_passages
+from retr.retrieval.sparse import SparseConfig, SparseEncoderModel
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +51,13 @@ class IndexConfig:
     passages: PassageConfig | None = None  # None: one vector per document (cut at the encoder's max length)
     shards: int = defaults.SHARDS  # > 1: documents partitioned by a stable hash of their id into this many indexes
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # where the documents are encoded
+    sparse: SparseConfig | None = None  # a learned sparse part (``sparse/``) beside the dense one
 
     def __post_init__(self) -> None:
         if self.shards < 1:
             raise RetrError(f"--shards must be >= 1, got {self.shards}")
+        if self.sparse is not None and self.shards > 1:
+            raise RetrError("--sparse-model with --shards: a sharded index has no sparse part yet; build it unsharded")
 
 
 PASSAGE_DOCS_FILE = "passage_docs.npy"  # (p,) int32: each vector row's document
@@ -195,7 +200,7 @@ def encode_for_index(encoder: BiEncoder, corpus: Corpus, cfg: IndexConfig,
 
 def _write_index(tmp: Path, corpus: Corpus, rows: np.ndarray | None, enc: Encoded, cfg: IndexConfig,
                  encoder: BiEncoder, write_bm25_part, t_all: float, shard: dict | None = None,
-                 stamp: dict | None = None) -> dict:
+                 stamp: dict | None = None, sparse: dict | None = None) -> dict:
     """One index folder in ``tmp`` of the corpus's documents ``rows`` (None: all of them)."""
     docs = corpus.docs if rows is None else [corpus.docs[i] for i in rows.tolist()]
     write_docstore(tmp, docs)
@@ -242,6 +247,7 @@ def _write_index(tmp: Path, corpus: Corpus, rows: np.ndarray | None, enc: Encode
                 "empty_docs": corpus.empty_docs, "fields": corpus.fields},
         dense=dense,
         bm25=bm25,
+        sparse=sparse,
         shard=shard,
         build_seconds=time.perf_counter() - t_all,
         config=asdict(cfg),
@@ -271,7 +277,14 @@ def build_index(corpus: Corpus, out: Path, cfg: IndexConfig = IndexConfig(), enc
         if cfg.bm25 is not None:
             def part(folder, docs, _rows):
                 return build_bm25([d.full_text() for d in docs], folder, cfg.bm25)
-        return _write_index(tmp, corpus, None, enc, cfg, encoder, part, t_all, stamp=stamp)
+        sparse = None
+        if cfg.sparse is not None:
+            sparse_encoder = SparseEncoderModel(cfg.sparse)
+            logger.info("encoding %d documents with the sparse encoder %s (%s)", len(corpus), sparse_encoder.ref.id,
+                        sparse_encoder.kind)
+            matrix, seconds = encode_sparse(sparse_encoder, [d.full_text() for d in corpus.docs])
+            sparse = {"dir": SPARSE_DIR, **write_sparse(tmp / SPARSE_DIR, matrix, sparse_encoder, seconds)}
+        return _write_index(tmp, corpus, None, enc, cfg, encoder, part, t_all, stamp=stamp, sparse=sparse)
 
     with writer_lock(out, op="index"):
         if is_index_folder(out, INDEX_KIND) or is_index_folder(out, SHARDED_KIND):
@@ -352,12 +365,14 @@ def cached_index(name: str, corpus: Corpus, encoder: BiEncoder, cfg: IndexConfig
     prompts = [encoder.prompts.to_dict()] if encoder.prompts.query or encoder.prompts.document else []
     passages = [asdict(cfg.passages)] if cfg.passages else []
     shards = [{"shards": cfg.shards}] if cfg.shards > 1 else []
+    sparse = [{"sparse": SparseEncoderModel(cfg.sparse).ref.hash, "max_length": cfg.sparse.max_length}] \
+        if cfg.sparse else []
     # the graph is named for the number of texts it encodes: passages, where their number decides it
     texts = index_texts(encoder, corpus, cfg.passages) if cfg.passages and encoder.planner.size_matters else None
     graph_id = encoder.planner.graph_id(texts.texts if texts is not None else [d.full_text() for d in corpus.docs])
     raw = json.dumps([corpus.sha256, encoder.model_hash, encoder.max_length, graph_id,
                       asdict(cfg.dense),
-                      asdict(bm25), *prompts, *passages, *shards], sort_keys=True)
+                      asdict(bm25), *prompts, *passages, *shards, *sparse], sort_keys=True)
     folder = cache_home() / "indexes" / f"{name}-{hashlib.sha256(raw.encode()).hexdigest()[:24]}"
     if cfg.use_cache and folder.is_dir():
         try:

@@ -58,6 +58,10 @@ class ManifestView:
                                   if f.bytes is not None})
         return bad or next((d for s in getattr(self, "shards", ()) if (d := s.damage())), None)
 
+    @property
+    def has_sparse(self) -> bool:
+        return self.manifest.sparse is not None
+
 
 def open_manifest(opened: Opened, kind: str, schema=None) -> dict:
     """The opened generation's manifest (its JSON), checked: its schema, and that it names the generation it lies
@@ -162,6 +166,16 @@ class IndexFolder(ManifestView):
         if not self.has_bm25:
             raise RetrError(f"{self.folder}: this index has no BM25 part: rebuild it with `retr index`, without --no-bm25")
         return confined(self.parts, self.manifest.bm25.dir)
+
+    @cached_property
+    def sparse_matrix(self):
+        """The learned sparse part: one CSR row per live document (``retr.indexes.sparse``)."""
+        from retr.indexes.sparse import load_sparse
+
+        if not self.has_sparse:
+            raise RetrError(f"{self.folder}: this index has no sparse part: rebuild it with `retr index --sparse-model "
+                            f"MODEL`")
+        return load_sparse(confined(self.parts, self.manifest.sparse.dir), len(self.ids))
 
     def close(self) -> None:
         """Close the doc store and give the generation's lease back (a writer may then remove it)."""

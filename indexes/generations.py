@@ -47,7 +47,7 @@ _GEN_RE = re.compile(r"^gen-(\d{6,9})$")
 _BUILDING_RE = re.compile(r"^\.gen-(\d{6,9})\.(\d+)\.(building|removing)$")
 # what a generation at the root (format 1, or a fresh build) holds beside its manifest: removed once superseded
 ROOT_PART_RE = re.compile(r"^(ids\.json|docstore\.jsonl|docstore\.offsets\.npy|tombstones\.npy|dense\.faiss|"
-                          r"refine\.faiss|vectors\.npy|passage_docs\.npy|passage_spans\.npy|bm25|shard-\d{3,})$")
+                          r"refine\.faiss|vectors\.npy|passage_docs\.npy|passage_spans\.npy|bm25|sparse|shard-\d{3,})$")
 OPEN_TRIES = 200
 _WRITING: set[str] = set()  # the generation folders this process is writing now
 

@@ -141,14 +141,19 @@ def check_index_parts(manifest: dict, parts: Path, path: Path) -> None:
         confined(parts, rel)
         if rel not in files:
             raise _bad(path, f"{rel!r} has no checksum in 'files'")
-    bm25 = manifest.get("bm25")
-    if bm25:
-        folder = confined(parts, bm25["dir"])
-        if "/" in bm25["dir"]:
-            raise _bad(path, f"'bm25.dir' {bm25['dir']!r} is not a folder of the index")
-        recorded = {rel.split("/", 1)[1] for rel in files if rel.startswith(bm25["dir"] + "/")}
+    for part in ("bm25", "sparse"):  # a folder part: every file in it recorded, none missing
+        entry = manifest.get(part)
+        if not entry:
+            continue
+        name = entry.get("dir") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name:
+            raise _bad(path, f"'{part}' has no 'dir'")
+        folder = confined(parts, name)
+        if "/" in name:
+            raise _bad(path, f"'{part}.dir' {name!r} is not a folder of the index")
+        recorded = {rel.split("/", 1)[1] for rel in files if rel.startswith(name + "/")}
         if not recorded:
-            raise _bad(path, f"no file of {bm25['dir']!r} has a checksum in 'files'")
+            raise _bad(path, f"no file of {name!r} has a checksum in 'files'")
         if folder.is_symlink() or not folder.is_dir():
             raise _bad(folder, "not a folder of the index")
         extra = sorted(set(os.listdir(folder)) - recorded)
@@ -266,6 +271,17 @@ class DenseInfo:
 
 
 @dataclass(frozen=True)
+class SparseInfo:
+    """The learned sparse part: its folder, the model that encoded it (id, hash, path, kind), its size."""
+    dir: str
+    model: Mapping
+    dim: int
+    nnz: int
+    build_seconds: float
+    bytes: int
+
+
+@dataclass(frozen=True)
 class BM25Info:
     dir: str | None
     params: Mapping
@@ -305,6 +321,7 @@ class IndexManifest(Mapping):
     dense: DenseInfo
     bm25: BM25Info | None
     files: Mapping[str, FileEntry]
+    sparse: SparseInfo | None
     shard_index: int | None  # this folder's place among its sharded index's shards (None: not a shard)
     shards: tuple[ShardEntry, ...]  # a sharded folder's shards (empty: one index folder)
     changes: tuple[Mapping, ...]
@@ -325,6 +342,7 @@ class IndexManifest(Mapping):
         prompts = _dict(model.get("prompts"))
         bm25 = raw.get("bm25")
         shard = raw.get("shard")
+        sparse = raw.get("sparse")
         num_docs = _int(raw, "num_docs", path)
         shards = tuple(ShardEntry(e["dir"], e.get("num_docs")) for e in raw.get("shards") or ()
                        if isinstance(e, dict) and isinstance(e.get("dir"), str))
@@ -343,6 +361,9 @@ class IndexManifest(Mapping):
                                                 _number(bm25.get("build_seconds")), int(_number(bm25.get("bytes")))),
             files={k: FileEntry(v.get("sha256"), v.get("bytes")) if isinstance(v, dict) else FileEntry(None, None)
                    for k, v in raw["files"].items()},
+            sparse=None if not isinstance(sparse, dict) or not isinstance(sparse.get("dir"), str) else SparseInfo(
+                sparse["dir"], _dict(sparse.get("model")), int(_number(sparse.get("dim"))),
+                int(_number(sparse.get("nnz"))), _number(sparse.get("build_seconds")), int(_number(sparse.get("bytes")))),
             shard_index=shard.get("index") if isinstance(shard, dict) and isinstance(shard.get("index"), int) else None,
             shards=shards, changes=tuple(c for c in raw.get("changes") or () if isinstance(c, dict)),
             config=_dict(raw.get("config")), raw=raw)

@@ -1,4 +1,5 @@
-"""Search one index folder by pipeline name: the one path `retr search`, the Python API and `retr serve` share.
+"""Search one index folder with a pipeline value: the one path `retr search`, the Python API, `retr serve` and
+`retr eval` share.
 
 Opens the folder (checked), resolves the query encoder from its manifest (identity checked before any graph is
 loaded) the first time a dense pipeline needs it, and keeps one cross-encoder per folder asked for.
@@ -6,19 +7,20 @@ loaded) the first time a dense pipeline needs it, and keeps one cross-encoder pe
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 
 from retr.indexes.shards import open_index
+from retr.retrieval.compose import IndexParts, build
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
-from retr.retrieval.pipeline import PipelineConfig, PipelineFactory, PipelineSpec
-from retr.retrieval.protocol import StageTimer
+from retr.retrieval.pipeline import Pipeline, PipelineConfig
+from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE, SearchRequest
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 from retr.retrieval.rerank_check import CorpusCheck
@@ -75,78 +77,80 @@ class Searcher:
     searches run concurrently (FAISS, BM25 and ONNX Runtime read shared state; an OpenVINO runner serialises its
     own calls)."""
 
-    def __init__(self, folder: str | Path, encoder: EncoderConfig | None = None,
-                 pipeline: PipelineConfig | None = None, rerank: RerankConfig | None = None,
-                 checker: Callable | None = None):
-        """``encoder``: the query encoder's options (its model defaults to the one that built the index);
+    def __init__(self, folder, encoder: EncoderConfig | None = None, pipeline: PipelineConfig | None = None,
+                 rerank: RerankConfig | None = None, *, query_encoder: BiEncoder | None = None,
+                 rerankers: Mapping[str, CrossEncoderReranker] | None = None):
+        """``folder``: an index folder (or an index already opened: the searcher then owns it, and closes it);
+        ``encoder``: the query encoder's options (its model defaults to the one that built the index);
+        ``pipeline``: the options a pipeline leaves open (the fusion, its depth, the passage aggregate);
         ``rerank``: the options (depth, length, backend, weight) of the cross-encoders asked for by folder in
-        ``search(rerank=...)``; ``checker(index, encoder, reranker, pipeline)``: run once per cross-encoder
-        trained on another corpus (``retr.eval.pseudo.check_index_reranker``: the reranker check)."""
-        self.index = open_index(folder)
+        ``search(rerank=...)``; ``query_encoder``: one already made for this index (checked by the caller);
+        ``rerankers``: cross-encoders already made, by folder. A cross-encoder trained on another corpus takes
+        the check stored beside the index, where there is one (``retr.eval.pseudo.check_index_reranker`` makes
+        it: `retr check-reranker`, `retr serve`, `retr eval`)."""
+        self.index = open_index(folder) if isinstance(folder, (str, os.PathLike)) else folder
         self._options = (encoder, pipeline, rerank)
-        self._checker = checker
-        self._factory = PipelineFactory(self.index, config=pipeline or PipelineConfig(),
-                                        encoder_config=encoder or EncoderConfig())
+        self.config = pipeline or PipelineConfig()
+        self.parts = IndexParts(self.index, query_encoder, encoder or EncoderConfig())
         self._rerank = rerank
-        self._rerankers: dict[str, CrossEncoderReranker] = {}
-        self._checked: set[str] = set()  # models the checker has run for (or needed not to)
-        self._positions = {d: i for i, d in enumerate(self.index.ids)}
+        self._rerankers: dict[str, CrossEncoderReranker] = dict(rerankers or {})
+        for reranker in self._rerankers.values():
+            self._adopt_stored_check(reranker)
+        self._positions = self.parts.positions
         self._lock = threading.Lock()
         self._filters: dict[tuple, np.ndarray] = {}  # filter -> allowed positions (the last 64 used)
-        self._variants: dict[PipelineConfig, PipelineFactory] = {}  # per-request fusion / passage aggregate
         self._closed = False
 
     @property
     def encoder(self) -> BiEncoder:
-        return self._factory.encoder
+        return self.parts.encoder
 
     def reopened(self) -> Searcher:
         """A searcher over the folder's current generation, with this one's options; the loaded query encoder and
         cross-encoders carry over when the new generation was built by the same model."""
-        new = Searcher(self.index.folder, *self._options)  # no checker: a new generation never stops to check
-        old = self._factory._encoder
-        if old is not None and new.index.manifest.dense.model.hash == old.model_hash:
-            new._factory._encoder = old
-        new._rerankers = dict(self._rerankers)
-        before, after = self._factory, new._factory
+        old = self.parts.loaded_encoder
+        new_index = open_index(self.index.folder)
+        same = old is not None and new_index.manifest.dense is not None \
+            and new_index.manifest.dense.model.hash == old.model_hash
+        before = self.parts
+        after = IndexParts(new_index)
         if after.corpus_sha256 != before.corpus_sha256 and after.dense_model_hash == before.dense_model_hash:
-            for reranker in new._rerankers.values():  # documents added or deleted: the check made before carries
+            for reranker in self._rerankers.values():  # documents added or deleted: the check made before carries
                 check = reranker.find_check(before.corpus_sha256, before.dense_model_hash)
                 if check is not None:
                     reranker.adopt(replace(check, corpus_sha256=after.corpus_sha256))
-        for reranker in new._rerankers.values():  # a check stored beside the index for the new corpus wins
-            new._adopt_stored_check(reranker)
-        return new
+        # a check stored beside the index for the new corpus wins (adopted as the new searcher opens)
+        return Searcher(new_index, *self._options, query_encoder=old if same else None, rerankers=self._rerankers)
 
     def reranker(self, model: str) -> CrossEncoderReranker:
-        """The cross-encoder in folder ``model``, loaded (and checked on this corpus, where that applies) once."""
+        """The cross-encoder in folder ``model``, loaded once (with the check stored beside the index for this
+        corpus, where there is one)."""
         if model not in self._rerankers:
             options = {**self._rerank.__dict__, "model": model} if self._rerank else {"model": model}
             self._rerankers[model] = CrossEncoderReranker(RerankConfig(**options))
             self._adopt_stored_check(self._rerankers[model])
-        reranker, factory = self._rerankers[model], self._factory
-        if self._checker is not None and model not in self._checked and factory.dense_model_hash is not None \
-                and reranker.needs_check(factory.corpus_sha256):
-            # once per model: the checker reads the check beside the index, else the cache's (and stores it
-            # beside the index), and measures only where there is none
-            self._checker(self.index, factory.encoder, reranker, factory.config)
-        self._checked.add(model)
-        return reranker
+        return self._rerankers[model]
+
+    def check_applies(self, reranker: CrossEncoderReranker) -> bool:
+        """Whether ``reranker``'s corpus check applies on this index (trained on another corpus, a dense part to
+        check its first stage with): one explicit step, ``retr.eval.pseudo.check_index_reranker``, reads the check
+        stored beside the index or in the cache, else measures it, and stores it beside the index."""
+        return self.parts.dense_model_hash is not None and reranker.needs_check(self.parts.corpus_sha256)
 
     def check_key(self, reranker: CrossEncoderReranker) -> str | None:
         """The key of ``reranker``'s check on this generation's corpus and dense model (None: no dense part)."""
-        factory = self._factory
-        if factory.dense_model_hash is None:
+        parts = self.parts
+        if parts.dense_model_hash is None:
             return None
-        return reranker.check_key(factory.corpus_sha256, factory.dense_model_hash)
+        return reranker.check_key(parts.corpus_sha256, parts.dense_model_hash)
 
     def _adopt_stored_check(self, reranker: CrossEncoderReranker) -> None:
         """Use the check stored beside the index (``CorpusCheck.save_beside``) for this corpus, where one is."""
-        key, factory = self.check_key(reranker), self._factory
-        if key is None or not reranker.needs_check(factory.corpus_sha256):
+        key, parts = self.check_key(reranker), self.parts
+        if key is None or not reranker.needs_check(parts.corpus_sha256):
             return
-        check = CorpusCheck.load_beside(self.index.folder, key, factory.corpus_sha256, reranker.model_hash,
-                                        factory.dense_model_hash)
+        check = CorpusCheck.load_beside(self.index.folder, key, parts.corpus_sha256, reranker.model_hash,
+                                        parts.dense_model_hash)
         if check is not None:
             reranker.adopt(check)
 
@@ -168,28 +172,25 @@ class Searcher:
             self._filters[key] = found
         return self._filters[key]
 
-    def _factory_for(self, request: SearchRequest) -> PipelineFactory:
-        """The factory of the pipeline options ``request`` overrides (its fusion, fusion depth, passage aggregate),
-        sharing the searcher's query encoder and BM25; the searcher's own when it overrides none. Called under the
-        lock."""
-        base = self._factory
-        config = replace(base.config, fusion=request.fusion or base.config.fusion,
-                         fusion_depth=request.fusion_depth or base.config.fusion_depth,
-                         passage_aggregate=request.passage_aggregate or base.config.passage_aggregate)
-        if config == base.config:
-            return base
-        if config not in self._variants:
-            if len(self._variants) >= 8:
-                self._variants.pop(next(iter(self._variants)))
-            self._variants[config] = PipelineFactory(self.index, config=config, encoder_config=base.encoder_config)
-        variant = self._variants[config]
-        spec = PipelineSpec.parse(request.pipeline)
-        if spec.uses_dense and variant._encoder is None:
-            variant._encoder = base.encoder
-        if spec.uses_bm25 and variant._bm25 is None:
-            base.bm25()
-            variant._bm25 = base._bm25
-        return variant
+    def config_for(self, request: SearchRequest) -> PipelineConfig:
+        """The pipeline options of ``request``: the searcher's, with those it gives (fusion, fusion depth, passage
+        aggregate) in their place."""
+        base = self.config
+        return replace(base, fusion=request.fusion or base.fusion,
+                       fusion_depth=request.fusion_depth or base.fusion_depth,
+                       passage_aggregate=request.passage_aggregate or base.passage_aggregate)
+
+    def retriever(self, pipeline: Pipeline, config: PipelineConfig | None = None, rerank: str | None = None,
+                  allowed: np.ndarray | None = None) -> Retriever:
+        """The retriever of ``pipeline`` over this index (``retr.retrieval.compose.build``): what a search runs
+        and what `retr eval` times. ``rerank``: the cross-encoder folder of its rerank stage; ``allowed``: the
+        positions a filter leaves (``allowed``)."""
+        with self._lock:  # lazy parts (encoder, its query graph, BM25, cross-encoder) are made once
+            retriever = build(pipeline, self.parts, config or self.config,
+                              self.reranker(rerank) if rerank else None, allowed)
+            if "dense" in pipeline.needs:
+                _ = self.parts.encoder.query_graph
+        return retriever
 
     def run(self, request: SearchRequest) -> list[SearchResult]:
         """One result per query of ``request`` (``retr.retrieval.request``: checked, with the one set of
@@ -198,7 +199,6 @@ class Searcher:
         timer = StageTimer()
         t0 = time.perf_counter()
         run = self.search_run(request, timer=timer)  # checks the request and that the searcher is open
-        spec = PipelineSpec.parse(request.pipeline)
         share = 1000.0 / len(request.queries)  # a batch's time, per query
         latency = {**{s: v * share for s, v in timer.seconds.items()}, "total": (time.perf_counter() - t0) * share}
         out = []
@@ -206,7 +206,7 @@ class Searcher:
             hits = run[str(i)]
             docs = [self.index.docstore.get(self._positions[h.doc_id]) for h in hits]
             out.append(SearchResult(
-                query=q, pipeline=spec.name, k=request.k,
+                query=q, pipeline=str(request.pipeline), k=request.k,
                 hits=[SearchHit(r, h.doc_id, h.score, d.title, d.text, dict(d.metadata))
                       for r, (h, d) in enumerate(zip(hits, docs, strict=True), start=1)],
                 latency_ms=dict(latency)))
@@ -230,16 +230,13 @@ class Searcher:
         if len(ids) != len(request.queries) or len(set(ids)) != len(ids):
             raise RetrError(f"a batch needs one distinct id per query: {len(ids)} ids for {len(request.queries)} "
                             f"queries")
-        spec = PipelineSpec.parse(request.pipeline)
-        with self._lock:  # lazy parts (encoder, its query graph, BM25, cross-encoder, filters) are made once
-            factory = self._factory_for(request)
-            retriever = factory.make(spec, self.reranker(request.rerank) if request.rerank else None,
-                                     self.allowed(request.filter))
-            if spec.uses_dense:
-                _ = factory.encoder.query_graph
+        with self._lock:
+            allowed = self.allowed(request.filter)
+        retriever = self.retriever(request.pipeline, self.config_for(request), request.rerank, allowed)
         timer = timer if timer is not None else StageTimer()
         rankings: dict = {}
-        for part in _chunks(ids, request.queries, max(1, chunk), factory.encoder if spec.uses_dense else None):
+        dense = "dense" in request.pipeline.needs
+        for part in _chunks(ids, request.queries, max(1, chunk), self.parts.encoder if dense else None):
             found = retriever.search(part, request.k, timer)
             rankings.update((qid, found[qid]) for qid in part)
             if progress is not None:

@@ -36,11 +36,13 @@ from retr.indexes.folder import IndexFolder
 from retr.indexes.generations import collect, new_generation
 from retr.indexes.manifest import INDEX_FORMAT_VERSION, is_index_folder, load_manifest, write_manifest
 from retr.indexes.shards import SHARDED_KIND
+from retr.indexes.sparse import SPARSE_DIR, encode_sparse, write_sparse
 from retr.retrieval.artifacts import checksums, read_text, versions, writer_lock
 from retr.retrieval.bm25 import BM25_DIR, BM25Config
+from retr.retrieval.compose import encoder_for_index
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
-from retr.retrieval.pipeline import encoder_for_index
+from retr.retrieval.sparse import sparse_encoder_for
 from retr.retrieval.types import Document
 
 logger = logging.getLogger(__name__)
@@ -138,6 +140,10 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
                                vocab_size=stats["vocab_size"])
             files.update({f"{BM25_DIR}/{k}": v for k, v in checksums(tmp / BM25_DIR).items()})
 
+        if index.has_sparse:
+            encode_seconds += _write_sparse_generation(index, keep, docs, tmp, new)
+            files.update({f"{SPARSE_DIR}/{k}": v for k, v in checksums(tmp / SPARSE_DIR).items()})
+
         seconds = time.perf_counter() - t0 + encode_seconds
         op = {**op, "generation": generation, "seconds": seconds, "encode_seconds": encode_seconds,
               "faiss_build_seconds": faiss_seconds, "live": live, "tombstones": len(dead)}
@@ -150,6 +156,23 @@ def _write_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document]
     logger.info("%s: generation %d written (%d live, %d tombstones)", folder, generation, live, len(dead))
     return Change(generation, op.get("added", 0), op.get("updated", 0), op.get("deleted", 0), live, len(dead),
                   encode_seconds, seconds)
+
+
+def _write_sparse_generation(index: IndexFolder, keep: np.ndarray, docs: list[Document], tmp: Path,
+                             new: dict) -> float:
+    """The sparse part of the next generation: the live rows ``keep``, then ``docs`` encoded by the model the
+    part was built with (its hash checked); returns the seconds spent encoding."""
+    import scipy.sparse as sp
+
+    matrix = index.sparse_matrix[np.flatnonzero(keep)]
+    encoder = sparse_encoder_for(index.folder, index.manifest.sparse.model)
+    seconds = 0.0
+    if docs:
+        added, seconds = encode_sparse(encoder, [d.full_text() for d in docs])
+        matrix = sp.vstack([matrix, added.astype(np.float32)], format="csr")
+    entry = write_sparse(tmp / SPARSE_DIR, matrix, encoder, seconds)
+    new["sparse"] = {**new["sparse"], **{k: entry[k] for k in ("nnz", "mean_nnz_per_doc", "bytes")}}
+    return seconds
 
 
 def _open_changeable(folder: Path) -> IndexFolder:

@@ -17,12 +17,16 @@ import numpy as np
 from retr.retrieval.errors import RetrError
 from retr.retrieval.mapped import MappedFile, check_all
 from retr.retrieval.protocol import StageTimer
+from retr.retrieval.stage import Stage
 from retr.retrieval.types import Hit, Run, check_float, trec_sorted
 
 logger = logging.getLogger(__name__)
 
 BM25_DIR = "bm25"
 CONFIG = "retr_bm25.json"
+TOKENS = "retr_tokens.npy"  # every row's token ids, concatenated (int32)
+TOKEN_OFFSETS = "retr_token_offsets.npy"  # row i's ids are TOKENS[offsets[i]:offsets[i + 1]]
+TOKEN_VOCAB = "retr_token_vocab.json"  # id -> token (the ids of bm25s's vocabulary)
 MIN_QUERIES_PER_THREAD = 8  # fewer queries than this a thread: one thread (starting threads costs more)
 
 
@@ -127,6 +131,38 @@ def tokenize(texts: Sequence[str], cfg: BM25Config) -> list[list[str]]:
     return bm25s.tokenize(list(texts), **tokenizer_options(cfg), return_ids=False, show_progress=False)
 
 
+@dataclass(frozen=True)
+class TermStats:
+    """What query expansion reads of a BM25 folder: each vocabulary id's term, in how many documents it occurs,
+    and each document's term ids (the tokens the index was built from, memory-mapped)."""
+
+    terms: list[str]
+    doc_freq: np.ndarray
+    tokens: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def load(cls, folder: Path, model) -> TermStats:
+        if not (folder / TOKENS).is_file():
+            raise RetrError(f"{folder}: this BM25 part keeps no document tokens (built by an older retr): rebuild "
+                            f"the index to expand queries from it")
+        terms = [""] * len(model.vocab_dict)
+        for term, i in model.vocab_dict.items():
+            terms[i] = term
+        tokens, offsets = np.load(folder / TOKENS, mmap_mode="r"), np.load(folder / TOKEN_OFFSETS)
+        if len(offsets) != int(model.scores["num_docs"]) + 1 or offsets[-1] != len(tokens):
+            raise RetrError(f"{folder / TOKENS}: does not match its offsets or the BM25 index: rebuild the index")
+        return cls(terms, np.diff(np.asarray(model.scores["indptr"])), tokens, offsets)
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.offsets) - 1
+
+    def doc_terms(self, position: int) -> np.ndarray:
+        """The term ids of document ``position``, in order, repeats kept."""
+        return np.asarray(self.tokens[int(self.offsets[position]):int(self.offsets[position + 1])])
+
+
 class BM25Retriever:
     """Retriever protocol over a saved bm25s index; doc positions map to ``ids``."""
 
@@ -140,6 +176,7 @@ class BM25Retriever:
         if not cfg_path.is_file():
             raise RetrError(f"{cfg_path}: missing: the index has no BM25 part (rebuild it with `retr index`, without --no-bm25)")
         self.cfg = BM25Config(**json.loads(cfg_path.read_text()))
+        self.folder = folder
         self.model = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
         # the score matrix's arrays are mapped: checked before each query (never SIGBUS on a file cut short)
         self._mapped = [MappedFile(folder / f"{name}.csc.index.npy") for name in ("data", "indices", "indptr")]
@@ -151,6 +188,18 @@ class BM25Retriever:
         n = int(self.model.scores["num_docs"])
         if n != len(self.ids):
             raise RetrError(f"{folder}: BM25 index holds {n} documents but the id list has {len(self.ids)}")
+        self._stats: list[TermStats] = []  # made once, shared with the restricted copies
+
+    @property
+    def stats(self) -> TermStats:
+        """The index's terms, document frequencies and each document's term ids (read once when asked)."""
+        if not self._stats:
+            self._stats.append(TermStats.load(self.folder, self.model))
+        return self._stats[0]
+
+    def query_terms(self, text: str) -> list[str]:
+        """``text``'s terms as BM25 matches them (``analyzer``), those outside the vocabulary included."""
+        return self._terms(text)
 
     def restricted(self, allowed: np.ndarray | None) -> BM25Retriever:
         """The same index (shared, not reloaded) returning only the positions ``allowed``."""
@@ -170,9 +219,17 @@ class BM25Retriever:
         """Each query ranked alone; many queries are spread over ``threads`` threads (as bm25s's own batch
         retrieval does: its numpy scoring releases the GIL for much of the work), in contiguous parts, so the
         run is the same whatever the thread count."""
+        return self._search([(qid, self._query_ids(text), None) for qid, text in queries.items()], k, timer)
+
+    def search_weighted(self, queries: Mapping[str, Mapping[int, float]], k: int,
+                        timer: StageTimer | None = None) -> Run:
+        """Each query a weighted bag of vocabulary ids (``{term id: weight}``): a document scores the weighted
+        sum of its BM25 term scores (Lucene's boosted term queries; RM3's expanded query)."""
+        return self._search([(qid, list(w), list(w.values())) for qid, w in queries.items()], k, timer)
+
+    def _search(self, items: list[tuple[str, list[int], list[float] | None]], k: int, timer: StageTimer | None) -> Run:
         timer = timer or StageTimer()
         k_eff = min(k, len(self.ids))
-        items = list(queries.items())
         with timer.stage("bm25"):
             threads = min(self.threads, len(items) // MIN_QUERIES_PER_THREAD)
             if threads <= 1:
@@ -184,16 +241,28 @@ class BM25Retriever:
                 parts = list(pool.map(lambda i: self._rank(items[i:i + size], k_eff), range(0, len(items), size)))
         return Run({qid: hits for part in parts for qid, hits in part.items()})
 
-    def _rank(self, items: list[tuple[str, str]], k_eff: int) -> dict[str, list[Hit]]:
+    def _weighted_scores(self, token_ids: list[int], weights: list[float]) -> np.ndarray:
+        s = self.model.scores
+        data, indices, indptr = s["data"], s["indices"], s["indptr"]
+        scores = np.zeros(len(self.ids), dtype=np.float64)
+        for t, w in zip(token_ids, weights, strict=True):  # a column's rows are distinct documents
+            a, b = int(indptr[t]), int(indptr[t + 1])
+            scores[indices[a:b]] += w * data[a:b].astype(np.float64)
+        extra = getattr(self.model, "nonoccurrence_array", None)  # bm25l, bm25+: a term's score where absent
+        if extra is not None:
+            scores += float(np.dot(np.asarray(extra, dtype=np.float64)[token_ids], weights))
+        return scores
+
+    def _rank(self, items: list[tuple[str, list[int], list[float] | None]], k_eff: int) -> dict[str, list[Hit]]:
         ids = self.ids
         out: dict[str, list[Hit]] = {}
-        for qid, text in items:
-            token_ids = self._query_ids(text)
+        for qid, token_ids, weights in items:
             if not token_ids or k_eff == 0:
                 out[qid] = []
                 continue
             check_all(self._mapped)
-            scores = self.model.get_scores_from_ids(token_ids)
+            scores = (self.model.get_scores_from_ids(token_ids) if weights is None
+                      else self._weighted_scores(token_ids, weights))
             if self.mask is not None:
                 scores = np.where(self.mask, scores, 0.0)
             if k_eff < len(scores):
@@ -207,3 +276,7 @@ class BM25Retriever:
             out[qid] = trec_sorted(Hit(ids[d], s) for d, s in zip(top.tolist(), scores[top].tolist(),
                                                                    strict=True))[:k_eff]
         return out
+
+
+STAGE = Stage("bm25", "source", lambda ctx, node, inputs: ctx.parts.bm25(ctx.allowed),
+              "BM25 over the index's BM25 part", needs=("bm25",))

@@ -13,6 +13,7 @@ from retr.retrieval.mapped import attached, check_all
 from retr.retrieval.models import ModelRef
 from retr.retrieval.passages import PassageMap
 from retr.retrieval.protocol import StageTimer
+from retr.retrieval.stage import Stage
 from retr.retrieval.types import Hit, Run
 
 
@@ -151,3 +152,7 @@ class DenseRetriever:
             if depth >= total or all(len(d) >= want for d, _ in folded):
                 return [s for _, s in folded], [d for d, _ in folded]
             depth = min(total, depth * 4)
+
+
+STAGE = Stage("dense", "source", lambda ctx, node, inputs: ctx.parts.dense(ctx.allowed, ctx.config.passage_aggregate),
+              "the bi-encoder's query vector searched in the index's FAISS part", needs=("dense",))

@@ -1,14 +1,13 @@
-"""Rank fusion (pure functions over ``Run`` s) and the hybrid retriever that composes two."""
+"""Rank fusion: pure functions over ``Run`` s (any number of them); the stage that runs them is ``retr.retrieval.fuse``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
-from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.types import Hit, Run, trec_sorted
 
 # the default: chosen on SciFact's dev split (20% of train, seed 42; nDCG@10 minmax 0.7565, zscore 0.7505, RRF 0.7377)
@@ -143,25 +142,3 @@ FUSIONS = {
 
 ADAPTIVE = {"adaptive zscore": lambda runs, k: adaptive(runs, k, zscore),
             "adaptive minmax": lambda runs, k: adaptive(runs, k, minmax)}
-
-
-class HybridRetriever:
-    """Runs two retrievers to ``depth`` each and fuses their rankings."""
-
-    name = "hybrid"
-
-    def __init__(self, first: Retriever, second: Retriever, fusion: str = DEFAULT_FUSION, depth: int = 100,
-                 rrf_k: int = 60, weights: Sequence[float] | None = None):
-        if fusion not in FUSIONS:
-            raise RetrError(f"unknown fusion {fusion!r}: choose one of {', '.join(FUSIONS)}")
-        self.first, self.second = first, second
-        self.fusion, self.depth, self.rrf_k, self.weights = fusion, depth, rrf_k, weights
-        self.stages = tuple(dict.fromkeys(first.stages + second.stages + ("fusion",)))
-
-    def search(self, queries: Mapping[str, str], k: int, timer: StageTimer | None = None) -> Run:
-        timer = timer or StageTimer()
-        depth = max(k, self.depth)
-        a = self.first.search(queries, depth, timer)
-        b = self.second.search(queries, depth, timer)
-        with timer.stage("fusion"):
-            return FUSIONS[self.fusion]([a, b], k, self.rrf_k, self.weights, self.depth)

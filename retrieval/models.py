@@ -199,6 +199,15 @@ def near_name(name: str) -> str | None:
     return lowered[match[0]] if match else None
 
 
+def _hub_cache() -> str:
+    """Where hub snapshots are looked for (``HF_HUB_CACHE``, ``HF_HOME``/hub, else ~/.cache/huggingface/hub)."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - a dependency of transformers
+        return "~/.cache/huggingface/hub"
+    return str(constants.HF_HUB_CACHE)
+
+
 def model_architecture(path: Path) -> str | None:
     """The backbone's ``model_type`` from its config.json (``bert``, ``modernbert``, ...), or None."""
     for candidate in (path / "config.json", *sorted(path.glob("*/config.json"))):
@@ -257,7 +266,7 @@ class ModelRef:
         snap = _hub_snapshot(name)
         if snap is None:
             near = near_name(name)
-            raise RetrError(f"model {name!r}: no such folder, and not in the hub cache (offline?): "
+            raise RetrError(f"model {name!r}: no such folder, and not in the hub cache {_hub_cache()} (offline?): "
                             + (f"did you mean {near!r}? Else d" if near else "d")
                             + "ownload it once where the hub is reachable, or pass a local folder")
         check_loadable(snap)

@@ -6,7 +6,8 @@ and the bounds of a request (``MAX_K``). Everything a request holds is checked h
 one-line ``RetrError`` naming the field whichever door it came through:
 
 * ``k``: an ``int`` from 1 to ``MAX_K`` (not a bool, a float or a string);
-* ``mode``: a first stage of the pipeline registry (``FIRST_STAGES``); ``fusion`` one of ``FUSIONS``;
+* ``mode``: a pipeline (``retr.retrieval.pipeline``: a text form such as ``hybrid``, ``bm25+rm3`` or
+  ``fuse(bm25,dense)+rerank``, parsed here once, or a ``Pipeline`` value); ``fusion`` one of ``FUSIONS``;
   ``passage_aggregate`` one of ``AGGREGATES`` (both None: the searcher's own);
 * ``rerank``: a cross-encoder folder (a ``str`` or path) or None;
 * ``filter``: a mapping of ``str`` field -> ``str``/``int``/``float``/``bool`` value, or None;
@@ -28,14 +29,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
 from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS
 from retr.retrieval.passages import AGGREGATES
-from retr.retrieval.pipeline import FIRST_STAGES
+from retr.retrieval.pipeline import Pipeline, parse
 from retr.retrieval.types import check_choice, check_int, has_searchable_text, shown
 
 DEFAULT_MODE = defaults.MODE
@@ -141,7 +142,9 @@ def _rerank(value: object) -> str | None:
 class SearchRequest:
     """What to search for and how: checked on construction, immutable after.
 
-    ``queries``: one or more queries, each searched alone; ``k``: hits per query; ``mode``: bm25, dense or hybrid;
+    ``queries``: one or more queries, each searched alone; ``k``: hits per query; ``mode``: the pipeline (text
+    or value; ``pipeline`` holds it as a value, with ``+rerank`` added where ``rerank`` names a cross-encoder and
+    the mode has no rerank stage);
     ``fusion``: the hybrid's fusion (None: the searcher's, ``DEFAULT_FUSION`` unless it was opened with another);
     ``rerank``: a cross-encoder folder rescoring the first stage's top hits (its depth is the searcher's
     ``RerankConfig.depth``); ``filter``: ``{field: value}`` every hit's record must hold; ``passage_aggregate``:
@@ -154,20 +157,29 @@ class SearchRequest:
 
     queries: tuple[str, ...]
     k: int = DEFAULT_K
-    mode: str = DEFAULT_MODE
+    mode: str | Pipeline = DEFAULT_MODE
     fusion: str | None = None
     rerank: str | None = None
     filter: Mapping[str, Scalar] | None = None
     passage_aggregate: str | None = None
     fusion_depth: int | None = None
+    pipeline: Pipeline = field(init=False)
 
     def __post_init__(self) -> None:
+        try:  # a value given is taken as it is: a pipeline is parsed once, at its door
+            mode = parse(self.mode)
+        except RetrError as e:
+            raise RetrError(f"mode: {e}") from None
+        rerank = _rerank(self.rerank)
+        if mode.reranks and rerank is None:
+            raise RetrError(f"mode {str(mode)!r} needs a cross-encoder: give rerank (a cross-encoder folder)")
         checked = {
             "queries": check_queries(self.queries),
             "k": check_k(self.k),
-            "mode": check_choice(self.mode, "mode", FIRST_STAGES),
+            "mode": str(mode),
+            "pipeline": mode if rerank is None or mode.reranks else mode >> Pipeline("rerank"),
             "fusion": check_choice(self.fusion, "fusion", FUSIONS, optional=True),
-            "rerank": _rerank(self.rerank),
+            "rerank": rerank,
             "filter": _filter(self.filter),
             "passage_aggregate": check_choice(self.passage_aggregate, "passage_aggregate", AGGREGATES, optional=True),
             "fusion_depth": None if self.fusion_depth is None else check_k(self.fusion_depth, "fusion_depth"),
@@ -192,13 +204,9 @@ class SearchRequest:
             raise RetrError(f"this request holds {len(self.queries)} queries, not one")
         return self.queries[0]
 
-    @property
-    def pipeline(self) -> str:
-        """The pipeline name it runs (``hybrid``, ``dense+rerank``, ...)."""
-        return self.mode + ("+rerank" if self.rerank else "")
 
 
-_OPTIONS = frozenset(f.name for f in fields(SearchRequest)) - {"queries"}
+_OPTIONS = frozenset(f.name for f in fields(SearchRequest) if f.init) - {"queries"}
 
 
 def _options(options: dict) -> dict:

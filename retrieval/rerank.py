@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageMap, passage_text
 from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.rerank_check import (  # noqa: F401  (re-exported)
@@ -38,6 +39,7 @@ from retr.retrieval.rerank_model import (  # noqa: F401  (re-exported)
     cross_encoder_ref,
     trained_reading,
 )
+from retr.retrieval.stage import Stage
 from retr.retrieval.types import Hit, Run
 
 PASSAGES_PER_DOC = 2  # an index of passages: the cross-encoder scores this many of each candidate's passages
@@ -104,3 +106,15 @@ class RerankRetriever:
                 texts.append(passage_text(title, pieces[j]))
                 owner.append(i)
         return texts, np.asarray(owner, dtype=np.int64)
+
+
+def _build(ctx, node, inputs) -> RerankRetriever:
+    if ctx.reranker is None:
+        raise RetrError(f"pipeline {str(node)!r} needs a cross-encoder: pass --rerank DIR")
+    parts = ctx.parts
+    return RerankRetriever(inputs[0], ctx.reranker, parts.docstore, parts.positions,
+                           parts.passages(ctx.config.passage_aggregate), parts.rerank_weight(ctx.reranker))
+
+
+STAGE = Stage("rerank", "step", _build, "the cross-encoder rescores the top --rerank-depth hits",
+              needs=("rerank",))

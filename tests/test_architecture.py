@@ -19,6 +19,7 @@ LAYERS = {
     "retr.train": 6,
     "retr.cli": 7,
     "retr": 8,  # the Python API (api/__init__.py, installed as the package `retr` itself)
+    "retr.stages": 8,  # the API's pipeline composition (api/stages.py)
 }
 PACKAGES = ("retrieval", "indexes", "eval", "train", "cli", "api")
 

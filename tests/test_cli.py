@@ -153,7 +153,7 @@ def test_malformed_corpus_leaves_nothing_behind(tmp_path, capsys):
 
 def test_unknown_pipeline_and_bad_k(capsys):
     assert main(["eval", "--dataset", "x", "--pipelines", "dense,colbert"]) == 2
-    assert "unknown pipeline 'colbert'" in capsys.readouterr().err
+    assert "position 7: unknown stage 'colbert'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["eval", "--dataset", "x", "--k-values", "0,5"])
     assert e.value.code == 2

@@ -14,8 +14,9 @@ from retr.indexes.corpus import load_corpus
 from retr.indexes.dense import DenseIndexConfig
 from retr.indexes.folder import IndexFolder
 from retr.retrieval.bm25 import BM25Config, tokenize
+from retr.retrieval.compose import IndexParts, build
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
-from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+from retr.retrieval.pipeline import PipelineConfig, parse
 from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
@@ -55,8 +56,8 @@ SPECS = [
 
 def _make(env, name, kind, fusion) -> Retriever:
     corpus, encoder, indexes, reranker = env
-    factory = PipelineFactory(indexes[kind], encoder, reranker, PipelineConfig(fusion=fusion, fusion_depth=8))
-    return factory.make(name)
+    return build(parse(name), IndexParts(indexes[kind], encoder), PipelineConfig(fusion=fusion, fusion_depth=8),
+                 reranker)
 
 
 @pytest.mark.parametrize("name,kind,fusion", SPECS, ids=[f"{a}-{b}-{c}" for a, b, c in SPECS])
@@ -329,7 +330,7 @@ def test_reranker_folder_must_be_a_cross_encoder(tiny_bi_encoder, tmp_path):
 
 def test_fast_query_tokenisation_equals_bm25s(env):
     corpus, _, indexes, _ = env
-    r = PipelineFactory(indexes["flat"]).bm25()
+    r = IndexParts(indexes["flat"]).bm25()
     texts = [*QUERIES.values(), *(d.full_text() for d in corpus.docs), "The RUNNING runners ran; it's 2024!"]
     ref = tokenize(texts, BM25Config())
     for text, ref_tokens in zip(texts, ref, strict=True):

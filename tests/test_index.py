@@ -118,8 +118,8 @@ def test_corrupt_or_foreign_folders_are_refused(tiny_dataset, tiny_bi_encoder, e
 
 
 def test_index_refuses_query_encoder_of_another_model(tiny_dataset, tiny_bi_encoder, encoder, tmp_path, monkeypatch):
+    from retr.retrieval.compose import encoder_for_index
     from retr.retrieval.encoder import EncoderConfig
-    from retr.retrieval.pipeline import encoder_for_index
 
     out = tmp_path / "idx"
     build_index(load_corpus(tiny_dataset), out, _cfg(tiny_bi_encoder), encoder=encoder)

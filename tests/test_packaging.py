@@ -20,9 +20,11 @@ DISTRIBUTIONS = {
     "sklearn": "scikit-learn",
     "yaml": "pyyaml",
     "pytrec_eval": "pytrec-eval-terrier",
+    "seismic": "pyseismic-lsr",
 }
 # the modules whose imports an extra provides (a folder ends with "/"): the rest may import only the base dependencies
 MODULE_EXTRAS = {
+    "retrieval/sparse.py": "sparse",
     "train/": "train",
     "cli/serve.py": "serve",
     "cli/serve_app.py": "serve",

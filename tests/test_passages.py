@@ -16,11 +16,12 @@ from retr.indexes.dense import DenseIndexConfig
 from retr.indexes.folder import IndexFolder
 from retr.indexes.searcher import Searcher
 from retr.retrieval.bm25 import BM25Config
+from retr.retrieval.compose import IndexParts, build
 from retr.retrieval.dense import PASSAGE_DEPTH
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageConfig, PassageMap, split_passages, windows
-from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+from retr.retrieval.pipeline import PipelineConfig, parse
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
 from .conftest import DOCS, QRELS, write_beir
@@ -150,9 +151,9 @@ def _assert_same_top(got: list[tuple[str, float]], want: list[tuple[str, float]]
 def test_passage_search_equals_brute_force_aggregation(built, encoder, kind, aggregate):
     corpus, indexes = built
     index = indexes[kind]
-    factory = PipelineFactory(index, encoder, config=PipelineConfig(passage_aggregate=aggregate))
     k = 6
-    run = factory.dense().search(QUERIES, k)
+    run = IndexParts(index, encoder).dense(aggregate=PipelineConfig(passage_aggregate=aggregate).passage_aggregate
+                                            ).search(QUERIES, k)
     want = _brute(encoder, index, aggregate, k)
     for qid in QUERIES:
         got = [(h.doc_id, h.score) for h in run[qid]]
@@ -189,11 +190,10 @@ def test_every_kind_and_mode_fills_k_documents_and_filters_hold(built, kind, mod
 def test_rerank_scores_the_best_passages_of_long_documents(built, encoder, tiny_cross_encoder):
     corpus, indexes = built
     reranker = CrossEncoderReranker(RerankConfig(model=str(tiny_cross_encoder), depth=8, max_length=64))
-    factory = PipelineFactory(indexes["flat"], encoder, reranker)
     seen = []
     score = reranker.score
     reranker.score = lambda q, texts: (seen.append(list(texts)), score(q, texts))[1]
-    run = factory.make("dense+rerank").search(QUERIES, 8)
+    run = build(parse("dense+rerank"), IndexParts(indexes["flat"], encoder), reranker=reranker).search(QUERIES, 8)
     assert all(len(h) == 8 and len({x.doc_id for x in h}) == 8 for h in run.values())
     longest = max(len(t) for batch in seen for t in batch)
     full = max(len(d.full_text()) for d in corpus.docs)

@@ -64,7 +64,7 @@ def test_regress_passes_on_measured_scores_and_fails_on_drift(tiny_dataset, tiny
     ("[[expect]\n", "not valid TOML"),
     ('[[expect]]\ndataset="a"\npipeline="dense"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\nexport="3"\n',
      "export must be a graph export generation"),
-    ('[[expect]]\ndataset="a"\npipeline="bm25+x"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\n', "unknown pipeline"),
+    ('[[expect]]\ndataset="a"\npipeline="bm25+x"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\n', "unknown stage 'x'"),
 ])
 def test_bad_expected_files_are_refused(tmp_path, capsys, text, message):
     path = tmp_path / "e.toml"

@@ -141,14 +141,14 @@ def test_eval_checks_a_reranker_from_another_corpus_and_caps_its_weight(tiny_cro
     from retr.eval.runner import EvalConfig, run_eval
     from retr.eval.table import main_table
     from retr.retrieval.encoder import EncoderConfig
-    from retr.retrieval.pipeline import PipelineSpec
+    from retr.retrieval.pipeline import parse
 
     docs = _long_docs()
     folder = write_beir(tmp_path / "long", docs, {"q1": "solar panels and electricity", "q2": "wolves in the tundra"},
                         {"q1": {"L1": 1}, "q2": {"L5": 1}})
     ds = load_dataset(str(folder), "test", download=False)
     path = _trained_reranker(tiny_cross_encoder, tmp_path, weight=0.6)
-    cfg = EvalConfig(pipelines=tuple(PipelineSpec.parse(p) for p in ("hybrid", "hybrid+rerank")),
+    cfg = EvalConfig(pipelines=tuple(parse(p) for p in ("hybrid", "hybrid+rerank")),
                      encoder=EncoderConfig(model=str(tiny_bi_encoder), max_length=64),
                      reranker=RerankConfig(model=str(path), max_length=32, depth=5), warmup=0)
     report = run_eval(ds, cfg)
@@ -181,11 +181,11 @@ def test_a_corpus_too_short_to_check_keeps_the_trained_weight(tiny_cross_encoder
     from retr.eval.data import load_dataset
     from retr.eval.runner import EvalConfig, run_eval
     from retr.retrieval.encoder import EncoderConfig
-    from retr.retrieval.pipeline import PipelineSpec
+    from retr.retrieval.pipeline import parse
 
     ds = load_dataset(str(tiny_dataset), "test", download=False)  # 16 documents of about 10 words
     path = _trained_reranker(tiny_cross_encoder, tmp_path, weight=0.6)
-    cfg = EvalConfig(pipelines=(PipelineSpec.parse("hybrid+rerank"),),
+    cfg = EvalConfig(pipelines=(parse("hybrid+rerank"),),
                      encoder=EncoderConfig(model=str(tiny_bi_encoder), max_length=64),
                      reranker=RerankConfig(model=str(path), max_length=32, depth=5), warmup=0)
     rep = run_eval(ds, cfg).to_dict()["reranker"]
@@ -193,7 +193,7 @@ def test_a_corpus_too_short_to_check_keeps_the_trained_weight(tiny_cross_encoder
     assert np.isfinite(rep["interpolation"])
 
 
-def test_search_checks_a_reranker_on_the_index_it_meets_once(tiny_cross_encoder, tiny_bi_encoder, tmp_path,
+def test_the_check_step_measures_a_reranker_on_the_index_once_and_searches_read_it(tiny_cross_encoder, tiny_bi_encoder, tmp_path,
                                                              monkeypatch):
     from retr.eval import pseudo
     from retr.indexes.build import IndexConfig, build_index
@@ -210,8 +210,10 @@ def test_search_checks_a_reranker_on_the_index_it_meets_once(tiny_cross_encoder,
     calls = []
     # the index holds its documents' vectors: the check reads them there, encoding only the shortened documents
     monkeypatch.setattr(pseudo, "corpus_embeddings", lambda *a, **k: (_ for _ in ()).throw(AssertionError("encoded")))
-    searcher = Searcher(tmp_path / "idx", rerank=RerankConfig(model=str(path), max_length=32, depth=5),
-                        checker=lambda *a: calls.append(pseudo.check_index_reranker(*a)))
+    searcher = Searcher(tmp_path / "idx", rerank=RerankConfig(model=str(path), max_length=32, depth=5))
+    assert searcher.check_applies(searcher.reranker(str(path)))  # trained on another corpus
+    # the one explicit step `retr serve`, `retr eval` and `retr check-reranker` take: measured where none is stored
+    calls.append(pseudo.check_index_reranker(searcher.index, searcher.encoder, searcher.reranker(str(path))))
     hit = searcher.search("solar panels", k=3, mode="hybrid", rerank=str(path))
     searcher.search("wolves", k=3, mode="hybrid", rerank=str(path))
     assert len(calls) == 1 and calls[0] is not None and calls[0].corpus_sha256 == corpus.sha256  # once per corpus
@@ -220,8 +222,7 @@ def test_search_checks_a_reranker_on_the_index_it_meets_once(tiny_cross_encoder,
     searcher.close()
     # another process (a fresh searcher) finds the stored check and measures nothing
     monkeypatch.setattr(pseudo, "cut_queries", lambda *a, **k: (_ for _ in ()).throw(AssertionError("recomputed")))
-    again = Searcher(tmp_path / "idx", rerank=RerankConfig(model=str(path), max_length=32, depth=5),
-                     checker=pseudo.check_index_reranker)
+    again = Searcher(tmp_path / "idx", rerank=RerankConfig(model=str(path), max_length=32, depth=5))
     again.search("solar", k=3, mode="hybrid", rerank=str(path))
     model = again.index.dense_info["model"]["hash"]
     assert again.reranker(str(path)).find_check(corpus.sha256, model) == calls[0]

@@ -195,16 +195,17 @@ def test_a_static_int8_graph_refused_when_made_leaves_the_base_graph_and_is_neve
 
 
 def test_an_eval_tells_its_reranker_how_many_queries_its_rerank_pipelines_will_rerank(monkeypatch):
-    from retr.eval.runner import EvalConfig, PipelineSpec
+    from retr.eval.runner import EvalConfig
     from retr.eval.runner import _reranker as eval_reranker
+    from retr.retrieval.pipeline import parse
 
     told = []
     monkeypatch.setattr(CrossEncoderReranker, "__init__", lambda self, cfg: None)
     monkeypatch.setattr(CrossEncoderReranker, "expect", lambda self, n: told.append(n))
-    cfg = EvalConfig(pipelines=tuple(PipelineSpec.parse(p) for p in ("bm25", "hybrid+rerank", "dense+rerank")),
+    cfg = EvalConfig(pipelines=tuple(parse(p) for p in ("bm25", "hybrid+rerank", "dense+rerank")),
                      reranker=RerankConfig(model="unused"))
     assert isinstance(eval_reranker(cfg, 300), CrossEncoderReranker) and told == [600]
-    assert eval_reranker(EvalConfig(pipelines=(PipelineSpec.parse("hybrid"),)), 300) is None and told == [600]
+    assert eval_reranker(EvalConfig(pipelines=(parse("hybrid"),)), 300) is None and told == [600]
 
 
 def test_a_graph_made_apart_is_made_in_a_child_into_the_cache_and_its_refusal_raised_here(tiny_cross_encoder,

@@ -48,7 +48,7 @@ def _source(idx, ce) -> str:
     """The weight source a fresh searcher gives ``ce`` on ``idx``."""
     s = Searcher(idx, rerank=RerankConfig(model=str(ce), depth=5, max_length=32))
     try:
-        return s._factory.rerank_weight(s.reranker(str(ce))).source
+        return s.parts.rerank_weight(s.reranker(str(ce))).source
     finally:
         s.close()
 
@@ -126,20 +126,20 @@ def test_a_reopened_searcher_takes_the_check_stored_for_its_new_corpus(tiny_cros
     folder, ce, idx = _indexed(tiny_cross_encoder, tiny_bi_encoder, tmp_path, rerank=True)
     s = Searcher(idx, rerank=RerankConfig(model=str(ce), depth=5, max_length=32))
     try:
-        assert s._factory.rerank_weight(s.reranker(str(ce))).source == "checked"
+        assert s.parts.rerank_weight(s.reranker(str(ce))).source == "checked"
         added = tmp_path / "new.jsonl"
         added.write_text(json.dumps({"_id": "N1", "text": " ".join(t for _, _, t in DOCS[:6])}) + "\n")
         assert main(["add", str(idx), "--corpus", str(added)]) == 0
         carried = s.reopened()
         try:  # no check for the new corpus beside the index yet: the one before carries over
-            carried_check = carried._factory.rerank_weight(carried.reranker(str(ce))).check
-            assert carried_check is not None and carried_check.corpus_sha256 == carried._factory.corpus_sha256
+            carried_check = carried.parts.rerank_weight(carried.reranker(str(ce))).check
+            assert carried_check is not None and carried_check.corpus_sha256 == carried.parts.corpus_sha256
         finally:
             carried.close()
         assert main(["check-reranker", str(idx), str(ce), *CE_ARGS]) == 0  # measured on the new corpus, stored
         new = s.reopened()
         try:
-            f = new._factory
+            f = new.parts
             key = new.check_key(new.reranker(str(ce)))
             stored = CorpusCheck.load_beside(idx, key, f.corpus_sha256, new.reranker(str(ce)).model_hash,
                                              f.dense_model_hash)

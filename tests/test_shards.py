@@ -15,10 +15,11 @@ from retr.indexes.corpus import load_corpus
 from retr.indexes.searcher import Searcher
 from retr.indexes.shards import ShardedIndex
 from retr.retrieval.bm25 import BM25Config
+from retr.retrieval.compose import IndexParts, build
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.passages import PassageConfig
-from retr.retrieval.pipeline import PipelineConfig, PipelineFactory
+from retr.retrieval.pipeline import PipelineConfig, parse
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
 from .conftest import DOCS, QRELS, QUERIES, write_beir
@@ -51,9 +52,8 @@ def built(tiny_bi_encoder, tmp_path_factory):
 def _run(folder, encoder, mode, k, allowed_topic=None, reranker=None):
     s = Searcher(folder, EncoderConfig(backend="onnx"))
     try:
-        factory = PipelineFactory(s.index, encoder, reranker, PipelineConfig())
         allowed = s.allowed({"topic": allowed_topic}) if allowed_topic else None
-        return factory.make(mode, reranker, allowed).search(QUERIES, k)
+        return build(parse(mode), IndexParts(s.index, encoder), PipelineConfig(), reranker, allowed).search(QUERIES, k)
     finally:
         s.close()
 
@@ -77,14 +77,14 @@ def test_partition_is_stable_and_complete(built):
         assert shard.manifest["shard"] == {"index": i, "of": 3, "partition": "sha256(id)[:8] mod shards"}
 
 
-@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
+@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid", "bm25+rm3", "fuse(bm25,bm25+rm3,dense)"])
 @pytest.mark.parametrize("k", [5, 1000])
 def test_merged_top_k_equals_the_unsharded_index(built, mode, k):
     _, encoder, folders, _ = built
     _same(_run(folders["three"], encoder, mode, k), _run(folders["one"], encoder, mode, k))
 
 
-@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
+@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid", "bm25+rm3"])
 def test_filters_and_passages_over_shards(built, mode):
     _, encoder, folders, _ = built
     _same(_run(folders["three"], encoder, mode, 6, "odd"), _run(folders["one"], encoder, mode, 6, "odd"))

@@ -133,13 +133,18 @@ def teacher_labels(cfg: CrossEncoderTrainConfig, queries: list[str], doc_lists: 
 def first_stage_runs(dataset: Dataset, model: str | None, queries: dict[str, str], depth: int):
     """The hybrid (BM25 + bi-encoder, RRF) ranking of ``queries``, from retr's cached index."""
     from retr.indexes.build import IndexConfig, cached_index
+    from retr.indexes.searcher import Searcher
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
-    from retr.retrieval.pipeline import PipelineFactory
+    from retr.retrieval.pipeline import parse
 
     cfg = IndexConfig(encoder=EncoderConfig(model=model))
     encoder = BiEncoder(cfg.encoder)
     index = cached_index(dataset.name, dataset.corpus, encoder, cfg)
-    return PipelineFactory(index, encoder).make("hybrid").search(queries, depth)
+    searcher = Searcher(index, query_encoder=encoder)
+    try:
+        return searcher.retriever(parse("hybrid")).search(queries, depth)
+    finally:
+        searcher.close()
 
 
 def choose_interpolation(ce_scores, first, dev_q, depth: int, qrels: Qrels) -> tuple[float, dict[str, float]]:

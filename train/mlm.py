@@ -87,14 +87,9 @@ class MLMTrainConfig(TrainConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_packing(self.packing, self.nsp)
-        if not 0.0 < self.dev_fraction < 1.0:
-            raise RetrError(f"--dev-fraction must be in (0, 1), got {self.dev_fraction}")
+        check_float(self.dev_fraction, "--dev-fraction", 0.0, 1.0, open_low=True, open_high=True)
         if self.replace is not None:
             parse_replacement(self.replace)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_float(self.dev_fraction, "--dev-fraction", 0.0, 1.0, open_high=True)
         if self.mask_prob is not None:
             check_float(self.mask_prob, "--mask-prob", 0.0, 1.0, open_low=True, open_high=True)
 
