@@ -189,19 +189,127 @@ def pytest_configure(config):
 
 # The test tiers, declared here once (no marker is written in a test file).
 # `slow`: needs a real model (the bundled MiniLM), a real collection (../shared/datasets), a browser, a Ray
-# cluster, a served process, or builds and times graphs for seconds. The fast tier, `python -m pytest -m "not slow"`,
-# is what a contributor runs while working; CI runs every tier (`python -m pytest`).
-SLOW_MODULES = frozenset()
-SLOW_TESTS = frozenset()
+# cluster, or builds, quantises and times graphs for seconds: whole modules below, and the tests of other modules
+# measured at 5 s or more (setup included) in a whole-suite run on a busy 2-core AVX2 EPYC (2026-12-07). The fast
+# tier, `python -m pytest -m "not slow"`, is what a contributor runs while working; CI runs every tier.
+SLOW_MODULES = frozenset({"test_browser", "test_ray", "test_faults", "test_generations_faults", "test_regress"})
+SLOW_TESTS: dict[str, set[str]] = {
+    "test_api": {"test_the_library_prints_nothing_and_raises_retr_errors", "test_the_readme_example_runs"},
+    "test_batch": {"test_batch_search_equals_single_searches", "test_batch_search_with_filter_and_every_format",
+        "test_batch_search_with_rerank", "test_from_documents_strings_dicts_and_out",
+        "test_topics_to_run_to_eval_run_equals_eval_dataset"},
+    "test_check_reranker": {"test_search_reads_the_check_that_check_reranker_stores"},
+    "test_cli": {"test_eval_end_to_end_on_adi_matches_beir_and_reuses_cache",
+        "test_eval_on_the_shipped_fixture_matches_beir_reuses_and_rebuilds_its_cache",
+        "test_eval_with_rerank_pipeline_on_tiny_dataset", "test_index_and_search_a_users_jsonl_with_paths_only",
+        "test_search_modes_and_rerank_with_tiny_models"},
+    "test_compare": {"test_eval_over_two_datasets_then_compare"},
+    "test_compiled": {"test_a_cache_that_cannot_be_written_still_compiles_and_searches",
+        "test_a_damaged_kept_model_is_discarded_with_a_warning_and_compiled_again",
+        "test_a_kept_model_stays_only_where_reading_it_back_was_measured_faster_than_compiling",
+        "test_the_query_graph_is_kept_compiled_and_read_back_checked_by_the_next_process",
+        "test_writing_a_kept_model_removes_those_it_supersedes_and_what_openvinos_cache_left"},
+    "test_conformance": {"test_ann_indexes_against_flat_on_clustered_vectors", "test_retriever_conformance"},
+    "test_direct": {"test_a_static_int8_graph_is_calibrated_from_the_built_graph_without_torch",
+        "test_models_the_builder_does_not_know_are_exported_from_torch",
+        "test_the_int8_benchmark_measures_every_graph_against_the_torch_model",
+        "test_the_numpy_reference_is_minilm_as_sentence_transformers_computes_it"},
+    "test_docs": {"test_the_site_builds_strict"},
+    "test_doctor": {"test_doctor_prints_the_cpu_the_candidates_the_choice_and_the_first_run_cost",
+        "test_doctor_says_where_the_base_graphs_speed_is_estimated_from_the_probe_not_timed",
+        "test_doctor_shows_each_query_candidates_ranking_noise_beside_its_speed",
+        "test_doctor_shows_the_int8_weights_graph_a_corpus_too_small_for_a_calibration_takes",
+        "test_doctor_times_a_cross_encoders_graphs_at_the_rerank_depth",
+        "test_doctor_times_the_documents_graphs_as_the_index_will_and_stores_it"},
+    "test_eval_index": {"test_eval_index_after_add_and_delete",
+        "test_eval_index_gives_the_report_of_eval_dataset"},
+    "test_filters": {"test_filtered_search_equals_the_unfiltered_ranking_restricted"},
+    "test_focus": {"test_a_reranker_reads_as_its_model_was_trained_unless_told_otherwise"},
+    "test_generations": {"test_a_crash_at_each_publishing_step_leaves_the_old_or_the_new_index",
+        "test_a_folder_lost_between_the_two_renames_of_an_older_swap_is_recovered",
+        "test_a_rebuild_over_an_open_index_never_pulls_parts_from_under_its_reader",
+        "test_a_sharded_index_and_its_rebuild_keep_working",
+        "test_an_open_reader_keeps_its_generation_while_another_writer_changes_the_folder",
+        "test_the_opened_generation_is_exposed_and_is_the_manifests"},
+    "test_hub_models": {"test_hub_ids_resolve_through_the_local_cache", "test_search_reranks_with_a_hub_id"},
+    "test_irds": {"test_eval_irds_gives_the_report_of_the_beir_folder"},
+    "test_manifest_trust": {"test_a_hostile_model_folder_is_one_line_and_never_hangs",
+        "test_hashing_never_opens_a_special_file"},
+    "test_mlm": {"test_tiny_mlm_run_adds_a_tied_head_and_writes_a_bert_folder"},
+    "test_modernbert": {"test_bi_encoder_exports_checked_indexes_and_searches",
+        "test_cross_encoder_from_modernbert", "test_mlm_follows_modernberts_recipe"},
+    "test_onnx": {"test_a_cached_calibration_with_its_speeds_stored_names_a_corpus_graph_without_tokenising_it",
+        "test_a_calibration_that_pays_once_weighing_the_int8_weights_graph_is_counted_never_makes_that_graph",
+        "test_a_corpus_encoded_through_static_int8_keeps_its_speed_and_a_later_corpus_times_neither_graph",
+        "test_a_corpus_too_small_for_a_calibration_goes_through_the_int8_weights_graph_where_measured_faster",
+        "test_a_graph_that_ignores_padding_is_refused_and_the_refusal_remembered",
+        "test_a_refused_corpus_graph_falls_back_to_the_openvino_graph_once",
+        "test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph",
+        "test_a_static_int8_graph_built_from_the_weights_reads_its_statistics_pass_vectors_in_its_checks",
+        "test_a_static_int8_graphs_checks_read_the_vectors_its_statistics_pass_computed",
+        "test_an_export_torchscript_cannot_make_comes_from_dynamo_and_older_exports_are_redone",
+        "test_an_int8_graphs_checks_read_the_sample_vectors_the_planner_timed_the_base_graph_on",
+        "test_an_int8_weights_graph_checked_on_its_base_graph_scores_as_against_a_reference_built_again",
+        "test_an_int8_weights_graph_is_made_only_where_it_could_repay_making_and_timing_it",
+        "test_concurrent_single_calls_run_on_their_own_requests_and_agree",
+        "test_corpora_go_through_one_static_int8_graph_calibrated_once_per_model",
+        "test_cross_encoder_graph_scores_like_torch",
+        "test_documents_added_after_the_int8_graph_was_refused_take_the_base_graph",
+        "test_graphs_are_exported_with_eager_attention_and_compute_what_sdpas_export_does",
+        "test_int8_that_adds_ranking_noise_is_refused_until_the_bar_changes",
+        "test_openvino_backend_is_close_to_torch_and_cached_as_ir",
+        "test_queries_share_the_document_graph_unless_another_query_backend_is_chosen",
+        "test_static_int8_cross_encoder_is_calibrated_on_pairs_and_checked_for_ranking_noise",
+        "test_the_base_graph_is_not_timed_where_its_speed_from_the_precision_probe_clears_the_break_even_widely",
+        "test_the_base_graphs_compiled_streams_are_dropped_before_a_calibration_and_not_compiled_for_its_checks",
+        "test_the_feed_forward_int8_backend_quantises_only_the_feed_forward_matmuls",
+        "test_where_no_corpus_could_pay_for_a_calibration_its_graph_is_named_without_counting_tokens",
+        "test_without_int8_dot_products_corpora_and_pairs_take_the_base_graph_and_nothing_is_calibrated"},
+    "test_passages": {"test_cli_passages_eval_report_and_refusals",
+        "test_eval_reports_truncation_and_scores_documents_over_passages",
+        "test_every_kind_and_mode_fills_k_documents_and_filters_hold",
+        "test_passage_search_equals_brute_force_aggregation"},
+    "test_platform": {"test_a_query_candidate_not_taken_holds_no_session_once_the_choice_is_made",
+        "test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast",
+        "test_queries_take_the_measured_fastest_cached_graph_and_the_choice_is_stored",
+        "test_the_models_static_int8_graph_is_a_query_candidate_once_calibrated_as_one_stream",
+        "test_where_int8_is_assumed_no_faster_nothing_is_timed_until_the_int8_graph_exists",
+        "test_with_the_int8_graph_made_a_later_corpus_reads_the_stored_per_token_speeds"},
+    "test_report": {"test_report_page_holds_the_table_and_every_figure"},
+    "test_rerank_check": {"test_a_corpus_too_short_to_check_keeps_the_trained_weight",
+        "test_eval_checks_a_reranker_from_another_corpus_and_caps_its_weight",
+        "test_search_checks_a_reranker_on_the_index_it_meets_once",
+        "test_serve_checks_its_reranker_at_startup"},
+    "test_rerank_choice":
+        {"test_a_graph_made_apart_is_made_in_a_child_into_the_cache_and_its_refusal_raised_here",
+        "test_a_run_whose_queries_repay_it_makes_the_static_int8_graph_and_chooses_again",
+        "test_a_static_int8_graph_refused_when_made_leaves_the_base_graph_and_is_never_weighed_again"},
+    "test_rerank_stored": {"test_a_reopened_searcher_takes_the_check_stored_for_its_new_corpus",
+        "test_a_stored_check_survives_new_generations_and_is_not_used_for_their_corpus",
+        "test_check_reranker_stores_beside_the_index_and_a_symlinked_folder_is_not_followed",
+        "test_eval_index_stores_the_check_it_runs_beside_the_index_and_reads_it_there_next",
+        "test_index_rerank_stores_the_check_beside_the_index_and_a_copy_keeps_it",
+        "test_serve_stores_the_check_it_runs_beside_the_index_and_reads_it_there_next"},
+    "test_serve": {"test_bad_requests_get_a_4xx_with_a_json_error"},
+    "test_serve_safety": {"test_a_damaged_generation_is_refused_and_the_last_good_one_served"},
+    "test_shards": {"test_cli_eval_and_refusals"},
+    "test_train": {"test_tiny_cross_encoder_training_writes_a_reranker",
+        "test_training_a_cross_encoder_makes_this_machines_graphs_and_stores_which_one_reranks",
+        "test_training_with_frozen_layers_leaves_them_as_they_were",
+        "test_training_without_attention_dropout_writes_it_into_the_model"},
+    "test_trust": {"test_a_graph_manifest_that_is_no_file_or_lies_is_discarded_and_the_graph_made_again"},
+    "test_update": {"test_search_after_add_and_delete_equals_a_fresh_build"},
+}
 # `cpu`: tests whose outcome may follow the host's instructions (graphs built, quantised, compiled and chosen).
 # CI runs them a second time as an AVX2-only CPU would (`ONEDNN_MAX_CPU_ISA=AVX2 python -m pytest -m cpu`).
-CPU_MODULES = frozenset()
+CPU_MODULES = frozenset({"test_onnx", "test_quantize", "test_rerank_choice", "test_platform", "test_doctor",
+                         "test_direct", "test_compiled", "test_modernbert"})
 
 
 def _tier_of(item) -> tuple[bool, bool]:
     module = item.path.stem
     name = item.nodeid.split("::", 1)[-1].split("[", 1)[0]
-    return module in SLOW_MODULES or f"{module}::{name}" in SLOW_TESTS, module in CPU_MODULES
+    return module in SLOW_MODULES or name in SLOW_TESTS.get(module, ()), module in CPU_MODULES
 
 
 def pytest_collection_modifyitems(config, items):
