@@ -5,7 +5,8 @@ this reads their nDCG@10, gives each cell's mean and seed standard deviation per
 tests (``retr.eval.compare``: paired t and randomization, Holm-corrected within each call) between the two cells
 of each contrast, seed by seed, and between seeds of one cell (the seed noise):
 
-    python benchmarks/pretraining_choices.py REPORTS_DIR --out benchmarks/results/pretraining-choices.json
+    python benchmarks/pretraining_choices.py REPORTS_DIR --out benchmarks/results/pretraining-choices.json \
+        [--commands COMMAND_LOG]
 """
 
 from __future__ import annotations
@@ -90,8 +91,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reports", type=Path)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--commands", type=Path, default=None, help="the study's command log, kept in the results")
     args = ap.parse_args()
     result = summarise(args.reports)
+    if args.commands:
+        result["commands"] = args.commands.read_text().splitlines()
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written to {args.out}")
 

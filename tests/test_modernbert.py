@@ -31,7 +31,8 @@ def trained(tiny_modernbert, tiny_train, tmp_path_factory):
 
 def test_mlm_follows_modernberts_recipe(trained):
     root, mlm, _ = trained
-    assert mlm["recipe"] == {"architecture": "modernbert", "mask_prob": 0.3, "mask": 0.8, "random": 0.1, "keep": 0.1}
+    assert mlm["recipe"] == {"architecture": "modernbert", "mask_prob": 0.3, "mask": 0.8, "random": 0.1, "keep": 0.1,
+                             "replace": "80/10/10"}
     assert mlm["loss_history"][-1] < mlm["loss_history"][0]
     config = json.loads((root / "mlm" / "config.json").read_text())
     assert config["model_type"] == "modernbert"

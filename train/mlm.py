@@ -2,7 +2,9 @@
 
 Of the tokens chosen for prediction (``mask_prob`` of the non-special tokens, or of the words with
 ``whole_word``: then every word-piece of a chosen word), 80% become [MASK], 10% a random token and
-10% stay as they are (BERT's rule). How many are chosen follows the backbone's pre-training: 15% for BERT
+10% stay as they are (BERT's rule; ``replace`` sets other shares, as the rows of BERT's ablation write them).
+An input is a document, a sentence pair or a pair of contiguous segments (``packing``: train/packing.py); with
+``nsp`` BERT's [CLS] next-sentence head trains beside MLM. How many are chosen follows the backbone's pre-training: 15% for BERT
 (Devlin et al.), 30% for ModernBERT (Warner et al., 2024); ``RECIPES`` holds them, the output's manifest records
 the one used. A checkpoint without an MLM head (the bundled MiniLM) gets one, its decoder
 tied to the input embeddings. The checkpoint with the lowest dev MLM loss (held-out documents) is kept.
