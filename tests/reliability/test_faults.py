@@ -378,7 +378,7 @@ def _bad_inputs(env: Env, root: Path) -> list[tuple[str, list[str], str, list[Pa
         ("manifest holding a list", ["search", str(listm), "solar"], r"manifest.json: a manifest is a JSON object", []),
         ("no such index", ["search", str(root / "nope"), "solar"], r"no such index folder", []),
         ("a pipeline that does not exist", ["eval", "--dataset", str(beir), "--mode", "colbert"],
-         r"unknown pipeline 'colbert'", []),
+         r"pipeline 'colbert', position 1: unknown stage 'colbert'", []),
         ("rerank without a cross-encoder", ["eval", "--dataset", str(beir), "--mode", "dense+rerank"],
          r"rerank pipelines need a cross-encoder", []),
     ]
