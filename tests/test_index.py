@@ -86,7 +86,7 @@ def test_embedding_cache_skips_encoding(tiny_dataset, tiny_bi_encoder, encoder, 
     monkeypatch.setattr(encoder.tokens, "truncation", lambda texts: counted.append(len(texts)) or real_truncation(texts))
     first = build_index(corpus, tmp_path / "a", _cfg(tiny_bi_encoder), encoder=encoder)
     assert calls == [16] and counted == [], "the encoding's own tokenisation measures the truncation"
-    caplog.set_level("INFO")
+    caplog.set_level("INFO", logger="retr")  # whatever level an earlier test left on retr's logger
     m = build_index(corpus, tmp_path / "b", _cfg(tiny_bi_encoder, kind="hnsw"), encoder=encoder)
     assert calls == [16], "second build must not re-encode"
     assert counted == [], "second build must not tokenise the corpus again"
