@@ -222,19 +222,21 @@ def model_architecture(path: Path) -> str | None:
 
 def check_bi_encoder_dir(path: Path) -> None:
     """Refuse a cross-encoder where a bi-encoder is expected (``--model``), as a bi-encoder is refused as
-    ``--rerank``: sentence-transformers' ``model_type`` "CrossEncoder", or a folder without ``modules.json`` whose
-    architectures are all ``*ForSequenceClassification`` (it would be mean-pooled into vectors without a word)."""
-    def read(name: str) -> dict:
+    ``--rerank``: sentence-transformers' ``model_type`` "CrossEncoder", or a folder whose architectures are all
+    ``*ForSequenceClassification`` and whose ``modules.json`` (if any) names no pooling module (it would be
+    mean-pooled into vectors without a word)."""
+    def read(name: str, empty=dict):
         try:
             value = json.loads((path / name).read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return {}
-        return value if isinstance(value, dict) else {}
+            return empty()
+        return value if isinstance(value, empty) else empty()
 
     kind = read("config_sentence_transformers.json").get("model_type")
     archs = read("config.json").get("architectures") or []
     head = isinstance(archs, list) and archs and all(str(a).endswith("ForSequenceClassification") for a in archs)
-    if kind == "CrossEncoder" or (head and not (path / "modules.json").is_file()):
+    pooled = any("Pooling" in str(m.get("type", "")) for m in read("modules.json", list) if isinstance(m, dict))
+    if kind == "CrossEncoder" or (head and not pooled):
         raise RetrError(f"{path}: a cross-encoder ({kind if kind == 'CrossEncoder' else archs[0]}), not a bi-encoder: "
                         f"give it as --rerank; --model takes a bi-encoder (sentence-transformers or a base model)")
 

@@ -234,7 +234,11 @@ def test_a_cross_encoder_folder_is_refused_as_model_at_every_door(tiny_cross_enc
     st_ce = tmp_path / "st-ce"  # sentence-transformers' own CrossEncoder folder says so in its config
     shutil.copytree(tiny_bi_encoder, st_ce)
     (st_ce / "config_sentence_transformers.json").write_text(json.dumps({"model_type": "CrossEncoder"}))
-    for model in (ce, str(st_ce)):
+    listed = tmp_path / "listed-ce"  # a classifier folder given a modules.json that names no pooling module
+    shutil.copytree(tiny_cross_encoder, listed)
+    (listed / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "",
+                                                        "type": "sentence_transformers.models.Transformer"}]))
+    for model in (ce, str(st_ce), str(listed)):
         for argv in (["index", "--corpus", str(corpus), "--out", str(tmp_path / "i"), "--model", model,
                       "--backend", "onnx"],
                      ["doctor", "--model", model]):
