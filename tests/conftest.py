@@ -316,6 +316,7 @@ SLOW_TESTS: dict[str, set[str]] = {
         "test_healthz_reports_the_manifests_generation_not_the_servers_count"},
     "test_shards": {"test_cli_eval_and_refusals", "test_partition_is_stable_and_complete"},
     "test_multivector": {"test_cli_eval_reports_the_maxsim_stage",
+                         "test_train_multi_vector_writes_a_folder_the_maxsim_stage_takes",
                          "test_token_vectors_are_kept_reused_and_rebuilt_when_damaged"},
     "test_sparse": {"test_a_tampered_sparse_part_is_refused", "test_add_and_delete_equal_a_fresh_build",
         "test_an_unrecorded_file_in_the_sparse_part_is_refused",

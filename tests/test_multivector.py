@@ -130,3 +130,22 @@ def test_cli_eval_reports_the_maxsim_stage(tmp_path, tiny_dataset, tiny_bi_encod
     report = json.loads(out.read_text())
     assert list(report["pipelines"]) == ["hybrid", "hybrid+maxsim"]
     assert "maxsim" in report["pipelines"]["hybrid+maxsim"]["latency_ms"]
+
+
+def test_train_multi_vector_writes_a_folder_the_maxsim_stage_takes(tiny_train, tiny_bi_encoder, plain_index, tmp_path):
+    """`retr train multi-vector` on the tiny train split: a MultiVectorEncoder folder whose loss fell, with its
+    manifest and the token dimension asked for; the maxsim stage then reranks with it."""
+    from retr.eval.data import load_dataset
+    from retr.retrieval.multivector import MultiVectorModel
+    from retr.train.multi_vector import MultiVectorTrainConfig, train_multi_vector
+
+    out = tmp_path / "mv"
+    cfg = MultiVectorTrainConfig(base=str(tiny_bi_encoder), epochs=3, batch_size=4, learning_rate=1e-3,
+                                 max_length=32, dim=8, negative_depth=5, dev_fraction=0.3, dev_candidates=5, seed=0)
+    m = train_multi_vector(out, cfg, dataset=load_dataset(str(tiny_train), "train", download=False))
+    assert len(m["loss_history"]) >= 2 and m["loss_history"][-1] < m["loss_history"][0]
+    assert json.loads((out / "retr_manifest.json").read_text())["format"] == "retr-multi-vector"
+    vectors, offsets = MultiVectorModel(str(out)).encode_documents(["solar power", "rivers flow to the sea"])
+    assert vectors.shape[1] == 8 and len(offsets) == 3
+    run = _search(plain_index, "bm25+maxsim", out)
+    assert any(run.values())
