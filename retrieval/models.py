@@ -241,6 +241,23 @@ def check_bi_encoder_dir(path: Path) -> None:
                         f"give it as --rerank; --model takes a bi-encoder (sentence-transformers or a base model)")
 
 
+def require_model_type(path: Path, model_type: str, role: str, trainer: str) -> None:
+    """A one-line ``RetrError`` naming ``path`` unless its ``config_sentence_transformers.json`` names
+    ``model_type`` (a sentence-transformers ``SparseEncoder``, ``MultiVectorEncoder``, ...): ``role`` says what
+    was expected, ``trainer`` the ``retr train`` command that makes one."""
+    try:
+        cfg = json.loads((path / "config_sentence_transformers.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    found = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if found != model_type:
+        what = f"a {found} model" if isinstance(found, str) else \
+            "a dense sentence-transformers model" if (path / "modules.json").is_file() else "a bare transformers model"
+        raise RetrError(f"{path}: {what}, not {role} (its config_sentence_transformers.json names no model_type "
+                        f"{model_type!r}): pass a {model_type} folder or hub id, or train one with `retr train "
+                        f"{trainer}`")
+
+
 @dataclass(frozen=True)
 class ModelRef:
     """A model resolved to a local folder, with the identity an index, a cache entry or a graph records."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from retr.retrieval.artifacts import atomic_dir, cache_home, file_sha256, read_small, write_json
 from retr.retrieval.errors import RetrError
-from retr.retrieval.models import ModelRef
+from retr.retrieval.models import ModelRef, require_model_type
 from retr.retrieval.progress import Progress
 from retr.retrieval.protocol import Retriever, StageTimer
 from retr.retrieval.rerank_check import rerank_head
@@ -35,27 +35,12 @@ MODEL_TYPE = "MultiVectorEncoder"
 ENCODE_CHUNK = 256  # documents encoded per call (one progress step)
 
 
-def check_multivector_dir(path: Path) -> None:
-    """A ``RetrError`` naming ``path`` unless it holds a sentence-transformers ``MultiVectorEncoder``."""
-    try:
-        cfg = json.loads((path / "config_sentence_transformers.json").read_text())
-    except (OSError, ValueError):
-        cfg = {}
-    kind = cfg.get("model_type") if isinstance(cfg, dict) else None
-    if kind != MODEL_TYPE:
-        what = f"a {kind} model" if isinstance(kind, str) else \
-            "a dense sentence-transformers model" if (path / "modules.json").is_file() else "a bare transformers model"
-        raise RetrError(f"{path}: {what}, not a multi-vector encoder (its config_sentence_transformers.json names no "
-                        f"model_type {MODEL_TYPE!r}): pass a MultiVectorEncoder folder or hub id, or train one with "
-                        f"`retr train multi-vector`")
-
-
 class MultiVectorModel:
     """A ``MultiVectorEncoder`` loaded on the CPU: token vectors as float32 arrays, one per text."""
 
     def __init__(self, model: str, max_length: int | None = None):
         self.ref = ModelRef.resolve(model)
-        check_multivector_dir(self.ref.path)
+        require_model_type(self.ref.path, MODEL_TYPE, "a multi-vector encoder", "multi-vector")
         self.max_length = max_length
         self._model = None
 
