@@ -29,20 +29,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
-from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS
-from retr.retrieval.passages import AGGREGATES
+from retr.retrieval.fusion import DEFAULT_FUSION
+from retr.retrieval.options import BY_NAME, MAX_FILTER_FIELDS, MAX_K, check_keywords
 from retr.retrieval.pipeline import Pipeline, parse
-from retr.retrieval.types import check_choice, check_int, has_searchable_text, shown
+from retr.retrieval.types import check_int, has_searchable_text, shown
 
 DEFAULT_MODE = defaults.MODE
 DEFAULT_K = defaults.K
-MAX_K = 10_000  # more hits than any page or run file needs; FAISS and the fusion allocate k per query
-MAX_FILTER_FIELDS = 64
 MAX_QUERY_CHARS = 100_000  # a whole document pasted as a query still fits; the service bounds it tighter
 
 __all__ = ["DEFAULT_FUSION", "DEFAULT_K", "DEFAULT_MODE", "MAX_K", "SearchRequest", "check_k", "check_queries",
@@ -175,14 +173,12 @@ class SearchRequest:
             raise RetrError(f"mode {str(mode)!r} needs a cross-encoder: give rerank (a cross-encoder folder)")
         checked = {
             "queries": check_queries(self.queries),
-            "k": check_k(self.k),
+            **{name: BY_NAME[name].check(getattr(self, name)) for name in ("k", "fusion", "passage_aggregate",
+                                                                             "fusion_depth")},
             "mode": str(mode),
             "pipeline": mode if rerank is None or mode.reranks else mode >> Pipeline("rerank"),
-            "fusion": check_choice(self.fusion, "fusion", FUSIONS, optional=True),
             "rerank": rerank,
             "filter": _filter(self.filter),
-            "passage_aggregate": check_choice(self.passage_aggregate, "passage_aggregate", AGGREGATES, optional=True),
-            "fusion_depth": None if self.fusion_depth is None else check_k(self.fusion_depth, "fusion_depth"),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -190,12 +186,14 @@ class SearchRequest:
     @classmethod
     def one(cls, query: object, **options) -> SearchRequest:
         """A request for one query (a ``str``; a list is refused: use ``batch``)."""
-        return cls(queries=(check_query(query),), **_options(options))
+        check_keywords(options)
+        return cls(queries=(check_query(query),), **options)
 
     @classmethod
     def batch(cls, queries: object, **options) -> SearchRequest:
         """A request for a batch of queries (a list or tuple of ``str``; a ``str`` is refused: use ``one``)."""
-        return cls(queries=check_queries(queries), **_options(options))
+        check_keywords(options)
+        return cls(queries=check_queries(queries), **options)
 
     @property
     def query(self) -> str:
@@ -204,13 +202,3 @@ class SearchRequest:
             raise RetrError(f"this request holds {len(self.queries)} queries, not one")
         return self.queries[0]
 
-
-
-_OPTIONS = frozenset(f.name for f in fields(SearchRequest) if f.init) - {"queries"}
-
-
-def _options(options: dict) -> dict:
-    unknown = sorted(set(options) - _OPTIONS)
-    if unknown:
-        raise RetrError(f"unknown search option {unknown[0]!r}: choose from {', '.join(sorted(_OPTIONS))}")
-    return options

@@ -114,7 +114,7 @@ def test_hostile_api_inputs_are_one_line_errors(index, built, tiny_dataset, tiny
          r"hnsw_m \(--hnsw-m\) must be from 2 to 256, got -5"),
         (lambda: retr.Index.build(tiny_dataset, tmp_path / "d", ef_search=1.5), "ef_search"),
         (lambda: retr.evaluate(tiny_dataset, k_values="10"), "k_values must be a list"),
-        (lambda: retr.evaluate(tiny_dataset, mode="bm25"), r"mode must be a list of str.*\['bm25'\]"),
+        (lambda: retr.evaluate(tiny_dataset, modes="bm25"), r"modes must be a list of str.*\[.bm25.\]"),
         (lambda: retr.Index.load(built, fusion=None), "fusion must be one of"),
     ]
     for call, message in cases:
@@ -157,9 +157,9 @@ def test_a_closed_index_refuses_every_call(built):  # case 25
 def test_evaluate_refuses_an_out_whose_folder_is_missing(tiny_dataset, tiny_bi_encoder, tmp_path):  # case 26
     out = tmp_path / "no" / "such" / "r.json"
     with pytest.raises(RetrError, match=r"out: .*no/such is not an existing folder"):
-        retr.evaluate(tiny_dataset, mode=["bm25"], out=out)
+        retr.evaluate(tiny_dataset, modes=["bm25"], out=out)
     with pytest.raises(RetrError, match="run_dir: .* is not an existing folder"):
-        retr.evaluate(tiny_dataset, mode=["bm25"], run_dir=tmp_path / "none" / "runs")
+        retr.evaluate(tiny_dataset, modes=["bm25"], run_dir=tmp_path / "none" / "runs")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
