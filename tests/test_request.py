@@ -201,7 +201,7 @@ def test_any_build_argument_is_refused_or_reaches_the_corpus(tmp_path, value, na
 
 
 @PROPERTY
-@given(value=ANY, name=st.sampled_from(["mode", "k_values", "split", "warmup", "fusion", "fusion_depth", "kind", "out",
+@given(value=ANY, name=st.sampled_from(["modes", "k_values", "split", "warmup", "fusion", "fusion_depth", "kind", "out",
                                         "run_dir", "rerank", "rerank_depth", "passages", "passage_aggregate",
                                         "download", "backend"]))
 def test_any_evaluate_argument_is_refused_or_reaches_the_dataset(tmp_path, value, name):
