@@ -48,11 +48,6 @@ class Declared:
     http: type | None = None
     positional: bool = False
 
-    def __post_init__(self) -> None:
-        unknown = set(self.doors) - set(DOORS)
-        if unknown:
-            raise ValueError(f"option {self.name}: doors {sorted(unknown)} are not among {DOORS}")
-
     @property
     def cli_flag(self) -> str:
         return self.flag or "--" + self.name.replace("_", "-")
@@ -66,7 +61,9 @@ class Declared:
     def check(self, value: object) -> object:
         """``value`` checked against the declaration's type, bounds and choices (None allowed where the default
         is None); a one-line ``RetrError`` naming the option otherwise."""
-        from retr.retrieval.types import check_choice, check_int
+        import os
+
+        from retr.retrieval.types import check_choice, check_int, shown
 
         if value is None and self.default is None:
             return None
@@ -74,6 +71,9 @@ class Declared:
             return check_choice(value, self.name, self.allowed(), optional=self.default is None)
         if self.kind is int:
             return check_int(value, self.name, self.low if self.low is not None else 1, self.high)
+        value = os.fspath(value) if self.kind is str and isinstance(value, os.PathLike) else value
+        if self.kind is str and (not isinstance(value, str) or not value.strip()):
+            raise RetrError(f"{self.name} must be a non-empty str ({self.metavar}) or None, got {shown(value)}")
         return value
 
 

@@ -1,19 +1,12 @@
 """One search request, built and checked the same way by every door: `retr search`, ``retr.Index.search`` /
 ``search_batch`` and `retr serve`'s ``POST /search``; ``Searcher.run`` takes it.
 
-This module is the one place that owns the search defaults (``DEFAULT_MODE``, ``DEFAULT_K``, ``DEFAULT_FUSION``)
-and the bounds of a request (``MAX_K``). Everything a request holds is checked here, once, so a bad value is a
-one-line ``RetrError`` naming the field whichever door it came through:
-
-* ``k``: an ``int`` from 1 to ``MAX_K`` (not a bool, a float or a string);
-* ``mode``: a pipeline (``retr.retrieval.pipeline``: a text form such as ``hybrid``, ``bm25+rm3`` or
-  ``fuse(bm25,dense)+rerank``, parsed here once, or a ``Pipeline`` value); ``fusion`` one of ``FUSIONS``;
-  ``passage_aggregate`` one of ``AGGREGATES`` (both None: the searcher's own);
-* ``rerank``: a cross-encoder folder (a ``str`` or path) or None;
-* ``filter``: a mapping of ``str`` field -> ``str``/``int``/``float``/``bool`` value, or None;
-* queries: ``str`` s with at least one searchable character (``has_searchable_text``: a letter, digit, mark,
-  symbol or punctuation; whitespace, NUL, zero-width and other control or format characters alone are refused);
-  a batch is a list or tuple of them, never a ``str`` (``"ab"`` is not the two queries ``a`` and ``b``).
+Each option's type, bounds, default and help are declared once, in ``retr.retrieval.options.OPTIONS``; this
+module checks a request against them, once, so a bad value is a one-line ``RetrError`` naming the field whichever
+door it came through. Beyond the declarations: ``mode`` is parsed here once (a text form such as ``hybrid``,
+``bm25+rm3`` or ``fuse(bm25,dense)+rerank``, or a ``Pipeline`` value); ``filter`` is a mapping of ``str`` field ->
+``str``/``int``/``float``/``bool``; queries are ``str`` s with at least one searchable character
+(``has_searchable_text``), and a batch is a list or tuple of them, never a ``str``.
 
 The default mode is **hybrid** at every door (it was ``dense`` in the CLI, ``hybrid`` in the API and the
 service). Hybrid is the better ranking on every collection measured and costs little: nDCG@10 with the bundled
@@ -27,7 +20,6 @@ be searched with ``mode="dense"``; it says so.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -126,31 +118,12 @@ class Filter(Mapping[str, Scalar]):
         return f"Filter({dict(self._data)!r})"
 
 
-def _rerank(value: object) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str) or not value.strip():
-        raise RetrError(f"rerank must be a cross-encoder folder (a str) or None, got {shown(value)}")
-    return value
-
-
 @dataclass(frozen=True)
 class SearchRequest:
-    """What to search for and how: checked on construction, immutable after.
-
-    ``queries``: one or more queries, each searched alone; ``k``: hits per query; ``mode``: the pipeline (text
-    or value; ``pipeline`` holds it as a value, with ``+rerank`` added where ``rerank`` names a cross-encoder and
-    the mode has no rerank stage);
-    ``fusion``: the hybrid's fusion (None: the searcher's, ``DEFAULT_FUSION`` unless it was opened with another);
-    ``rerank``: a cross-encoder folder rescoring the first stage's top hits (its depth is the searcher's
-    ``RerankConfig.depth``); ``filter``: ``{field: value}`` every hit's record must hold; ``passage_aggregate``:
-    an index of passages: how passage scores make a document's (None: the index's own); ``fusion_depth``: the top
-    hits of BM25 and of dense whose scores set each list's normalisation in the hybrid (None: the searcher's, 100
-    unless it was opened with another; each list is still searched to ``k`` where ``k`` is larger). Build one with
-    ``one``
-    (a single query) or ``batch``; constructing directly checks the same way.
+    """What to search for and how: checked on construction, immutable after. ``queries``: one or more, each
+    searched alone; the options are ``retr.retrieval.options.OPTIONS``' (None: the searcher's own setting);
+    ``pipeline`` holds the mode as a value, with ``+rerank`` added where ``rerank`` names a cross-encoder and the
+    mode has none. Build one with ``one`` (a single query) or ``batch``; constructing directly checks the same way.
     """
 
     queries: tuple[str, ...]
@@ -168,7 +141,7 @@ class SearchRequest:
             mode = parse(self.mode)
         except RetrError as e:
             raise RetrError(f"mode: {e}") from None
-        rerank = _rerank(self.rerank)
+        rerank = BY_NAME["rerank"].check(self.rerank)
         if mode.reranks and rerank is None:
             raise RetrError(f"mode {str(mode)!r} needs a cross-encoder: give rerank (a cross-encoder folder)")
         checked = {
