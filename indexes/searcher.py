@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -174,12 +174,10 @@ class Searcher:
         return self._filters[key]
 
     def config_for(self, request: SearchRequest) -> PipelineConfig:
-        """The pipeline options of ``request``: the searcher's, with those it gives (fusion, fusion depth, passage
-        aggregate) in their place."""
-        base = self.config
-        return replace(base, fusion=request.fusion or base.fusion,
-                       fusion_depth=request.fusion_depth or base.fusion_depth,
-                       passage_aggregate=request.passage_aggregate or base.passage_aggregate)
+        """The pipeline options of ``request``: the searcher's, with those it gives (a request's option named as a
+        ``PipelineConfig`` field: fusion, fusion depth, passage aggregate) in their place."""
+        given = {f.name: getattr(request, f.name, None) for f in fields(self.config)}
+        return replace(self.config, **{name: value for name, value in given.items() if value is not None})
 
     def retriever(self, pipeline: Pipeline, config: PipelineConfig | None = None, rerank: str | None = None,
                   allowed: np.ndarray | None = None) -> Retriever:

@@ -50,7 +50,7 @@ def index(built):
     ({"mode": None}, "mode: a pipeline is a str"), ({"mode": "colbert"}, "mode: pipeline 'colbert', position 1"),
         ({"mode": "hybrid+rerank"}, "mode 'hybrid\\+rerank' needs a cross-encoder"),
     ({"filter": "x"}, "filter must be a mapping"), ({"filter": {"lang": ["en"]}}, r"filter\['lang'\] must be"),
-    ({"filter": {3: "x"}}, "filter: a field name must be"), ({"rerank": 3}, "rerank must be a cross-encoder folder"),
+    ({"filter": {3: "x"}}, "filter: a field name must be"), ({"rerank": 3}, r"rerank must be a non-empty str \(MODEL_DIR\) or None"),
     ({"fusion": "mean"}, "fusion must be one of"), ({"passage_aggregate": 1}, "passage_aggregate must be one of"),
     ({"depth": 3}, "unknown search option 'depth'"),
 ])
