@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
-from retr.retrieval.options import with_options
+from retr.retrieval.options import checked, with_options
 from retr.retrieval.types import check_choice, check_int, shown
 
 if TYPE_CHECKING:  # the names below are loaded when first used (``__getattr__``): `import retr` stays light
@@ -231,14 +231,11 @@ class Index:
         that built the index; ``query_prompt``: the index's unless given, and refused when another); ``fusion``,
         ``fusion_depth``: the hybrid's, unless a search gives its own."""
         from retr.indexes.searcher import Searcher
-        from retr.retrieval.fusion import FUSIONS
         from retr.retrieval.pipeline import PipelineConfig
-        from retr.retrieval.request import check_k
 
         folder = _path(folder, "folder")
         encoder = _encoder(model, backend, query_backend, query_prompt=query_prompt)
-        pipeline = PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS),
-                                  fusion_depth=check_k(fusion_depth, "fusion_depth"))
+        pipeline = PipelineConfig(**checked(fusion=fusion, fusion_depth=fusion_depth))
         # a search only reads a stored reranker check (`retr check-reranker`, `retr eval`): it never builds one
         return cls(Searcher(folder, encoder, pipeline))
 
@@ -464,9 +461,7 @@ def evaluate(dataset: str | Path, modes: Sequence[str] = _DEFAULT_PIPELINES, *, 
     from retr.eval.data import load_dataset
     from retr.eval.runner import EvalConfig, run_eval
     from retr.indexes.dense import DenseIndexConfig
-    from retr.retrieval.fusion import FUSIONS
     from retr.retrieval.pipeline import PipelineConfig, parse_pipelines
-    from retr.retrieval.request import check_k
     from retr.retrieval.rerank import RerankConfig
 
     dataset = _path(dataset, "dataset")
@@ -483,8 +478,7 @@ def evaluate(dataset: str | Path, modes: Sequence[str] = _DEFAULT_PIPELINES, *, 
     cfg = EvalConfig(pipelines=pipelines, k_values=ks,
                      encoder=_encoder(model, backend, query_backend, None, query_prompt, doc_prompt),
                      dense=DenseIndexConfig(kind=kind),
-                     pipeline=PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS),
-                                             fusion_depth=check_k(fusion_depth, "fusion_depth")),
+                     pipeline=PipelineConfig(**checked(fusion=fusion, fusion_depth=fusion_depth)),
                      reranker=RerankConfig(model=rerank, depth=rerank_depth) if rerank else None,
                      warmup=check_int(warmup, "warmup", 0, 1_000_000),
                      passages=_passages(passages, passage_aggregate), sparse=_sparse(sparse_model))

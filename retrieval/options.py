@@ -58,17 +58,18 @@ class Declared:
         module, _, name = self.choices.partition(":")
         return tuple(getattr(importlib.import_module(module), name))
 
-    def check(self, value: object) -> object:
-        """``value`` checked against the declaration's type, bounds and choices (None allowed where the default
-        is None); a one-line ``RetrError`` naming the option otherwise."""
+    def check(self, value: object, optional: bool | None = None) -> object:
+        """``value`` checked against the declaration's type, bounds and choices (None allowed where ``optional``,
+        by default where the default is None); a one-line ``RetrError`` naming the option otherwise."""
         import os
 
         from retr.retrieval.types import check_choice, check_int, shown
 
-        if value is None and self.default is None:
+        optional = self.default is None if optional is None else optional
+        if value is None and optional:
             return None
         if self.choices:
-            return check_choice(value, self.name, self.allowed(), optional=self.default is None)
+            return check_choice(value, self.name, self.allowed(), optional=optional)
         if self.kind is int:
             return check_int(value, self.name, self.low if self.low is not None else 1, self.high)
         value = os.fspath(value) if self.kind is str and isinstance(value, os.PathLike) else value
@@ -108,6 +109,12 @@ BY_NAME = {o.name: o for o in OPTIONS}
 def at(door: str) -> tuple[Declared, ...]:
     """The options a door takes, in the table's order."""
     return tuple(o for o in OPTIONS if door in o.doors)
+
+
+def checked(**values) -> dict:
+    """``values`` each checked with its declaration, None refused: the searcher's own settings (``Index.load``'s
+    and ``evaluate``'s fusion and fusion depth)."""
+    return {name: BY_NAME[name].check(value, optional=False) for name, value in values.items()}
 
 
 def check_keywords(given: Mapping[str, object], door: str = "api") -> None:

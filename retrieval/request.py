@@ -29,21 +29,16 @@ from retr.retrieval.errors import RetrError
 from retr.retrieval.fusion import DEFAULT_FUSION
 from retr.retrieval.options import BY_NAME, MAX_FILTER_FIELDS, MAX_K, check_keywords
 from retr.retrieval.pipeline import Pipeline, parse
-from retr.retrieval.types import check_int, has_searchable_text, shown
+from retr.retrieval.types import has_searchable_text, shown
 
 DEFAULT_MODE = defaults.MODE
 DEFAULT_K = defaults.K
 MAX_QUERY_CHARS = 100_000  # a whole document pasted as a query still fits; the service bounds it tighter
 
-__all__ = ["DEFAULT_FUSION", "DEFAULT_K", "DEFAULT_MODE", "MAX_K", "SearchRequest", "check_k", "check_queries",
+__all__ = ["DEFAULT_FUSION", "DEFAULT_K", "DEFAULT_MODE", "MAX_K", "SearchRequest", "check_queries",
            "check_query"]
 
 Scalar = str | int | float | bool
-
-
-def check_k(value: object, field: str = "k", most: int = MAX_K) -> int:
-    """``value`` as a count of hits: an integer (``int`` or a NumPy integer, never a bool) from 1 to ``most``."""
-    return check_int(value, field, 1, most)
 
 
 def check_query(text: object, field: str = "query") -> str:
