@@ -1,14 +1,10 @@
 """Every search option declared once (``OPTIONS``): its name, type, bounds, default, help and the doors that take it.
 
-From this table come the options of the CLI commands named in its ``doors`` (``retr.cli.options.add_search_options``),
-the Python API's signatures and keyword check (``with_options`` on ``retr.Index.search``, ``search_batch`` and
-``search_topics``; ``check_keywords``: an unknown keyword is a one-line error naming the nearest one), the HTTP body
-of `retr serve` (``http_model``) and, through those, the CLI reference and the OpenAPI schema;
-``retr.retrieval.request.SearchRequest`` checks each value with its declaration (``Declared.check``).
-
-Adding an option is one entry here plus its use where the search runs (docs/architecture.md, "How to add an
-option"). This module imports nothing heavy (`import retr` reads it for the signatures); the choices are read from
-their modules when first needed.
+From this table come the options of the CLI commands in its ``doors`` (``retr.cli.options.add_search_options``),
+the API's signatures and keyword check (``with_options``, ``check_keywords``: an unknown keyword is a one-line error
+naming the nearest), the HTTP body of `retr serve` (``http_model``) and so the CLI reference and the OpenAPI
+schema; ``SearchRequest`` checks each value with its declaration (``Declared.check``). How to add an option:
+docs/architecture.md. Nothing heavy is imported (`import retr` reads it); choices are read when first needed.
 """
 
 from __future__ import annotations
@@ -139,26 +135,17 @@ def with_options(fn: Callable) -> Callable:
 
     sig = inspect.signature(fn)
     own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    options = at("api")
-    positional = [o.name for o in options if o.positional]
-    params = own + [inspect.Parameter(o.name, inspect.Parameter.POSITIONAL_OR_KEYWORD if o.positional
-                                      else inspect.Parameter.KEYWORD_ONLY, default=o.default)
-                    for o in sorted(options, key=lambda o: not o.positional)]
+    options = sorted(at("api"), key=lambda o: not o.positional)
+    shown = sig.replace(parameters=own + [inspect.Parameter(o.name, inspect.Parameter.POSITIONAL_OR_KEYWORD if
+                                                            o.positional else inspect.Parameter.KEYWORD_ONLY,
+                                                            default=o.default) for o in options])
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        extra = args[len(own):]
-        if len(extra) > len(positional):
-            raise TypeError(f"{fn.__qualname__}() takes {len(own) + len(positional)} positional arguments, "
-                            f"{len(args)} given")
-        for name, value in zip(positional, extra, strict=False):
-            if name in kwargs:
-                raise TypeError(f"{fn.__qualname__}() got multiple values for argument {name!r}")
-            kwargs[name] = value
         check_keywords({k: v for k, v in kwargs.items() if k not in sig.parameters})
-        return fn(*args[:len(own)], **kwargs)
+        return fn(**shown.bind(*args, **kwargs).arguments)  # Python's own errors for too many or twice given
 
-    call.__signature__ = sig.replace(parameters=params)
+    call.__signature__ = shown
     return call
 
 
