@@ -73,6 +73,14 @@ def add_search_options(p: argparse.ArgumentParser, command: str) -> None:
                         "approximate, pyseismic-lsr)")
 
 
+def request_options(args: argparse.Namespace) -> dict:
+    """``retr search``'s options as ``SearchRequest`` takes them (the filter's FIELD=VALUE pairs as a mapping)."""
+    from retr.retrieval.options import at
+
+    given = {o.name: getattr(args, o.name) for o in at("search") if "api" in o.doors}
+    return {**given, "filter": dict(given["filter"]) or None}
+
+
 def add_k_values_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k-values", type=k_values, default=DEFAULT_K_VALUES, metavar="K[,K...]",
                    help="cut-offs of the metrics (nDCG@k, Recall@k, ...), comma-separated")

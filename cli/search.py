@@ -34,8 +34,7 @@ def run(args: argparse.Namespace) -> int:
         from retr.cli.batch import run_batch
 
         return run_batch(args)
-    request = SearchRequest.one(args.query, k=args.k, mode=args.mode, rerank=args.rerank,
-                                filter=dict(args.filter) or None)  # checked before the index is opened
+    request = SearchRequest.one(args.query, **options.request_options(args))  # checked before the index is opened
     searcher = Searcher(args.index, options.query_encoder_config(args),
                         options.pipeline_config(args), options.rerank_config(args, args.rerank))
     try:
