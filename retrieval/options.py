@@ -23,7 +23,7 @@ DOORS = ("search", "eval", "serve", "check-reranker", "api", "http")
 
 @dataclass(frozen=True)
 class Declared:
-    """One option. ``kind``: its type at the API (``int``, ``str``, ``dict`` for a filter); ``default``: the
+    """One option and the ``doors`` that take it (of ``DOORS``). ``kind``: its type at the API (``int``, ``str``, ``dict`` for a filter); ``default``: the
     API's and the service's, None where a search takes the searcher's own setting, whose default is ``inherits``
     (the CLI's default, which opens the searcher); ``low``/``high``: inclusive bounds of a number, of a text's
     length, of a mapping's size; ``choices``: ``"module:NAME"`` of the values allowed; ``flag``/``metavar``: the
@@ -84,8 +84,8 @@ OPTIONS: tuple[Declared, ...] = (
              positional=True),
     Declared("rerank", str, None,
              "the cross-encoder folder of the +rerank stage: it rescores the first stage's top --rerank-depth hits "
-             "(default: none; over HTTP: true or false, the server's own --rerank)", ("search", "eval", "serve", "api", "http"), metavar="MODEL_DIR",
-             http=bool, positional=True),
+             "(default: none; over HTTP: true or false, the server's own --rerank)",
+             ("search", "eval", "serve", "api", "http"), metavar="MODEL_DIR", http=bool, positional=True),
     Declared("filter", dict, None,
              "only documents whose record has FIELD equal to VALUE (repeat: all must hold; default: every "
              "document)", ("search", "api", "http"), high=MAX_FILTER_FIELDS, metavar="FIELD=VALUE", positional=True),
