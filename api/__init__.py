@@ -4,7 +4,7 @@
 
     index = retr.Index.build("notes.jsonl", "notes.idx")           # as `retr index --corpus notes.jsonl --out notes.idx`
     hits = index.search("how do I rotate the keys", k=5, mode="hybrid").hits
-    report = retr.evaluate("scifact", mode=("bm25", "dense", "hybrid"))
+    report = retr.evaluate("scifact", modes=("bm25", "dense", "hybrid"))
 
 Errors are ``retr.RetrError`` with the CLI's one-line messages; nothing is printed to stdout.
 """
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
+from retr.retrieval.options import checked, with_options
 from retr.retrieval.types import check_choice, check_int, shown
 
 if TYPE_CHECKING:  # the names below are loaded when first used (``__getattr__``): `import retr` stays light
@@ -225,19 +226,19 @@ class Index:
     @classmethod
     def load(cls, folder: str | Path, *, model: str | None = None, backend: str = defaults.BACKEND,
              query_backend: str | None = None, fusion: str = defaults.FUSION,
-             fusion_depth: int = defaults.FUSION_DEPTH, query_prompt: str | None = None) -> Index:
+             fusion_depth: int = defaults.FUSION_DEPTH, query_prompt: str | None = None,
+             multivector_model: str | None = None) -> Index:
         """Open an index folder (checked against its manifest). ``model``: the query encoder (default: the one
         that built the index; ``query_prompt``: the index's unless given, and refused when another); ``fusion``,
-        ``fusion_depth``: the hybrid's, unless a search gives its own."""
+        ``fusion_depth``: the hybrid's, unless a search gives its own; ``multivector_model``: the
+        ``MultiVectorEncoder`` of a ``+maxsim`` stage."""
         from retr.indexes.searcher import Searcher
-        from retr.retrieval.fusion import FUSIONS
         from retr.retrieval.pipeline import PipelineConfig
-        from retr.retrieval.request import check_k
 
         folder = _path(folder, "folder")
         encoder = _encoder(model, backend, query_backend, query_prompt=query_prompt)
-        pipeline = PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS),
-                                  fusion_depth=check_k(fusion_depth, "fusion_depth"))
+        pipeline = PipelineConfig(**checked(fusion=fusion, fusion_depth=fusion_depth),
+                                  multivector_model=_text(multivector_model, "multivector_model"))
         # a search only reads a stored reranker check (`retr check-reranker`, `retr eval`): it never builds one
         return cls(Searcher(folder, encoder, pipeline))
 
@@ -258,38 +259,32 @@ class Index:
         """The index's typed manifest (``.to_dict()`` for its JSON)."""
         return self._open.index.manifest
 
-    def search(self, query: str, k: int = defaults.K, mode: str = defaults.MODE, rerank: str | None = None,
-               filter: Mapping[str, object] | None = None, *, fusion: str | None = None,
-               passage_aggregate: str | None = None, fusion_depth: int | None = None) -> SearchResult:
+    @with_options
+    def search(self, query: str, **options) -> SearchResult:
         """The top ``k`` documents for ``query``: ``mode`` a pipeline (bm25, dense, hybrid, an expression such as
-        ``"bm25+rm3"`` or a ``retr.stages`` value); ``rerank`` a cross-encoder folder (``+rerank`` added if absent); ``filter`` ``{field: value}`` on the corpus records' other fields (every stage restricted);
-        ``fusion`` / ``fusion_depth`` / ``passage_aggregate``: this search's, instead of the index's. Defaults and
-        checks are ``retr.SearchRequest``'s. The result's ``hits`` are typed (rank, id, score, title, text,
-        metadata); ``latency_ms`` per stage."""
+        ``"bm25+rm3"`` or a ``retr.stages`` value); ``rerank`` a cross-encoder folder (``+rerank`` added if
+        absent); ``filter`` ``{field: value}`` on the corpus records' other fields (every stage restricted);
+        ``fusion`` / ``fusion_depth`` / ``passage_aggregate``: this search's, instead of the index's. The options,
+        their defaults and checks are ``retr.retrieval.options.OPTIONS``' (the CLI's and the service's). The
+        result's ``hits`` are typed (rank, id, score, title, text, metadata); ``latency_ms`` per stage."""
         from retr.retrieval.request import SearchRequest
 
-        return self.run(SearchRequest.one(query, k=k, mode=mode, rerank=rerank, filter=filter, fusion=fusion,
-                                          passage_aggregate=passage_aggregate, fusion_depth=fusion_depth))[0]
+        return self.run(SearchRequest.one(query, **options))[0]
 
-    def search_batch(self, queries: Sequence[str], k: int = defaults.K, mode: str = defaults.MODE,
-                     rerank: str | None = None, filter: Mapping[str, object] | None = None, *,
-                     fusion: str | None = None, passage_aggregate: str | None = None,
-                     fusion_depth: int | None = None) -> list[SearchResult]:
+    @with_options
+    def search_batch(self, queries: Sequence[str], **options) -> list[SearchResult]:
         """``search`` for each query of ``queries`` (a list of str; a str is refused), in order, each searched
         alone: its hits never depend on the others."""
         from retr.retrieval.request import SearchRequest
 
-        return self.run(SearchRequest.batch(queries, k=k, mode=mode, rerank=rerank, filter=filter, fusion=fusion,
-                                            passage_aggregate=passage_aggregate, fusion_depth=fusion_depth))
+        return self.run(SearchRequest.batch(queries, **options))
 
-    def search_topics(self, topics: Mapping[str, str] | str | Path, k: int = defaults.K, mode: str = defaults.MODE,
-                      rerank: str | None = None, filter: Mapping[str, object] | None = None, *,
-                      fusion: str | None = None, passage_aggregate: str | None = None,
-                      fusion_depth: int | None = None):
+    @with_options
+    def search_topics(self, topics: Mapping[str, str] | str | Path, **options):
         """A batch search to a ``Run`` (query id -> ranked hits, as `retr search --topics` writes it): ``topics``
-        a mapping of query id -> query, or a topic file (TSV, JSONL, BEIR queries.jsonl, TREC topics). The path
-        of ``search`` and ``search_batch``: each query's hits are the ones it gets alone. Write the run with
-        ``retr.eval.trec.write_run`` and score it with ``retr.eval.metrics.evaluate``."""
+        a mapping of query id -> query, or a topic file (TSV, JSONL, BEIR queries.jsonl, TREC topics), and
+        ``search``'s options. The path of ``search`` and ``search_batch``: each query's hits are the ones it gets
+        alone. Write the run with ``retr.eval.trec.write_run`` and score it with ``retr.eval.metrics.evaluate``."""
         from retr.retrieval.request import SearchRequest
 
         if isinstance(topics, (str, os.PathLike)):
@@ -307,8 +302,7 @@ class Index:
         problem = next((p for p in (topic_problem(q, t) for q, t in topics.items()) if p), None)
         if problem:  # named by the topic's id, not its place in the batch
             raise RetrError(f"topics: {problem}")
-        request = SearchRequest.batch(list(topics.values()), k=k, mode=mode, rerank=rerank, filter=filter,
-                                      fusion=fusion, passage_aggregate=passage_aggregate, fusion_depth=fusion_depth)
+        request = SearchRequest.batch(list(topics.values()), **options)
         return self._open.search_run(request, ids)
 
     def run(self, request: SearchRequest) -> list[SearchResult]:
@@ -453,8 +447,8 @@ def _new_file(value: object, field: str) -> Path | None:
     return path
 
 
-@_renamed(pipelines="mode", reranker="rerank", aggregate="passage_aggregate")
-def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, split: str = "test",
+@_renamed(pipelines="modes", mode="modes", reranker="rerank", aggregate="passage_aggregate")
+def evaluate(dataset: str | Path, modes: Sequence[str] = _DEFAULT_PIPELINES, *, split: str = "test",
              model: str | None = None, backend: str = defaults.BACKEND, query_backend: str | None = None,
              rerank: str | None = None, rerank_depth: int = defaults.RERANK_DEPTH,
              k_values: Sequence[int] = defaults.K_VALUES, kind: str = defaults.DENSE_KIND,
@@ -462,26 +456,25 @@ def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, s
              warmup: int = defaults.WARMUP, download: bool = True, run_dir: str | Path | None = None,
              out: str | Path | None = None, query_prompt: str | None = None,
              doc_prompt: str | None = None, passages: str | None = None,
-             passage_aggregate: str = defaults.AGGREGATE, sparse_model: str | None = None) -> EvalReport:
-    """`retr eval` from Python, with its options' names (``mode``: the pipelines, e.g. ``("bm25", "hybrid")``;
-    ``rerank``: a cross-encoder folder for ``+rerank`` pipelines): the typed report (written to ``out`` as JSON
-    when given; its folder must exist, as must ``run_dir``'s parent). ``pipelines``, ``reranker`` and
-    ``aggregate``: the older names of ``mode``, ``rerank`` and ``passage_aggregate`` (a ``FutureWarning``)."""
+             passage_aggregate: str = defaults.AGGREGATE, sparse_model: str | None = None,
+             multivector_model: str | None = None) -> EvalReport:
+    """`retr eval` from Python, with its options' names (``modes``: the pipelines, e.g. ``("bm25", "hybrid")``;
+    ``rerank``: a cross-encoder folder for ``+rerank`` pipelines; ``multivector_model``: ``+maxsim``'s): the typed report (written to ``out`` as JSON
+    when given; its folder must exist, as must ``run_dir``'s parent). ``mode`` and ``pipelines``, ``reranker``,
+    ``aggregate``: the older names of ``modes``, ``rerank`` and ``passage_aggregate`` (a ``FutureWarning``)."""
     from retr.eval.data import load_dataset
     from retr.eval.runner import EvalConfig, run_eval
     from retr.indexes.dense import DenseIndexConfig
-    from retr.retrieval.fusion import FUSIONS
     from retr.retrieval.pipeline import PipelineConfig, parse_pipelines
-    from retr.retrieval.request import check_k
     from retr.retrieval.rerank import RerankConfig
 
     dataset = _path(dataset, "dataset")
-    if isinstance(mode, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(mode, Iterable):
-        _names(mode, "mode")  # its one-line error
+    if isinstance(modes, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(modes, Iterable):
+        _names(modes, "modes")  # its one-line error
     try:  # each item a str (parsed here, once) or a retr.stages value
-        pipelines = parse_pipelines(list(mode))
+        pipelines = parse_pipelines(list(modes))
     except RetrError as e:
-        raise RetrError(f"mode: {e}") from None
+        raise RetrError(f"modes: {e}") from None
     ks = _cutoffs(k_values)
     out_path, run_path = _new_file(out, "out"), _new_file(run_dir, "run_dir")
     rerank = _text(rerank, "rerank")
@@ -489,8 +482,8 @@ def evaluate(dataset: str | Path, mode: Sequence[str] = _DEFAULT_PIPELINES, *, s
     cfg = EvalConfig(pipelines=pipelines, k_values=ks,
                      encoder=_encoder(model, backend, query_backend, None, query_prompt, doc_prompt),
                      dense=DenseIndexConfig(kind=kind),
-                     pipeline=PipelineConfig(fusion=check_choice(fusion, "fusion", FUSIONS),
-                                             fusion_depth=check_k(fusion_depth, "fusion_depth")),
+                     pipeline=PipelineConfig(**checked(fusion=fusion, fusion_depth=fusion_depth),
+                                             multivector_model=_text(multivector_model, "multivector_model")),
                      reranker=RerankConfig(model=rerank, depth=rerank_depth) if rerank else None,
                      warmup=check_int(warmup, "warmup", 0, 1_000_000),
                      passages=_passages(passages, passage_aggregate), sparse=_sparse(sparse_model))

@@ -72,7 +72,7 @@ def fill_cache(folder: Path, base: np.ndarray, work: Path) -> tuple[Path, int]:
 def measured_eval(folder: Path, out: Path) -> dict:
     from common import run_measured
 
-    args = ["eval", "--dataset", str(folder), "--pipelines", "dense", "--no-download", "--out", str(out)]
+    args = ["eval", "--dataset", str(folder), "--modes", "dense", "--no-download", "--out", str(out)]
     measured = run_measured("retr", args, out.with_suffix(".stderr"))
     report = json.loads(out.read_text())
     return {"command": " ".join(["retr", *args]), **measured,

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (docs, queries) in chosen.items():
         path = tmp / f"{len(reports)}.json"
         run_measured("retr", ["eval", "--dataset", args.dataset, "--no-download", "--model", args.model,
-                              "--pipelines", "dense,hybrid", "--backend", docs, "--query-backend", queries,
+                              "--modes", "dense,hybrid", "--backend", docs, "--query-backend", queries,
                               "--out", str(path)], path.with_suffix(".log"))
         got = json.loads(path.read_text())
         reports[name] = {r["dataset"]["name"]: r for r in got.get("reports", [got])}

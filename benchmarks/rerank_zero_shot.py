@@ -4,7 +4,7 @@ judged queries then get. A script, not a test.
     python benchmarks/rerank_zero_shot.py --model BI --reranker CE [--datasets npl,cranfield,cisi,adi]
         [--weights 0.2,0.5] [--data ../shared/datasets] [--out benchmarks/results/rerank-zero-shot.json]
 
-For each collection, in one run: `retr eval --mode hybrid,hybrid+rerank` with the defaults (the cross-encoder's
+For each collection, in one run: `retr eval --modes hybrid,hybrid+rerank` with the defaults (the cross-encoder's
 weight capped by the corpus check on 200 pseudo-queries cut from the collection, kept above 0 only where the
 paired-bootstrap lower bound of its gain is above 0), then `--rerank-alpha W` forced for each of ``--weights``
 (what the judged queries would have got at that weight: whether the check left a gain behind). Prints per
@@ -27,7 +27,7 @@ GOAL = 0.005  # most nDCG@10 the check may lose on any collection (issue 40)
 def _eval(dataset: str, args, work: Path, extra: list[str]) -> dict:
     out = work / f"{dataset}{'-' + extra[-1] if extra else ''}.json"
     cmd = ["eval", "--dataset", dataset, "--model", args.model, "--rerank", args.reranker,
-           "--mode", "hybrid,hybrid+rerank" if not extra else "hybrid+rerank", *extra, "--out", str(out)]
+           "--modes", "hybrid,hybrid+rerank" if not extra else "hybrid+rerank", *extra, "--out", str(out)]
     measured = run_measured("retr", cmd, out.with_suffix(".log"), env={"RETR_DATA": args.data})
     return {"report": json.loads(out.read_text()), "command": "retr " + " ".join(cmd), **measured}
 

@@ -276,7 +276,7 @@ def child_retr_e2e(dataset: str, report_path: str) -> dict:
     from retr.cli.main import main as retr_main
     from retr.eval.report import EvalReport
 
-    rc = retr_main(["-q", "eval", "--dataset", dataset, "--pipelines", "dense", "--out", report_path])
+    rc = retr_main(["-q", "eval", "--dataset", dataset, "--modes", "dense", "--out", report_path])
     report = EvalReport.read(report_path)
     return {"wall_s": time.perf_counter() - t0, "rc": rc, "ndcg@10": report.pipelines["dense"].metrics["NDCG@10"],
             "peak_rss_mb": peak_rss_mb()}

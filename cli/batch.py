@@ -37,6 +37,7 @@ def _positive(text: str) -> int:
 
 def run_batch(args: argparse.Namespace) -> int:
     import time
+    from dataclasses import replace
 
     from retr.cli import options
     from retr.eval.topics import read_topics
@@ -58,15 +59,13 @@ def run_batch(args: argparse.Namespace) -> int:
     options.check_out(args.output, {"index": args.index}, topics=args.topics)
     topics = read_topics(args.topics, field=args.topic_field)
     check_ids(topics, args.format, args.topics)  # before the search, not after it
-    request = SearchRequest.batch(list(topics.values()), k=args.k, mode=args.mode, rerank=args.rerank,
-                                  filter=dict(args.filter) or None)
+    request = SearchRequest.batch(list(topics.values()), **options.request_options(args))
     searcher = Searcher(args.index, options.query_encoder_config(args), options.pipeline_config(args),
                         options.rerank_config(args, args.rerank))
     try:
         if args.rerank:  # the cross-encoder told how many queries it will rerank: its int8 graph made where it pays
             searcher.reranker(args.rerank).expect(len(topics))
-        searcher.search_run(SearchRequest.one(request.queries[0], k=1, mode=args.mode, rerank=args.rerank,
-                                              filter=request.filter))  # everything loaded before the clock
+        searcher.search_run(replace(request, queries=request.queries[:1], k=1))  # everything loaded before the clock
         with Progress(len(topics), f"searching ({request.pipeline})", unit="q") as bar:
             t0 = time.perf_counter()
             run = searcher.search_run(request, ids=list(topics), chunk=args.query_batch, progress=bar.update)

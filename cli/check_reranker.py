@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("index", help="index folder written by `retr index`")
     p.add_argument("model", help="cross-encoder: a folder, or a hub id in the local Hugging Face cache")
     options.add_rerank_args(p)
-    options.add_fusion_arg(p)
+    options.add_search_options(p, "check-reranker")
     p.set_defaults(run=run)
 
 

@@ -32,14 +32,13 @@ def add_parser(sub) -> None:
     p.add_argument("--topic-field", choices=TREC_FIELDS, default=TREC_FIELDS[0],
                    help="TREC topics: the field searched")
     p.add_argument("--split", default="test", help="the split whose queries and qrels are scored")
-    p.add_argument("--mode", dest="pipelines", default=",".join(DEFAULT_PIPELINES), metavar="PIPELINE[,PIPELINE...]",
+    p.add_argument("--modes", dest="pipelines", default=",".join(DEFAULT_PIPELINES),
+                   metavar="PIPELINE[,PIPELINE...]",
                    help="the pipelines to measure, comma-separated (a comma inside parentheses belongs to its "
                         "expression), each on the same index: bm25, dense, hybrid, dense+rerank, hybrid+rerank, "
                         "bm25+rerank, bm25+rm3, fuse(bm25,bm25+rm3,dense), ... (docs/guides/search.md)")
-    p.add_argument("--rerank", dest="reranker", default=None, metavar="MODEL_DIR",
-                   help="cross-encoder folder for the +rerank modes (default: none)")
+    options.add_search_options(p, "eval")
     options.add_rerank_args(p)
-    options.add_fusion_arg(p)
     options.add_k_values_arg(p)
     p.add_argument("--ignore-identical-ids", action="store_true",
                    help="drop hits whose doc id equals the query id (BEIR's ArguAna/Quora setting)")
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         pipelines=parse_pipelines(args.pipelines), k_values=args.k_values,
         encoder=options.encoder_config(args, query_backend=True), dense=options.dense_config(args),
         bm25=options.bm25_config(args), pipeline=options.pipeline_config(args),
-        reranker=options.rerank_config(args, args.reranker), ignore_identical_ids=args.ignore_identical_ids,
+        reranker=options.rerank_config(args, args.rerank), ignore_identical_ids=args.ignore_identical_ids,
         warmup=max(0, args.warmup), use_cache=not args.no_cache, passages=options.passage_config(args),
         shards=args.shards, executor=options.executor_config(args), sparse=options.sparse_config(args),
     )

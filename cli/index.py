@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     options.add_bm25_args(p)
     options.add_passage_args(p)
     options.add_sparse_model_arg(p)
-    p.add_argument("--rerank", default=None, metavar="MODEL_DIR",
+    p.add_argument("--check-reranker", default=None, metavar="MODEL_DIR",
                    help="cross-encoder: once the index is built, check it on the corpus as `retr check-reranker` "
                         "does and store the check beside the index (default: none)")
     options.add_rerank_args(p)
@@ -39,10 +39,10 @@ def run(args: argparse.Namespace) -> int:
     from retr.indexes.build import IndexConfig, build_index
     from retr.indexes.corpus import CorpusFormat, load_corpus
 
-    if args.rerank:  # a cross-encoder that cannot be read is refused before anything is built
+    if args.check_reranker:  # a cross-encoder that cannot be read is refused before anything is built
         from retr.retrieval.rerank import cross_encoder_ref
 
-        cross_encoder_ref(args.rerank)
+        cross_encoder_ref(args.check_reranker)
     corpus = load_corpus(Path(args.corpus), CorpusFormat(args.id_field, args.text_field, args.title_field))
     cfg = IndexConfig(dense=options.dense_config(args), encoder=options.encoder_config(args),
                       bm25=options.bm25_config(args) if args.bm25 else None, use_cache=not args.no_cache,
@@ -56,9 +56,10 @@ def run(args: argparse.Namespace) -> int:
           f"{d['docs_per_second']:.1f} docs/s{', + bm25' if m['bm25'] else ''}"
           f"{', + sparse (' + m['sparse']['model']['kind'] + ')' if m.get('sparse') else ''}"
           f"{f', {corpus.empty_docs} empty' if corpus.empty_docs else ''}")
-    if args.rerank:
+    if args.check_reranker:
         from retr.cli.check_reranker import check_and_store
         from retr.retrieval.pipeline import PipelineConfig
 
-        print(check_and_store(args.out, args.rerank, PipelineConfig(), options.rerank_config(args, args.rerank)))
+        model = args.check_reranker
+        print(check_and_store(args.out, model, PipelineConfig(), options.rerank_config(args, model)))
     return 0

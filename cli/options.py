@@ -12,7 +12,6 @@ from retr.retrieval.backends.registry import DEFAULT_BACKEND, DEFAULT_RERANK_BAC
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
 from retr.retrieval.focus import INPUT_FORMS
-from retr.retrieval.fusion import FUSIONS
 from retr.retrieval.passages import AGGREGATES, DEFAULT_AGGREGATE
 from retr.retrieval.pipeline import PipelineConfig
 from retr.retrieval.rerank import DEFAULT_RERANK_DEPTH, DEFAULT_RERANK_MAX_LENGTH
@@ -24,13 +23,15 @@ _ENCODER = EncoderConfig()
 _PIPELINE = PipelineConfig()
 
 
-def _int_at_least(text: str, least: int) -> int:
+def _int_at_least(text: str, least: int, most: int | None = None) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if v < least:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= {least}")
+    if most is not None and v > most:
+        raise argparse.ArgumentTypeError(f"{text!r} must be <= {most}")
     return v
 
 
@@ -42,14 +43,45 @@ def nonnegative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
-def fusion_depth(text: str) -> int:
-    """A hybrid's fusion depth: 1 to ``MAX_K`` (a request's bound on hits, as the API and the service check it)."""
-    from retr.retrieval.request import MAX_K
+def _condition(text: str) -> tuple[str, str]:
+    field, eq, value = text.partition("=")
+    if not eq or not field.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: a filter is FIELD=VALUE")
+    return field.strip(), value
 
-    v = _int_at_least(text, 1)
-    if v > MAX_K:
-        raise argparse.ArgumentTypeError(f"{text!r} must be <= {MAX_K}")
-    return v
+
+def add_search_options(p: argparse.ArgumentParser, command: str) -> None:
+    """The options of ``retr.retrieval.options.OPTIONS`` that ``command`` takes, as that table declares them (an
+    option a search may leave to the searcher defaults here to the searcher's default), then how a splade or
+    hybrid3 pipeline's sparse part is searched."""
+    from retr.retrieval.options import at
+
+    for o in at(command):
+        kw: dict = {"dest": o.name, "metavar": o.metavar, "help": o.help,
+                    "default": o.inherits if o.inherits is not None else o.default}
+        if o.choices:
+            kw["choices"] = o.allowed()
+        elif o.kind is int:
+            kw["type"] = positive_int if (o.low, o.high) == (1, None) else \
+                lambda text, o=o: _int_at_least(text, o.low, o.high)
+            kw["metavar"] = o.metavar or "N"
+        elif o.kind is dict:
+            kw.update(action="append", type=_condition, default=[])
+        p.add_argument(o.cli_flag, **kw)
+    p.add_argument("--sparse-engine", choices=SPARSE_ENGINES, default=_PIPELINE.sparse_engine,
+                   help="splade, hybrid3: how the sparse part is searched (exact: CSR dot products; seismic: "
+                        "approximate, pyseismic-lsr)")
+    p.add_argument("--multivector-model", default=None, metavar="MODEL",
+                   help="+maxsim: the multi-vector (ColBERT-style) encoder that rescores the top hits (a "
+                        "MultiVectorEncoder folder or hub id; `retr train multi-vector` makes one)")
+
+
+def request_options(args: argparse.Namespace) -> dict:
+    """``retr search``'s options as ``SearchRequest`` takes them (the filter's FIELD=VALUE pairs as a mapping)."""
+    from retr.retrieval.options import at
+
+    given = {o.name: getattr(args, o.name) for o in at("search") if "api" in o.doors}
+    return {**given, "filter": dict(given["filter"]) or None}
 
 
 def add_k_values_arg(p: argparse.ArgumentParser) -> None:
@@ -119,22 +151,6 @@ def add_rerank_args(p: argparse.ArgumentParser) -> None:
                         "from the corpus (the check caps its weight there; measured once per corpus, then cached)")
 
 
-def add_fusion_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fusion", choices=FUSIONS, default=_PIPELINE.fusion,
-                   help="hybrid: how the BM25 and dense rankings are fused (minmax, zscore: normalised scores "
-                        "summed; rrf: reciprocal rank fusion)")
-    p.add_argument("--fusion-depth", type=fusion_depth, default=_PIPELINE.fusion_depth,
-                   help="hybrid: the top hits of BM25 and of dense whose scores set each list's normalisation (each "
-                        "list is still searched to k where k is larger)")
-    p.add_argument("--sparse-engine", choices=SPARSE_ENGINES, default=_PIPELINE.sparse_engine,
-                   help="splade, hybrid3: how the sparse part is searched (exact: CSR dot products; seismic: "
-                        "approximate, pyseismic-lsr)")
-    p.add_argument("--multivector-model", default=None, metavar="MODEL",
-                   help="+maxsim: the multi-vector (ColBERT-style) encoder that rescores the top hits (a "
-                        "MultiVectorEncoder folder or hub id; `retr train multi-vector` makes one)")
-    add_passage_aggregate_arg(p, building=False)
-
-
 def add_sparse_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparse-model", default=None, metavar="MODEL",
                    help="a sentence-transformers SparseEncoder (folder or hub id in the local cache): build the "
@@ -153,25 +169,16 @@ def sparse_config(args):
                         engine=getattr(args, "sparse_engine", None) or _PIPELINE.sparse_engine)
 
 
-def add_passage_aggregate_arg(p: argparse.ArgumentParser, building: bool) -> None:
-    """How a document's score comes from its passages' scores: chosen when an index of passages is built (and
-    recorded in it), and changeable for a search."""
-    if building:
-        p.add_argument("--passage-aggregate", choices=AGGREGATES, default=DEFAULT_AGGREGATE,
-                       help="with --passages: a document's score from its passages' (maxp: the best); recorded in "
-                            "the index as its default")
-    else:
-        p.add_argument("--passage-aggregate", choices=AGGREGATES, default=None,
-                       help="an index of passages: a document's score from its passages' (maxp: the best; "
-                            "default: the index's own)")
-
-
 def add_passage_args(p: argparse.ArgumentParser) -> None:
+    """Passages chosen when an index is built, and how a document's score comes from its passages' (recorded in
+    the index; a search may choose another: ``OPTIONS``' passage_aggregate, which eval's build takes too)."""
     p.add_argument("--passages", default=None, metavar="N[:STRIDE]",
                    help="index passages of N tokens, a new one every STRIDE (default N/2), and rank documents by "
                         "them (long documents are otherwise cut at the encoder's max length)")
-    if "--passage-aggregate" not in p._option_string_actions:  # eval: the search's option chooses the build's too
-        add_passage_aggregate_arg(p, building=True)
+    if "--passage-aggregate" not in p._option_string_actions:
+        p.add_argument("--passage-aggregate", choices=AGGREGATES, default=DEFAULT_AGGREGATE,
+                       help="with --passages: a document's score from its passages' (maxp: the best); recorded in "
+                            "the index as its default")
 
 
 def passage_config(args):

@@ -87,7 +87,7 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
             "Older names that still work, hidden from `--help`; each prints one warning a process and does exactly "
             "what the new name does.", "",
             "| Old name | Use |", "| --- | --- |"]
-    out += [f"| `{old}` | `{new}` |" for old, new in DEPRECATED.items()]
+    out += [f"| `{old}` | {' or '.join(f'`{new}`' for new in names)} |" for old, names in DEPRECATED.items()]
     return "\n".join(out) + "\n"
 
 

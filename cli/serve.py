@@ -49,11 +49,8 @@ def add_parser(sub) -> None:
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="a Host name to answer besides the loopback ones (localhost, 127.0.0.1, ::1); repeatable. "
                         "Any other Host gets 400 (DNS rebinding)")
-    p.add_argument("--rerank", dest="reranker", default=None, metavar="MODEL_DIR",
-                   help="cross-encoder folder for requests with rerank=true (default: none; such requests are "
-                        "refused)")
+    options.add_search_options(p, "serve")
     options.add_rerank_args(p)
-    options.add_fusion_arg(p)
     p.add_argument("--model", default=None, help="query encoder (default: the one that built the index)")
     options.add_backend_arg(p)
     options.add_query_backend_arg(p)
@@ -88,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from retr.cli.serve_app import ServeConfig, is_loopback, uvicorn_server
 
     cfg = ServeConfig(encoder=options.query_encoder_config(args),
-                      pipeline=options.pipeline_config(args), rerank=options.rerank_config(args, args.reranker),
+                      pipeline=options.pipeline_config(args), rerank=options.rerank_config(args, args.rerank),
                       timeout_s=args.timeout, max_batch=args.max_batch, max_connections=args.max_connections,
                       allowed_hosts=tuple(args.allow_host))
     if not is_loopback(args.host):

@@ -40,9 +40,9 @@ from retr.retrieval.artifacts import read_small
 from retr.retrieval.backends.runners import default_threads
 from retr.retrieval.encoder import EncoderConfig
 from retr.retrieval.errors import RetrError
-from retr.retrieval.fusion import FUSIONS
 from retr.retrieval.mapped import DamagedPart
-from retr.retrieval.pipeline import FIRST_STAGES, PipelineConfig, parse
+from retr.retrieval.options import http_model
+from retr.retrieval.pipeline import FIRST_STAGES, PipelineConfig
 from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE, MAX_K, SearchRequest
 from retr.retrieval.rerank import RerankConfig
 
@@ -616,7 +616,6 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-    from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
     from starlette.convertors import PathConvertor, register_url_convertor
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -634,40 +633,9 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
     app = FastAPI(title="retr", description=f"Search the retr index {folder}", version="1")
     max_k = min(cfg.max_k, MAX_K)
 
-    class SearchBody(BaseModel):
-        """The HTTP form of ``retr.retrieval.request.SearchRequest`` (its defaults; this server's bounds), for
-        validation of the JSON and the OpenAPI schema; every request is then built and checked as that value."""
-        model_config = ConfigDict(extra="forbid", strict=True, title="SearchRequest")
-        query: str | None = Field(None, min_length=1, max_length=cfg.max_query_chars)
-        queries: list[str] | None = Field(None, min_length=1, max_length=cfg.max_batch)
-        k: int = Field(DEFAULT_K, ge=1, le=max_k)
-        mode: str = Field(DEFAULT_MODE, min_length=1, max_length=400, validate_default=True, description="a pipeline: bm25, dense, hybrid, "
-                          "or an expression such as bm25+rm3 or fuse(bm25,dense)+rerank (+rerank: this server's "
-                          "cross-encoder)")
-        fusion: Literal[tuple(FUSIONS)] | None = Field(None, description=f"hybrid's fusion (default: "
-                                                                          f"{cfg.pipeline.fusion})")
-        fusion_depth: int | None = Field(None, ge=1, le=max_k, description=f"hybrid: hits each of BM25 and dense "
-                                         f"hands to the fusion, whose scores set its normalisation (default: "
-                                         f"{cfg.pipeline.fusion_depth}; each list still searched to k)")
-        rerank: bool = False
-        filter: dict[str, str | int | float | bool] | None = Field(None, max_length=16)
-
-        @field_validator("mode", mode="after")
-        @classmethod
-        def pipeline(cls, text: str):
-            try:
-                return parse(text)  # parsed once, here: the value travels on
-            except RetrError as e:
-                raise ValueError(str(e)) from None
-
-        @model_validator(mode="after")
-        def one_of(self):
-            if (self.query is None) == (self.queries is None):
-                raise ValueError("give either 'query' or 'queries'")
-            for q in self.queries or ():
-                if len(q) > cfg.max_query_chars:
-                    raise ValueError(f"a query is longer than {cfg.max_query_chars} characters")
-            return self
+    # the HTTP form of ``SearchRequest`` (retr.retrieval.options: every option declared once; this server's bounds)
+    SearchBody = http_model(max_k, cfg.max_query_chars, cfg.max_batch,
+                            {"fusion": cfg.pipeline.fusion, "fusion_depth": cfg.pipeline.fusion_depth})
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
@@ -686,8 +654,7 @@ def create_app(folder: str | Path, cfg: ServeConfig = ServeConfig(),
 
     def request_of(body: SearchBody) -> SearchRequest:
         reranks = body.rerank or body.mode.reranks
-        options = {"k": body.k, "mode": body.mode, "fusion": body.fusion, "fusion_depth": body.fusion_depth,
-                   "filter": body.filter, "rerank": cfg.rerank.model if reranks else None}
+        options = {**body.options(), "rerank": cfg.rerank.model if reranks else None}
         if body.query is not None:
             return SearchRequest.one(body.query, **options)
         return SearchRequest.batch(body.queries, **options)

@@ -12,14 +12,16 @@ import argparse
 import sys
 from collections.abc import Iterator
 
-# old name -> canonical name, the one registry of renamed options: every (sub)command that has the canonical option
-# (unless it is required there: argparse would not count the old name as giving it) also accepts the old one,
-# hidden from --help, warning once a process
-DEPRECATED = {
-    "--reranker": "--rerank",  # the cross-encoder folder, as `retr search --rerank` and `Index.search(rerank=)`
-    "--pipelines": "--mode",  # what to run: bm25, dense, hybrid, each +rerank (the API's and the service's `mode`)
-    "--aggregate": "--passage-aggregate",  # a document's score from its passages', at build and at query time
-    "--output": "--out",  # the file or folder a command writes (Pyserini's name for a run file)
+# old name -> the names it may stand for, the one registry of renamed options: every (sub)command that has one of
+# them (the first it has; unless it is required there: argparse would not count the old name as giving it) also
+# accepts the old one, hidden from --help, warning once a process
+DEPRECATED: dict[str, tuple[str, ...]] = {
+    "--reranker": ("--rerank", "--check-reranker"),  # the cross-encoder folder, as `Index.search(rerank=)`
+    "--pipelines": ("--mode", "--modes"),  # what to run: one pipeline (search), a list of them (eval)
+    "--mode": ("--modes",),  # eval: the pipelines to measure, a list (`--mode` is one pipeline, in search)
+    "--rerank": ("--check-reranker",),  # index: check a cross-encoder (`--rerank` is the +rerank stage's model)
+    "--aggregate": ("--passage-aggregate",),  # a document's score from its passages', at build and at query time
+    "--output": ("--out",),  # the file or folder a command writes (Pyserini's name for a run file)
 }
 
 # the one registry of option groups: a command of more than ``GROUP_FROM`` options shows its everyday options first
@@ -34,7 +36,7 @@ GROUPS: tuple[tuple[str, frozenset[str], tuple[str, ...]], ...] = (
                                              "--bm25-language"}), ()),
     ("ANN index", frozenset({"--kind", "--hnsw-m", "--ef-construction", "--ef-search", "--nlist", "--pq-m",
                              "--pq-nbits", "--nprobe", "--lean-m", "--lean-nprobe", "--k-factor", "--shards"}), ()),
-    ("reranking", frozenset({"--rerank", "--rerank-depth", "--rerank-max-length", "--rerank-inputs",
+    ("reranking", frozenset({"--rerank", "--check-reranker", "--rerank-depth", "--rerank-max-length", "--rerank-inputs",
                              "--rerank-backend", "--rerank-alpha", "--no-rerank-check"}), ()),
     ("encoding on Ray", frozenset({"--executor", "--ray-address", "--ray-actors", "--ray-cpus-per-actor"}), ()),
     ("training", frozenset({"--mini-batch-size", "--num-negatives", "--dev-fraction", "--teacher", "--teacher-weight",
@@ -69,8 +71,9 @@ class _DeprecatedAlias(argparse.Action):
 
 def _add_aliases(parser: argparse.ArgumentParser) -> None:
     have = parser._option_string_actions
-    for old, new in DEPRECATED.items():
-        action = have.get(new)
+    for old, names in DEPRECATED.items():
+        action = next((have[new] for new in names if new in have and not isinstance(have[new], _DeprecatedAlias)),
+                      None)
         if action is None or action.required or old in have:
             continue
         parser.add_argument(old, action=_DeprecatedAlias, canonical=action, dest=action.dest, nargs=action.nargs,

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -19,9 +19,10 @@ from retr.indexes.shards import open_index
 from retr.retrieval.compose import IndexParts, build
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.errors import RetrError
+from retr.retrieval.options import with_options
 from retr.retrieval.pipeline import Pipeline, PipelineConfig
 from retr.retrieval.protocol import Retriever, StageTimer
-from retr.retrieval.request import DEFAULT_K, DEFAULT_MODE, SearchRequest
+from retr.retrieval.request import SearchRequest
 from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 from retr.retrieval.rerank_check import CorpusCheck
 from retr.retrieval.types import Run, filter_value
@@ -173,12 +174,10 @@ class Searcher:
         return self._filters[key]
 
     def config_for(self, request: SearchRequest) -> PipelineConfig:
-        """The pipeline options of ``request``: the searcher's, with those it gives (fusion, fusion depth, passage
-        aggregate) in their place."""
-        base = self.config
-        return replace(base, fusion=request.fusion or base.fusion,
-                       fusion_depth=request.fusion_depth or base.fusion_depth,
-                       passage_aggregate=request.passage_aggregate or base.passage_aggregate)
+        """The pipeline options of ``request``: the searcher's, with those it gives (a request's option named as a
+        ``PipelineConfig`` field: fusion, fusion depth, passage aggregate) in their place."""
+        given = {f.name: getattr(request, f.name, None) for f in fields(self.config)}
+        return replace(self.config, **{name: value for name, value in given.items() if value is not None})
 
     def retriever(self, pipeline: Pipeline, config: PipelineConfig | None = None, rerank: str | None = None,
                   allowed: np.ndarray | None = None) -> Retriever:
@@ -243,15 +242,15 @@ class Searcher:
                 progress(len(part))
         return Run({qid: rankings[qid] for qid in ids})
 
-    def search_many(self, queries: Sequence[str], k: int = DEFAULT_K, mode: str = DEFAULT_MODE,
-                    rerank: str | None = None, filter: Mapping[str, object] | None = None) -> list[SearchResult]:
+    @with_options
+    def search_many(self, queries: Sequence[str], **options) -> list[SearchResult]:
         """``run`` of ``SearchRequest.batch(queries, ...)``: one result per query."""
-        return self.run(SearchRequest.batch(queries, k=k, mode=mode, rerank=rerank, filter=filter))
+        return self.run(SearchRequest.batch(queries, **options))
 
-    def search(self, query: str, k: int = DEFAULT_K, mode: str = DEFAULT_MODE, rerank: str | None = None,
-               filter: Mapping[str, object] | None = None) -> SearchResult:
+    @with_options
+    def search(self, query: str, **options) -> SearchResult:
         """``run`` of ``SearchRequest.one(query, ...)``: its one result."""
-        return self.run(SearchRequest.one(query, k=k, mode=mode, rerank=rerank, filter=filter))[0]
+        return self.run(SearchRequest.one(query, **options))[0]
 
     def document(self, doc_id: str):
         """The stored document ``doc_id``, or None when the index does not hold it."""

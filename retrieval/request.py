@@ -1,19 +1,12 @@
 """One search request, built and checked the same way by every door: `retr search`, ``retr.Index.search`` /
 ``search_batch`` and `retr serve`'s ``POST /search``; ``Searcher.run`` takes it.
 
-This module is the one place that owns the search defaults (``DEFAULT_MODE``, ``DEFAULT_K``, ``DEFAULT_FUSION``)
-and the bounds of a request (``MAX_K``). Everything a request holds is checked here, once, so a bad value is a
-one-line ``RetrError`` naming the field whichever door it came through:
-
-* ``k``: an ``int`` from 1 to ``MAX_K`` (not a bool, a float or a string);
-* ``mode``: a pipeline (``retr.retrieval.pipeline``: a text form such as ``hybrid``, ``bm25+rm3`` or
-  ``fuse(bm25,dense)+rerank``, parsed here once, or a ``Pipeline`` value); ``fusion`` one of ``FUSIONS``;
-  ``passage_aggregate`` one of ``AGGREGATES`` (both None: the searcher's own);
-* ``rerank``: a cross-encoder folder (a ``str`` or path) or None;
-* ``filter``: a mapping of ``str`` field -> ``str``/``int``/``float``/``bool`` value, or None;
-* queries: ``str`` s with at least one searchable character (``has_searchable_text``: a letter, digit, mark,
-  symbol or punctuation; whitespace, NUL, zero-width and other control or format characters alone are refused);
-  a batch is a list or tuple of them, never a ``str`` (``"ab"`` is not the two queries ``a`` and ``b``).
+Each option's type, bounds, default and help are declared once, in ``retr.retrieval.options.OPTIONS``; this
+module checks a request against them, once, so a bad value is a one-line ``RetrError`` naming the field whichever
+door it came through. Beyond the declarations: ``mode`` is parsed here once (a text form such as ``hybrid``,
+``bm25+rm3`` or ``fuse(bm25,dense)+rerank``, or a ``Pipeline`` value); ``filter`` is a mapping of ``str`` field ->
+``str``/``int``/``float``/``bool``; queries are ``str`` s with at least one searchable character
+(``has_searchable_text``), and a batch is a list or tuple of them, never a ``str``.
 
 The default mode is **hybrid** at every door (it was ``dense`` in the CLI, ``hybrid`` in the API and the
 service). Hybrid is the better ranking on every collection measured and costs little: nDCG@10 with the bundled
@@ -27,33 +20,25 @@ be searched with ``mode="dense"``; it says so.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
-from retr.retrieval.fusion import DEFAULT_FUSION, FUSIONS
-from retr.retrieval.passages import AGGREGATES
+from retr.retrieval.fusion import DEFAULT_FUSION
+from retr.retrieval.options import BY_NAME, MAX_FILTER_FIELDS, MAX_K, check_keywords
 from retr.retrieval.pipeline import Pipeline, parse
-from retr.retrieval.types import check_choice, check_int, has_searchable_text, shown
+from retr.retrieval.types import has_searchable_text, shown
 
 DEFAULT_MODE = defaults.MODE
 DEFAULT_K = defaults.K
-MAX_K = 10_000  # more hits than any page or run file needs; FAISS and the fusion allocate k per query
-MAX_FILTER_FIELDS = 64
 MAX_QUERY_CHARS = 100_000  # a whole document pasted as a query still fits; the service bounds it tighter
 
-__all__ = ["DEFAULT_FUSION", "DEFAULT_K", "DEFAULT_MODE", "MAX_K", "SearchRequest", "check_k", "check_queries",
+__all__ = ["DEFAULT_FUSION", "DEFAULT_K", "DEFAULT_MODE", "MAX_K", "SearchRequest", "check_queries",
            "check_query"]
 
 Scalar = str | int | float | bool
-
-
-def check_k(value: object, field: str = "k", most: int = MAX_K) -> int:
-    """``value`` as a count of hits: an integer (``int`` or a NumPy integer, never a bool) from 1 to ``most``."""
-    return check_int(value, field, 1, most)
 
 
 def check_query(text: object, field: str = "query") -> str:
@@ -128,31 +113,12 @@ class Filter(Mapping[str, Scalar]):
         return f"Filter({dict(self._data)!r})"
 
 
-def _rerank(value: object) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str) or not value.strip():
-        raise RetrError(f"rerank must be a cross-encoder folder (a str) or None, got {shown(value)}")
-    return value
-
-
 @dataclass(frozen=True)
 class SearchRequest:
-    """What to search for and how: checked on construction, immutable after.
-
-    ``queries``: one or more queries, each searched alone; ``k``: hits per query; ``mode``: the pipeline (text
-    or value; ``pipeline`` holds it as a value, with ``+rerank`` added where ``rerank`` names a cross-encoder and
-    the mode has no rerank stage);
-    ``fusion``: the hybrid's fusion (None: the searcher's, ``DEFAULT_FUSION`` unless it was opened with another);
-    ``rerank``: a cross-encoder folder rescoring the first stage's top hits (its depth is the searcher's
-    ``RerankConfig.depth``); ``filter``: ``{field: value}`` every hit's record must hold; ``passage_aggregate``:
-    an index of passages: how passage scores make a document's (None: the index's own); ``fusion_depth``: the top
-    hits of BM25 and of dense whose scores set each list's normalisation in the hybrid (None: the searcher's, 100
-    unless it was opened with another; each list is still searched to ``k`` where ``k`` is larger). Build one with
-    ``one``
-    (a single query) or ``batch``; constructing directly checks the same way.
+    """What to search for and how: checked on construction, immutable after. ``queries``: one or more, each
+    searched alone; the options are ``retr.retrieval.options.OPTIONS``' (None: the searcher's own setting);
+    ``pipeline`` holds the mode as a value, with ``+rerank`` added where ``rerank`` names a cross-encoder and the
+    mode has none. Build one with ``one`` (a single query) or ``batch``; constructing directly checks the same way.
     """
 
     queries: tuple[str, ...]
@@ -170,19 +136,17 @@ class SearchRequest:
             mode = parse(self.mode)
         except RetrError as e:
             raise RetrError(f"mode: {e}") from None
-        rerank = _rerank(self.rerank)
+        rerank = BY_NAME["rerank"].check(self.rerank)
         if mode.reranks and rerank is None:
             raise RetrError(f"mode {str(mode)!r} needs a cross-encoder: give rerank (a cross-encoder folder)")
         checked = {
             "queries": check_queries(self.queries),
-            "k": check_k(self.k),
+            **{name: BY_NAME[name].check(getattr(self, name)) for name in ("k", "fusion", "passage_aggregate",
+                                                                             "fusion_depth")},
             "mode": str(mode),
             "pipeline": mode if rerank is None or mode.reranks else mode >> Pipeline("rerank"),
-            "fusion": check_choice(self.fusion, "fusion", FUSIONS, optional=True),
             "rerank": rerank,
             "filter": _filter(self.filter),
-            "passage_aggregate": check_choice(self.passage_aggregate, "passage_aggregate", AGGREGATES, optional=True),
-            "fusion_depth": None if self.fusion_depth is None else check_k(self.fusion_depth, "fusion_depth"),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -190,12 +154,14 @@ class SearchRequest:
     @classmethod
     def one(cls, query: object, **options) -> SearchRequest:
         """A request for one query (a ``str``; a list is refused: use ``batch``)."""
-        return cls(queries=(check_query(query),), **_options(options))
+        check_keywords(options)
+        return cls(queries=(check_query(query),), **options)
 
     @classmethod
     def batch(cls, queries: object, **options) -> SearchRequest:
         """A request for a batch of queries (a list or tuple of ``str``; a ``str`` is refused: use ``one``)."""
-        return cls(queries=check_queries(queries), **_options(options))
+        check_keywords(options)
+        return cls(queries=check_queries(queries), **options)
 
     @property
     def query(self) -> str:
@@ -204,13 +170,3 @@ class SearchRequest:
             raise RetrError(f"this request holds {len(self.queries)} queries, not one")
         return self.queries[0]
 
-
-
-_OPTIONS = frozenset(f.name for f in fields(SearchRequest) if f.init) - {"queries"}
-
-
-def _options(options: dict) -> dict:
-    unknown = sorted(set(options) - _OPTIONS)
-    if unknown:
-        raise RetrError(f"unknown search option {unknown[0]!r}: choose from {', '.join(sorted(_OPTIONS))}")
-    return options

@@ -39,17 +39,18 @@ def test_the_library_prints_nothing_and_raises_retr_errors(tiny_dataset, tiny_bi
     with pytest.raises(retr.RetrError, match="unknown index option"):
         retr.Index.build(tiny_dataset, tmp_path / "idx2", model=str(tiny_bi_encoder), not_an_option=1)
     index.close()
-    report = retr.evaluate(tiny_dataset, mode=("bm25", "dense"), model=str(tiny_bi_encoder), backend="onnx",
+    report = retr.evaluate(tiny_dataset, modes=("bm25", "dense"), model=str(tiny_bi_encoder), backend="onnx",
                            k_values=(1, 10), out=tmp_path / "r.json")
     assert isinstance(report, retr.EvalReport) and set(report.pipelines) == {"bm25", "dense"}
     assert retr.EvalReport.read(tmp_path / "r.json") == report
     # the older names (the CLI's deprecated ones) still work, with a warning; both at once are refused
-    with pytest.warns(FutureWarning, match="pipelines= is the older name of mode="):
-        older = retr.evaluate(tiny_dataset, pipelines=("bm25",), k_values=(1, 10))
-    assert older.pipelines["bm25"].metrics == report.pipelines["bm25"].metrics
+    for old in ("pipelines", "mode"):
+        with pytest.warns(FutureWarning, match=f"{old}= is the older name of modes="):
+            older = retr.evaluate(tiny_dataset, **{old: ("bm25",)}, k_values=(1, 10))
+        assert older.pipelines["bm25"].metrics == report.pipelines["bm25"].metrics
     with pytest.raises(retr.RetrError, match="reranker is the older name of rerank: give one of them"):
         retr.evaluate(tiny_dataset, rerank="a", reranker="b")
-    with pytest.raises(retr.RetrError, match="pipelines is the older name of mode"):  # the new one at its default
+    with pytest.raises(retr.RetrError, match="pipelines is the older name of modes"):  # the new one at its default
         retr.evaluate(tiny_dataset, ("bm25", "dense", "hybrid"), pipelines=["bm25"])
     with pytest.raises(retr.RetrError, match="aggregate is the older name of passage_aggregate"):
         retr.Index.from_documents(["a b c"], passages="32:16", passage_aggregate="maxp", aggregate="sum")
@@ -89,7 +90,7 @@ def test_import_retr_loads_no_search_stack_and_the_api_shows_its_configs_default
              "executor": ExecutorConfig.name, "ray_actors": ExecutorConfig.actors, "fusion": PipelineConfig.fusion,
              "fusion_depth": PipelineConfig.fusion_depth, "rerank_depth": DEFAULT_RERANK_DEPTH, "k": DEFAULT_K,
              "mode": DEFAULT_MODE, "k_values": EvalConfig.k_values, "warmup": EvalConfig.warmup}
-    evaluate_owned = {**owned, "mode": tuple(p.name for p in EvalConfig.pipelines)}  # `retr eval --mode`: pipelines
+    evaluate_owned = {**owned, "modes": tuple(p.name for p in EvalConfig.pipelines)}  # `retr eval --modes`
     checked = set()
     for fn in (retr.Index.build, retr.Index.from_documents, retr.Index.load, retr.Index.search,
                retr.Index.search_batch, retr.Index.search_topics, retr.evaluate):
@@ -98,7 +99,7 @@ def test_import_retr_loads_no_search_stack_and_the_api_shows_its_configs_default
             if name in of and p.default is not None:  # None: a search's own fusion, else the index's
                 assert p.default == of[name], f"{fn.__qualname__}: {name}={p.default!r}, its config's {of[name]!r}"
                 checked.add(name)
-    assert checked == set(owned)
+    assert checked == set(owned) | {"modes"}
     assert {name: getattr(retr, name) for name in retr.__all__}  # every exported name resolves
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         retr.nope  # noqa: B018

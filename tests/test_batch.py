@@ -133,7 +133,7 @@ def test_topics_to_run_to_eval_run_equals_eval_dataset(index, tiny_dataset, tiny
     queries = tiny_dataset / "queries.jsonl"  # BEIR's queries file is a topic file
     for mode in ("bm25", "hybrid"):
         report = tmp_path / f"{mode}.json"
-        assert main(["eval", "--dataset", str(tiny_dataset), "--mode", mode, "--model", str(tiny_bi_encoder),
+        assert main(["eval", "--dataset", str(tiny_dataset), "--modes", mode, "--model", str(tiny_bi_encoder),
                      "--warmup", "0", "--out", str(report)]) == 0
         run = tmp_path / f"{mode}.trec"
         assert main(["search", str(index), "--topics", str(queries), "--out", str(run), "--mode", mode,

@@ -119,7 +119,7 @@ def test_german_collection_end_to_end(tmp_path, tiny_bi_encoder, capsys):
     ndcg = {}
     for language in ("english", "german"):
         out = tmp_path / f"{language}.json"
-        assert main(["eval", "--dataset", str(data), "--mode", "bm25", "--model", str(tiny_bi_encoder),
+        assert main(["eval", "--dataset", str(data), "--modes", "bm25", "--model", str(tiny_bi_encoder),
                      "--bm25-language", language, "--bm25-k1", "1.2", "--warmup", "0", "--out", str(out)]) == 0
         report = EvalReport.read(out)
         assert report.config["bm25"]["stemmer"] == language and report.config["bm25"]["k1"] == 1.2

@@ -118,7 +118,7 @@ def test_search_modes_and_rerank_with_tiny_models(tiny_dataset, tiny_bi_encoder,
 def test_eval_with_rerank_pipeline_on_tiny_dataset(tiny_dataset, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
                                                    capsys):
     report = tmp_path / "r.json"
-    assert main(["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--mode",
+    assert main(["eval", "--dataset", str(tiny_dataset), "--model", str(tiny_bi_encoder), "--modes",
                  "hybrid,hybrid+rerank", "--rerank", str(tiny_cross_encoder), "--rerank-depth", "4",
                  "--rerank-backend", "onnx", "--k-values", "1,5,10", "--warmup", "1", "--out", str(report)]) == 0
     rep = json.loads(report.read_text())

@@ -16,10 +16,13 @@ from retr.cli.reference import REGENERATE, render
 from .conftest import REPO
 
 # concept -> (its one visible name, every name a user might know it by). An option string in the second set other
-# than the first may exist only as a hidden deprecated alias of the first (surface.DEPRECATED).
+# than the first may exist only as a hidden deprecated alias of the first (surface.DEPRECATED); an old name may be
+# another concept's visible name in a command that does not have its new one (`--mode`: eval's old `--modes`).
 CONCEPTS = {
     "cross-encoder folder that reranks": ("--rerank", {"--rerank", "--reranker", "--cross-encoder", "--rerank-model"}),
-    "what to run (bm25, dense, hybrid, each +rerank)": ("--mode", {"--mode", "--modes", "--pipeline", "--pipelines"}),
+    "check a cross-encoder on the corpus": ("--check-reranker", {"--check-reranker"}),
+    "one pipeline to run (bm25, dense, hybrid, each +rerank)": ("--mode", {"--mode", "--pipeline", "--pipelines"}),
+    "the pipelines to measure, a list": ("--modes", {"--modes"}),
     "a document's score from its passages'": ("--passage-aggregate", {"--passage-aggregate", "--aggregate"}),
     "bi-encoder": ("--model", {"--model", "--encoder", "--bi-encoder", "--encoder-model"}),
     "hits returned": ("-k", {"-k", "--k", "--top-k", "--topk", "--hits"}),
@@ -35,7 +38,15 @@ CONCEPTS = {
 }
 
 # a sample value for each option that deprecated aliases point to, valid in every command that has it
-SAMPLE = {"--rerank": "ce-folder", "--mode": "bm25", "--passage-aggregate": "sum", "--out": "result.json"}
+SAMPLE = {"--rerank": "ce-folder", "--check-reranker": "ce-folder", "--mode": "bm25", "--modes": "bm25,dense",
+          "--passage-aggregate": "sum", "--out": "result.json"}
+RENAMED = sorted((old, new) for old, names in surface.DEPRECATED.items() for new in names)
+
+
+def _aliases(p: argparse.ArgumentParser) -> dict[str, str]:
+    """A parser's hidden old names -> the visible name each stands for."""
+    return {old: a.canonical.option_strings[-1] for old, a in p._option_string_actions.items()
+            if isinstance(a, surface._DeprecatedAlias)}
 
 
 def _actions(parser: argparse.ArgumentParser):
@@ -102,7 +113,8 @@ def test_help_shows_the_rerank_depth_and_hides_the_old_names(capsys):
         assert (f"--rerank-depth N first-stage hits the cross-encoder rescores (default: "
                 f"{DEFAULT_RERANK_DEPTH}, chosen on dev by quality per ms)") in out
         assert "--rerank MODEL_DIR" in out
-        assert not any(old in out.split() or f"[{old}" in out for old in surface.DEPRECATED), out
+        hidden = _aliases(dict(surface.parsers(build_parser()))[cmd])
+        assert hidden and not any(old in out.split() or f"[{old} " in out for old in hidden), out
 
 
 def test_one_visible_name_per_concept():
@@ -119,13 +131,20 @@ def test_one_visible_name_per_concept():
             if name in visible:
                 problems.append(f"{concept}: {name} (in {', '.join(sorted(visible[name]))}) is a second name for "
                                 f"{canonical}")
-            if name in hidden and surface.DEPRECATED.get(name) != canonical:
+            if name in hidden and canonical not in surface.DEPRECATED.get(name, ()):
                 problems.append(f"{concept}: hidden {name} is not a deprecated alias of {canonical}")
     assert not problems, "\n".join(problems)
-    # the aliases registry agrees with the table, and each canonical name exists
-    for old, new in surface.DEPRECATED.items():
-        assert any(old in names and new == canonical for canonical, names in CONCEPTS.values()), (old, new)
-        assert new in visible and old not in visible and old in hidden, (old, new)
+    # the aliases registry agrees with the table, each new name exists, and an old name is hidden wherever one of
+    # its new names is there (visible only in a command without them: `--mode` in search, `--rerank` in search)
+    for old, new in RENAMED:
+        assert any(old in names for _, names in CONCEPTS.values()), old
+        assert any(new == canonical for canonical, _ in CONCEPTS.values()), new
+        assert new in visible and old in hidden, (old, new)
+    for _, p in surface.parsers(parser):
+        have = p._option_string_actions
+        for old, names in surface.DEPRECATED.items():
+            if old in have and any(n in have for n in names):
+                assert isinstance(have[old], surface._DeprecatedAlias), (p.prog, old)
 
 
 def test_an_option_is_spelled_the_same_way_in_every_command():
@@ -138,11 +157,11 @@ def test_an_option_is_spelled_the_same_way_in_every_command():
     assert not differing, differing
 
 
-@pytest.mark.parametrize("old,new", sorted(surface.DEPRECATED.items()))
+@pytest.mark.parametrize("old,new", RENAMED)
 def test_each_deprecated_name_warns_once_and_does_what_the_new_one_does(old, new, capsys, monkeypatch):
     monkeypatch.setattr(surface, "_warned", set())
     parser = build_parser()
-    commands = [(name, p) for name, p in surface.parsers(parser) if old in p._option_string_actions]
+    commands = [(name, p) for name, p in surface.parsers(parser) if _aliases(p).get(old) == new]
     assert commands, f"no command takes {old}"
     warnings = []
     for name, p in commands:
@@ -206,8 +225,8 @@ def test_cli_reference_lists_every_command_and_option():
         for a in p._actions:
             if _visible(a) and a.option_strings:
                 assert f"`{', '.join(a.option_strings)}" in text, (name, a.option_strings)
-    for old, new in surface.DEPRECATED.items():
-        assert f"| `{old}` | `{new}` |" in text
+    for old, names in surface.DEPRECATED.items():
+        assert f"| `{old}` | {' or '.join(f'`{new}`' for new in names)} |" in text
 
 
 @pytest.mark.parametrize("command,groups", [

@@ -41,7 +41,7 @@ def _eval_index(folder, dataset, out, *extra):
 def test_eval_index_gives_the_report_of_eval_dataset(tiny_dataset, tiny_bi_encoder, tmp_path, monkeypatch,
                                                       caplog, build_options):
     expected_path = tmp_path / "dataset.json"
-    assert main(["eval", "--dataset", str(tiny_dataset), "--mode", MODES, "--model", str(tiny_bi_encoder),
+    assert main(["eval", "--dataset", str(tiny_dataset), "--modes", MODES, "--model", str(tiny_bi_encoder),
                  "--warmup", "0", "--out", str(expected_path), *build_options]) == 0
     folder = tmp_path / "idx"
     assert main(["index", "--corpus", str(tiny_dataset), "--out", str(folder), "--model", str(tiny_bi_encoder),

@@ -64,7 +64,7 @@ def test_eval_irds_gives_the_report_of_the_beir_folder(tmp_path, monkeypatch, ti
     metrics = {}
     for spec in (f"irds:{dataset_id}", str(beir)):
         out = tmp_path / "report.json"
-        assert main(["eval", "--dataset", spec, "--mode", "bm25,dense", "--model", str(tiny_bi_encoder),
+        assert main(["eval", "--dataset", spec, "--modes", "bm25,dense", "--model", str(tiny_bi_encoder),
                      "--warmup", "0", "--out", str(out)]) == 0
         report = EvalReport.read(out)
         metrics[spec] = {n: p.per_query for n, p in report.pipelines.items()}

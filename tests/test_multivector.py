@@ -111,6 +111,18 @@ def test_weight_zero_keeps_the_first_stage_order(plain_index, tiny_multivector):
         {q: [h.doc_id for h in hits] for q, hits in first.items()}
 
 
+def test_the_api_searches_with_the_stage_as_the_pipeline_does(plain_index, tiny_multivector):
+    import retr
+    from retr.stages import Hybrid, MaxSim
+
+    want = _search(plain_index, "hybrid+maxsim(depth=3)", tiny_multivector, 4)
+    index = retr.Index.load(plain_index, multivector_model=tiny_multivector)
+    for qid, query in QUERIES.items():
+        got = index.search(query, k=4, mode=Hybrid() >> MaxSim(depth=3))
+        assert [h.id for h in got.hits] == [h.doc_id for h in want[qid]], qid
+        assert "maxsim" in got.latency_ms
+
+
 def test_refusals_are_one_line(plain_index, tiny_bi_encoder):
     with pytest.raises(RetrError, match="--multivector-model") as e:
         _search(plain_index, "hybrid+maxsim", None)
@@ -124,7 +136,7 @@ def test_cli_eval_reports_the_maxsim_stage(tmp_path, tiny_dataset, tiny_bi_encod
     from retr.cli.main import main
 
     out = tmp_path / "report.json"
-    rc = main(["eval", "--dataset", str(tiny_dataset), "--mode", "hybrid,hybrid+maxsim", "--model",
+    rc = main(["eval", "--dataset", str(tiny_dataset), "--modes", "hybrid,hybrid+maxsim", "--model",
                str(tiny_bi_encoder), "--multivector-model", str(tiny_multivector), "--out", str(out)])
     assert rc == 0
     report = json.loads(out.read_text())

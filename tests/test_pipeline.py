@@ -235,5 +235,5 @@ def test_eval_of_a_dataset_reports_a_row_per_expression(tiny_dataset, tiny_bi_en
     table = capsys.readouterr().out
     assert all(f"\n{n} " in table for n in names)
     # a bad expression: one line naming its position, before any dataset is read
-    assert main(["eval", "--dataset", str(tiny_dataset), "--mode", "bm25,fuse(bm25"]) == 2
+    assert main(["eval", "--dataset", str(tiny_dataset), "--modes", "bm25,fuse(bm25"]) == 2
     assert "pipeline 'bm25,fuse(bm25', position 15: expected ',' or ')', found the end" in capsys.readouterr().err

@@ -50,7 +50,7 @@ def index(built):
     ({"mode": None}, "mode: a pipeline is a str"), ({"mode": "colbert"}, "mode: pipeline 'colbert', position 1"),
         ({"mode": "hybrid+rerank"}, "mode 'hybrid\\+rerank' needs a cross-encoder"),
     ({"filter": "x"}, "filter must be a mapping"), ({"filter": {"lang": ["en"]}}, r"filter\['lang'\] must be"),
-    ({"filter": {3: "x"}}, "filter: a field name must be"), ({"rerank": 3}, "rerank must be a cross-encoder folder"),
+    ({"filter": {3: "x"}}, "filter: a field name must be"), ({"rerank": 3}, r"rerank must be a non-empty str \(MODEL_DIR\) or None"),
     ({"fusion": "mean"}, "fusion must be one of"), ({"passage_aggregate": 1}, "passage_aggregate must be one of"),
     ({"depth": 3}, "unknown search option 'depth'"),
 ])
@@ -114,7 +114,7 @@ def test_hostile_api_inputs_are_one_line_errors(index, built, tiny_dataset, tiny
          r"hnsw_m \(--hnsw-m\) must be from 2 to 256, got -5"),
         (lambda: retr.Index.build(tiny_dataset, tmp_path / "d", ef_search=1.5), "ef_search"),
         (lambda: retr.evaluate(tiny_dataset, k_values="10"), "k_values must be a list"),
-        (lambda: retr.evaluate(tiny_dataset, mode="bm25"), r"mode must be a list of str.*\['bm25'\]"),
+        (lambda: retr.evaluate(tiny_dataset, modes="bm25"), r"modes must be a list of str.*\[.bm25.\]"),
         (lambda: retr.Index.load(built, fusion=None), "fusion must be one of"),
     ]
     for call, message in cases:
@@ -157,9 +157,9 @@ def test_a_closed_index_refuses_every_call(built):  # case 25
 def test_evaluate_refuses_an_out_whose_folder_is_missing(tiny_dataset, tiny_bi_encoder, tmp_path):  # case 26
     out = tmp_path / "no" / "such" / "r.json"
     with pytest.raises(RetrError, match=r"out: .*no/such is not an existing folder"):
-        retr.evaluate(tiny_dataset, mode=["bm25"], out=out)
+        retr.evaluate(tiny_dataset, modes=["bm25"], out=out)
     with pytest.raises(RetrError, match="run_dir: .* is not an existing folder"):
-        retr.evaluate(tiny_dataset, mode=["bm25"], run_dir=tmp_path / "none" / "runs")
+        retr.evaluate(tiny_dataset, modes=["bm25"], run_dir=tmp_path / "none" / "runs")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -201,7 +201,7 @@ def test_any_build_argument_is_refused_or_reaches_the_corpus(tmp_path, value, na
 
 
 @PROPERTY
-@given(value=ANY, name=st.sampled_from(["mode", "k_values", "split", "warmup", "fusion", "fusion_depth", "kind", "out",
+@given(value=ANY, name=st.sampled_from(["modes", "k_values", "split", "warmup", "fusion", "fusion_depth", "kind", "out",
                                         "run_dir", "rerank", "rerank_depth", "passages", "passage_aggregate",
                                         "download", "backend"]))
 def test_any_evaluate_argument_is_refused_or_reaches_the_dataset(tmp_path, value, name):

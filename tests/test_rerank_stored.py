@@ -33,11 +33,11 @@ def _other_corpus_ce(tiny_cross_encoder, tmp_path):
 
 def _indexed(tiny_cross_encoder, tiny_bi_encoder, tmp_path, rerank: bool = False, queries=None, qrels=None):
     """The long-document collection written as BEIR, a cross-encoder trained on another corpus, and the
-    collection indexed (with ``retr index --rerank``: its check made and stored beside the index)."""
+    collection indexed (with ``retr index --check-reranker``: its check made and stored beside the index)."""
     folder = write_beir(tmp_path / "long", _long_docs(), queries or {"q1": "solar"}, qrels or {"q1": {"L1": 1}})
     ce = _other_corpus_ce(tiny_cross_encoder, tmp_path)
     idx = tmp_path / "idx"
-    extra = ["--rerank", str(ce), *CE_ARGS] if rerank else []
+    extra = ["--check-reranker", str(ce), *CE_ARGS] if rerank else []
     assert main(["index", "--corpus", str(folder), "--out", str(idx), "--model", str(tiny_bi_encoder),
                  "--max-length", "64", *extra]) == 0
     return folder, ce, idx

@@ -278,7 +278,7 @@ def test_cli_eval_three_way(tmp_path, tiny_dataset, tiny_bi_encoder, tiny_splade
     from retr.cli.main import main
 
     out = tmp_path / "report.json"
-    rc = main(["eval", "--dataset", str(tiny_dataset), "--mode", "bm25,dense,splade,hybrid,hybrid3",
+    rc = main(["eval", "--dataset", str(tiny_dataset), "--modes", "bm25,dense,splade,hybrid,hybrid3",
                "--model", str(tiny_bi_encoder), "--sparse-model", str(tiny_splade), "--out", str(out)])
     assert rc == 0
     report = json.loads(out.read_text())

@@ -167,7 +167,7 @@ def test_eval_run_scores_as_eval_dataset_does(tmp_path, tiny_dataset, tiny_bi_en
     from retr.eval.report import EvalReport
 
     report_path, runs = tmp_path / "report.json", tmp_path / "runs"
-    assert main(["eval", "--dataset", str(tiny_dataset), "--mode", "bm25", "--model", str(tiny_bi_encoder),
+    assert main(["eval", "--dataset", str(tiny_dataset), "--modes", "bm25", "--model", str(tiny_bi_encoder),
                  "--out", str(report_path), "--run-dir", str(runs), "--warmup", "0"]) == 0
     first = EvalReport.read(report_path).pipelines["bm25"]
     capsys.readouterr()

@@ -328,7 +328,7 @@ def test_an_irds_dataset_that_downloads_offline_is_one_line(tmp_path, monkeypatc
         queries_iter = qrels_iter = docs_iter
 
     monkeypatch.setattr(irds, "_load", lambda _id: Offline())
-    rc, _, err = _run(["eval", "--dataset", "irds:beir/scifact/test", "--mode", "bm25"])
+    rc, _, err = _run(["eval", "--dataset", "irds:beir/scifact/test", "--modes", "bm25"])
     assert rc == 2 and len(_errors(err)) == 1, err
     assert "ir_datasets could not provide the documents of 'beir/scifact/test'" in err and "~/.ir_datasets" in err
 

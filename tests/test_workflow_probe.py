@@ -76,7 +76,7 @@ def test_a_run_dir_that_is_a_file_is_refused_before_any_search(tiny_dataset, tin
     afile = tmp_path / "afile"
     afile.write_text("x")
     t0 = time.perf_counter()
-    assert main(["eval", "--dataset", str(tiny_dataset), "--mode", "bm25", "--run-dir", str(afile)]) == 2
+    assert main(["eval", "--dataset", str(tiny_dataset), "--modes", "bm25", "--run-dir", str(afile)]) == 2
     assert "the run files' folder (--run-dir) is a file" in capsys.readouterr().err
     assert afile.read_text() == "x" and time.perf_counter() - t0 < 30
 
@@ -106,7 +106,7 @@ def test_a_huge_cut_off_scores_at_once_and_the_cli_bounds_it(tiny_dataset, tmp_p
         main(["eval", "--run", str(tmp_path / "r.trec"), "--qrels", str(_qrels(tiny_dataset)),
               "--k-values", "99999999999999999999"])
     assert "k values must be from 1 to 1,000,000" in capsys.readouterr().err
-    assert main(["eval", "--dataset", str(tiny_dataset), "--mode", "bm25", "--k-values", "10,100000"]) == 2
+    assert main(["eval", "--dataset", str(tiny_dataset), "--modes", "bm25", "--k-values", "10,100000"]) == 2
     assert "a search returns at most 10,000 hits" in capsys.readouterr().err
 
 
@@ -232,10 +232,10 @@ def test_out_never_lies_in_the_dataset_or_index_read_and_its_folder_is_checked_f
     data = tmp_path / "data"
     shutil.copytree(tiny_dataset, data)
     corpus = (data / "corpus.jsonl").read_bytes()
-    assert main(["eval", "--dataset", str(data), "--mode", "bm25", "--out", str(data / "corpus.jsonl")]) == 2
+    assert main(["eval", "--dataset", str(data), "--modes", "bm25", "--out", str(data / "corpus.jsonl")]) == 2
     assert "--out lies in the dataset read" in capsys.readouterr().err and (data / "corpus.jsonl").read_bytes() == corpus
     with pytest.raises(RetrError, match="out lies in the dataset read"):  # the API alike (it replaced queries.jsonl)
-        retr.evaluate(data, mode=["bm25"], out=data / "queries.jsonl")
+        retr.evaluate(data, modes=["bm25"], out=data / "queries.jsonl")
     idx = tmp_path / "idx"
     idx.mkdir()
     topics = tmp_path / "t.tsv"
@@ -266,7 +266,7 @@ def test_a_run_file_and_a_report_scored_against_the_same_judgements_are_compared
     qrels_path = _qrels(tiny_dataset)
     qrels = load_qrels(qrels_path)
     report = tmp_path / "a.json"
-    assert main(["eval", "--dataset", str(tiny_dataset), "--mode", "bm25", "--out", str(report)]) == 0
+    assert main(["eval", "--dataset", str(tiny_dataset), "--modes", "bm25", "--out", str(report)]) == 0
     run = _run(qrels, tmp_path / "perfect.trec")
     capsys.readouterr()
     assert main(["compare", str(report), str(run), "--qrels", str(qrels_path)]) == 0

@@ -377,9 +377,9 @@ def _bad_inputs(env: Env, root: Path) -> list[tuple[str, list[str], str, list[Pa
         ("whitespace query", ["search", str(idx), "   \t", "--mode", "bm25"], r"the query is empty", []),
         ("manifest holding a list", ["search", str(listm), "solar"], r"manifest.json: a manifest is a JSON object", []),
         ("no such index", ["search", str(root / "nope"), "solar"], r"no such index folder", []),
-        ("a pipeline that does not exist", ["eval", "--dataset", str(beir), "--mode", "colbert"],
+        ("a pipeline that does not exist", ["eval", "--dataset", str(beir), "--modes", "colbert"],
          r"pipeline 'colbert', position 1: unknown stage 'colbert'", []),
-        ("rerank without a cross-encoder", ["eval", "--dataset", str(beir), "--mode", "dense+rerank"],
+        ("rerank without a cross-encoder", ["eval", "--dataset", str(beir), "--modes", "dense+rerank"],
          r"rerank pipelines need a cross-encoder", []),
     ]
     return cases
