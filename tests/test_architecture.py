@@ -18,10 +18,11 @@ LAYERS = {
     "retr.eval": 5,
     "retr.train": 6,
     "retr.cli": 7,
+    "retr.serve": 7,  # the HTTP service: beside the commands (`retr serve` imports it lazily), nothing below
     "retr": 8,  # the Python API (api/__init__.py, installed as the package `retr` itself)
     "retr.stages": 8,  # the API's pipeline composition (api/stages.py)
 }
-PACKAGES = ("retrieval", "indexes", "eval", "train", "cli", "api")
+PACKAGES = ("retrieval", "indexes", "eval", "train", "cli", "serve", "api")
 
 
 def _modules() -> dict[str, Path]:

@@ -17,8 +17,8 @@ from .serving import Server, on_disk_generation  # noqa: E402 - after the skips:
 
 @pytest.fixture
 def served(tiny_dataset, tiny_bi_encoder, tmp_path):
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     idx = tmp_path / "idx"
     assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--model", str(tiny_bi_encoder),
@@ -157,6 +157,7 @@ def test_a_rebuilt_index_is_picked_up_as_a_new_generation(served, tiny_bi_encode
                       + json.dumps({"_id": "new2", "title": "Tea", "text": "green tea leaves"}) + "\n")
     assert main(["index", "--corpus", str(corpus), "--out", str(idx), "--model", str(tiny_bi_encoder),
                  "--backend", "onnx", "--bm25"]) == 0
+    server.settle()  # opened and warmed off the event loop, then served
     status, after = server.request("/search", {"query": "quasar telescopes", "k": 1, "mode": "bm25"})
     assert status == 200 and after["results"][0]["id"] == "new1"
     health = server.request("/healthz")[1]
@@ -185,10 +186,12 @@ def test_added_and_deleted_documents_are_served_as_a_new_generation(served, tmp_
     corpus = tmp_path / "added.jsonl"
     corpus.write_text(json.dumps({"_id": "pulsar1", "title": "Pulsars", "text": "pulsar radio beams"}) + "\n")
     assert main(["add", str(idx), "--corpus", str(corpus)]) == 0
+    server.settle()
     status, found = server.request("/search", {"query": "pulsar radio", "k": 1, "mode": "hybrid"})
     assert status == 200 and found["results"][0]["id"] == "pulsar1"
     (tmp_path / "gone.txt").write_text("pulsar1\n")
     assert main(["delete", str(idx), "--ids", str(tmp_path / "gone.txt")]) == 0
+    server.settle()
     status, after = server.request("/search", {"query": "pulsar radio", "k": 5, "mode": "bm25"})
     assert status == 200 and "pulsar1" not in [r["id"] for r in after["results"]]
     assert server.request("/doc/pulsar1")[0] == 404
@@ -200,7 +203,7 @@ def test_a_lone_clients_query_runs_on_the_event_loop_and_concurrent_ones_on_the_
     import asyncio
     import threading
 
-    from retr.cli.serve_app import Dispatch
+    from retr.serve.app import Dispatch
 
     pool = ThreadPoolExecutor(2, thread_name_prefix="retr-search")
     connections = [1]
