@@ -89,8 +89,10 @@ class Client:
             self.sock = None
 
 
-def level(url: str, queries: list[str], concurrency: int, seconds: float, body: dict) -> dict:
-    """``concurrency`` closed-loop clients for ``seconds``: each sends its next query once the last is answered."""
+def level(url: str, queries: list[str], concurrency: int, seconds: float, body: dict,
+          samples: list[float] | None = None) -> dict:
+    """``concurrency`` closed-loop clients for ``seconds``: each sends its next query once the last is answered;
+    ``samples``: the answered requests' latencies (ms) are added to it."""
     lat: list[float] = []
     errors = 0
     lock = threading.Lock()
@@ -119,6 +121,8 @@ def level(url: str, queries: list[str], concurrency: int, seconds: float, body: 
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    if samples is not None:
+        samples += lat
     return {"concurrency": concurrency, "requests": len(lat) + errors, "errors": errors,
             "qps": len(lat) / wall, **percentiles(lat)}
 

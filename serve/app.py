@@ -231,7 +231,7 @@ def create_app(folder: str | Path, cfg: ServeConfig | None = None,
             refused, damaged = generations.refused, searcher.index.damage()
             return {"status": "ok" if refused is None and damaged is None else "degraded",
                     "index": str(generations.folder), "generation": generations.number,
-                    "opened": generations.opened, "refused": None if refused is None else refused.to_dict(),
+                    "opened": generations.opened, "refused": refused,
                     "damaged": damaged, "documents": len(searcher.index.ids), "bm25": searcher.index.has_bm25,
                     "rerank": cfg.rerank is not None, "time": time.time()}
 

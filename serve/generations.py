@@ -46,17 +46,6 @@ def warm_up(searcher: Searcher, cfg: ServeConfig) -> None:
         searcher.reranker(cfg.rerank.model)
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """A generation on disk that did not open: the last good one is served meanwhile."""
-    generation: int | None  # the refused manifest's, where it could be read
-    error: str
-    since: float  # time.time() of the first refusal of this manifest
-
-    def to_dict(self) -> dict:
-        return {"generation": self.generation, "error": self.error, "since": self.since}
-
-
 def _generation_on_disk(folder: Path) -> int | None:
     try:
         manifest = json.loads(read_small(folder / "manifest.json"))  # never a FIFO or device: it would hang
@@ -65,13 +54,13 @@ def _generation_on_disk(folder: Path) -> int | None:
         return None
 
 
+@dataclass
 class Served:
     """One opened generation, and how many requests use it."""
-
-    def __init__(self, searcher: Searcher, stamp):
-        self.searcher, self.stamp = searcher, stamp
-        self.users = 0
-        self.retired = False  # another generation is served now: closed when its last user is done
+    searcher: Searcher
+    stamp: tuple | None
+    users: int = 0
+    retired: bool = False  # another generation is served now: closed when its last user is done
 
 
 class Generations:
@@ -81,7 +70,9 @@ class Generations:
         self.folder = Path(folder)
         self.cfg = cfg
         self.opened = 1  # generations this server has opened
-        self.refused: Refusal | None = None
+        # a generation on disk that did not open (the last good one is served meanwhile): its manifest's generation
+        # where it could be read, the error, and when this manifest was first refused (time.time())
+        self.refused: dict | None = None
         self._refused_stamp = None
         self._retry_at = 0.0
         stamp = self._manifest_stamp()  # before the open: a change during it is seen by the watcher's first look
@@ -93,9 +84,7 @@ class Generations:
             raise
         self._served = Served(searcher, stamp)
         self._lock = threading.Lock()
-        self._looked = threading.Condition(self._lock)  # a look at the folder ended (``settle``)
-        self._looks, self._looking, self._stopped = 0, False, False
-        self._wake = threading.Event()
+        self._stopped = threading.Event()
         self._watcher = threading.Thread(target=self._watch, args=(poll_s,), name="retr-generations", daemon=True)
         self._watcher.start()
 
@@ -126,19 +115,9 @@ class Generations:
         finally:
             self.release(served)
 
-    def settle(self, timeout_s: float = 120.0) -> None:
-        """Wait until a look at the folder begun after this call has ended (and the open it led to): a generation
-        published before the call is then served, or refused."""
-        with self._looked:
-            wanted = self._looks + (2 if self._looking else 1)
-            self._wake.set()
-            if not self._looked.wait_for(lambda: self._looks >= wanted, timeout_s):
-                raise TimeoutError(f"{self.folder}: no look at the folder ended within {timeout_s} s")
-
     def close(self) -> None:
         """Stop watching, and close the served generation once its requests are done."""
-        self._stopped = True
-        self._wake.set()
+        self._stopped.set()
         self._watcher.join(10)
         self._retire(self._served)
 
@@ -150,22 +129,11 @@ class Generations:
         return st.st_ino, st.st_mtime_ns, st.st_size
 
     def _watch(self, poll_s: float) -> None:
-        while True:
-            self._wake.wait(poll_s)
-            self._wake.clear()
-            if self._stopped:
-                return
-            with self._lock:
-                self._looking = True
+        while not self._stopped.wait(poll_s):
             try:
                 self._look()
             except Exception:  # noqa: BLE001 - logged; the watcher keeps watching
                 logger.exception("%s: looking for a new generation failed", self.folder)
-            finally:
-                with self._looked:
-                    self._looking = False
-                    self._looks += 1
-                    self._looked.notify_all()
 
     def _look(self) -> None:
         stamp = self._manifest_stamp()
@@ -184,11 +152,12 @@ class Generations:
             if stamp != self._refused_stamp:
                 logger.warning("%s: a new generation on disk was refused, generation %d is still served: %s",
                                self.folder, self.number, message)
-                self.refused = Refusal(_generation_on_disk(self.folder), message, time.time())
+                self.refused = {"generation": _generation_on_disk(self.folder), "error": message,
+                                "since": time.time()}
                 self._refused_stamp = stamp
             self._retry_at = time.monotonic() + RETRY_REFUSED_S
             return
-        if self._stopped:
+        if self._stopped.is_set():
             searcher.close()
             return
         with self._lock:

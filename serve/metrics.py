@@ -41,7 +41,7 @@ class Metrics:
             for stage, ms in r.latency_ms.items():
                 self.observe(stage, ms / 1000.0)
 
-    def render(self, generations, searches_on: dict[str, int] | None = None, connections=None) -> str:
+    def render(self, generations, searches_on: dict[str, int], connections) -> str:
         """The text of ``GET /metrics``; ``generations``: the served generation (``Generations``),
         ``connections``: what the connection guard did (``retr.serve.guard.ConnectionCounts``)."""
         with self._lock:
@@ -67,13 +67,11 @@ class Metrics:
                         generations.opened)
         lines += family("retr_index_refused", "gauge", "1 while a newer generation on disk is refused and the last "
                         "good one is served.", int(generations.refused is not None))
-        if connections is not None:
-            lines += family("retr_connections_refused_total", "counter",
-                            "Connections answered 503 and closed: over --max-connections.", connections.refused)
-            lines += family("retr_read_timeouts_total", "counter", "Requests (or idle new connections) closed "
-                            "because they did not arrive within --timeout.", connections.timed_out)
-        if searches_on is not None:
-            lines += family("retr_searches_total", "counter", "Searches by the thread they ran on: the event "
-                            "loop's (one query without reranking from a lone client) or the search threads.",
-                            [(f'on="{on}"', n) for on, n in searches_on.items()])
+        lines += family("retr_connections_refused_total", "counter",
+                        "Connections answered 503 and closed: over --max-connections.", connections.refused)
+        lines += family("retr_read_timeouts_total", "counter", "Requests (or idle new connections) closed because "
+                        "they did not arrive within --timeout.", connections.timed_out)
+        lines += family("retr_searches_total", "counter", "Searches by the thread they ran on: the event loop's "
+                        "(one query without reranking from a lone client) or the search threads.",
+                        [(f'on="{on}"', n) for on, n in searches_on.items()])
         return "\n".join(lines) + "\n"

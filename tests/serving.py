@@ -41,9 +41,15 @@ class Server:
         except ValueError:
             return status, text
 
-    def settle(self):
-        """Wait until a generation published before this call is served (or refused)."""
-        self.app.state.generations.settle()
+    def wait_for(self, healthy) -> dict:
+        """``/healthz`` once ``healthy(it)`` holds, or after 60 s (a new generation is opened and warmed off the
+        event loop before it is served)."""
+        deadline = time.time() + 60
+        while True:
+            health = self.request("/healthz")[1]
+            if healthy(health) or time.time() > deadline:
+                return health
+            time.sleep(0.05)
 
     def stop(self):
         self.server.should_exit = True

@@ -157,7 +157,7 @@ def test_a_rebuilt_index_is_picked_up_as_a_new_generation(served, tiny_bi_encode
                       + json.dumps({"_id": "new2", "title": "Tea", "text": "green tea leaves"}) + "\n")
     assert main(["index", "--corpus", str(corpus), "--out", str(idx), "--model", str(tiny_bi_encoder),
                  "--backend", "onnx", "--bm25"]) == 0
-    server.settle()  # opened and warmed off the event loop, then served
+    server.wait_for(lambda health: health["opened"] == 2)  # opened and warmed off the event loop, then served
     status, after = server.request("/search", {"query": "quasar telescopes", "k": 1, "mode": "bm25"})
     assert status == 200 and after["results"][0]["id"] == "new1"
     health = server.request("/healthz")[1]
@@ -194,7 +194,7 @@ def test_a_new_generation_warms_off_the_loop_while_the_old_one_answers(served, t
         assert status == 200 and "pulsar1" not in [r["id"] for r in found["results"]]
         assert server.request("/healthz")[1]["generation"] == before["generation"]
     release.set()
-    server.settle()
+    server.wait_for(lambda health: health["opened"] == 2)
     status, found = server.request("/search", {"query": "pulsar radio", "k": 3, "mode": "bm25"})
     assert status == 200 and found["results"][0]["id"] == "pulsar1"
     health = server.request("/healthz")[1]
@@ -229,12 +229,12 @@ def test_added_and_deleted_documents_are_served_as_a_new_generation(served, tmp_
     corpus = tmp_path / "added.jsonl"
     corpus.write_text(json.dumps({"_id": "pulsar1", "title": "Pulsars", "text": "pulsar radio beams"}) + "\n")
     assert main(["add", str(idx), "--corpus", str(corpus)]) == 0
-    server.settle()
+    server.wait_for(lambda health: health["opened"] == 2)
     status, found = server.request("/search", {"query": "pulsar radio", "k": 1, "mode": "hybrid"})
     assert status == 200 and found["results"][0]["id"] == "pulsar1"
     (tmp_path / "gone.txt").write_text("pulsar1\n")
     assert main(["delete", str(idx), "--ids", str(tmp_path / "gone.txt")]) == 0
-    server.settle()
+    server.wait_for(lambda health: health["opened"] == 3)
     status, after = server.request("/search", {"query": "pulsar radio", "k": 5, "mode": "bm25"})
     assert status == 200 and "pulsar1" not in [r["id"] for r in after["results"]]
     assert server.request("/doc/pulsar1")[0] == 404

@@ -393,7 +393,7 @@ def test_a_damaged_generation_is_refused_and_the_last_good_one_served(tiny_datas
             manifest = json.loads(good)
             manifest["num_docs"] += 100
             replace_manifest(idx, json.dumps(manifest).encode())
-        server.settle()
+        server.wait_for(lambda health: health["refused"] is not None)  # the watcher has tried it
         for _ in range(3):  # every request still answered, from the last good generation
             status, after = server.request("/search", {"query": "wolves tundra", "k": 3})
             assert status == 200 and after["results"] == before["results"], after
@@ -406,7 +406,7 @@ def test_a_damaged_generation_is_refused_and_the_last_good_one_served(tiny_datas
         text = server.request("/metrics")[1]
         assert "retr_index_refused 1\n" in text and f"retr_index_generation {generation}\n" in text
         replace_manifest(idx, good)  # repaired: opened, and healthy again
-        server.settle()
+        server.wait_for(lambda health: health["refused"] is None)
         status, health = server.request("/healthz")
         assert (health["status"], health["refused"], health["opened"]) == ("ok", None, 2)
     finally:
@@ -432,13 +432,13 @@ def generations_after_changes(served, index, tmp_path):
     corpus = tmp_path / "one.jsonl"
     corpus.write_text(json.dumps({"_id": "extra1", "title": "Comets", "text": "comet tails of dust"}) + "\n")
     assert main(["add", str(index), "--corpus", str(corpus)]) == 0
-    served.settle()
+    served.wait_for(lambda health: health["opened"] == before["opened"] + 1)
     after = served.request("/healthz")[1]
     assert after["generation"] == before["generation"] + 1 == on_disk_generation(index)
     assert after["opened"] == before["opened"] + 1 and after["documents"] == 17
     (tmp_path / "gone.txt").write_text("extra1\n")
     assert main(["delete", str(index), "--ids", str(tmp_path / "gone.txt")]) == 0
-    served.settle()
+    served.wait_for(lambda health: health["opened"] == before["opened"] + 2)
     assert served.request("/healthz")[1]["documents"] == 16
 
 
