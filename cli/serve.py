@@ -68,7 +68,7 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-SERVE_PACKAGES = ("fastapi", "uvicorn", "httptools")  # the `serve` extra (the guarded protocol is httptools')
+SERVE_PACKAGES = ("fastapi", "uvicorn", "httptools", "orjson")  # the `serve` extra (the guarded protocol is httptools')
 
 
 def missing_packages() -> list[str]:
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     missing = missing_packages()
     if missing:
-        raise RetrError(f"retr serve needs fastapi, uvicorn and httptools ({', '.join(missing)} "
+        raise RetrError(f"retr serve needs fastapi, uvicorn, httptools and orjson ({', '.join(missing)} "
                         f"{'is' if len(missing) == 1 else 'are'} missing): pip install 'retr[serve]'")
     from retr.serve.app import uvicorn_server
     from retr.serve.config import ServeConfig, is_loopback

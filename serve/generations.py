@@ -33,12 +33,6 @@ POLL_S = 0.5  # how often the watcher looks at the manifest
 RETRY_REFUSED_S = 5.0
 
 
-def manifest_generation(index) -> int:
-    """The generation an opened index says it is (its manifest's count of changes: 0 for a fresh build)."""
-    generation = getattr(index, "generation", None)
-    return int(index.manifest.generation if generation is None else generation)
-
-
 def warm_up(searcher: Searcher, cfg: ServeConfig) -> None:
     """Every part of ``searcher`` loaded now, from its generation, not by the first request that needs it."""
     searcher.search_many(["retr"], 1, "hybrid" if searcher.index.has_bm25 else "dense")
@@ -90,8 +84,8 @@ class Generations:
 
     @property
     def number(self) -> int:
-        """The served generation, as its manifest says."""
-        return manifest_generation(self._served.searcher.index)
+        """The served generation, as its manifest says (its count of changes: 0 for a fresh build)."""
+        return self._served.searcher.index.generation
 
     def acquire(self) -> Served:
         """The served generation, held for a request until ``release``."""

@@ -59,10 +59,9 @@ class Server:
 def on_disk_generation(folder) -> int:
     """The generation of the index folder on disk, as retr reads it (not the server's count of opens)."""
     from retr.indexes.shards import open_index
-    from retr.serve.generations import manifest_generation
 
     index = open_index(folder)
     try:
-        return manifest_generation(index)
+        return index.generation
     finally:
         index.close()
