@@ -90,3 +90,12 @@ def test_no_import_cycle():
         if m not in state and visit(m, []):
             break
     assert not cycle, " -> ".join(cycle)
+
+
+def test_the_service_reads_stored_reranker_checks_and_runs_none():
+    """`retr serve` takes the check as the explicit step of `retr check-reranker` before it starts (cli.serve); the
+    service (retr.serve) and the Searcher read the stored check and never call up into eval to run one."""
+    edges = _imports(_modules())
+    calls = sorted(f"{m} imports {t}" for m, targets in edges.items() for t in targets
+                   if m.startswith(("retr.serve", "retr.indexes")) and t.startswith("retr.eval"))
+    assert any(m.startswith("retr.serve") for m in edges) and not calls, calls
