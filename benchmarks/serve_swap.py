@@ -116,7 +116,7 @@ class Served:
         deadline = time.time() + 300
         while True:
             try:
-                healthz(self.url)
+                self.documents = healthz(self.url)["documents"]
                 break
             except OSError:
                 if self.server.poll() is not None or time.time() > deadline:
@@ -162,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1].parent / "shared/datasets/scifact"))
     p.add_argument("--docs", type=int, default=1000, help="the first N documents are indexed")
-    p.add_argument("--built", default=None, help="keep the built index here (reused when it exists)")
+    p.add_argument("--built", default=None, help="keep the built index here (reused when it exists: any index "
+                   "folder, e.g. retr's cached one of the whole collection)")
+    p.add_argument("--extra", default=None, help="a JSONL of the documents the adds bring (default: the "
+                   "collection's after the first --docs; their ids get the prefix 'new-')")
     p.add_argument("--mode", default="bm25", choices=("bm25", "dense", "hybrid"))
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--clients", type=int, default=32)
@@ -180,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = (Path(args.dataset) / "corpus.jsonl").read_text().splitlines()
     queries = [json.loads(q)["text"] for q in (Path(args.dataset) / "queries.jsonl").read_text().splitlines()]
     results = {"command": command_line(), "cpu": cpu(), "load_average_before": os.getloadavg(),
-               "dataset": args.dataset, "docs": args.docs, "mode": args.mode, "k": args.k, "clients": args.clients,
+               "dataset": args.dataset, "docs": args.docs, "built": args.built, "extra": args.extra, "mode": args.mode, "k": args.k, "clients": args.clients,
                "rounds": args.rounds, "seconds_per_round": args.seconds, "every_s": args.every, "batch": args.batch}
     with tempfile.TemporaryDirectory(prefix="serve-swap-") as tmp:
         tmp = Path(tmp)
@@ -190,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, "-m", "retr.cli.main", "-q", "index", "--corpus",
                             str(tmp / "slice.jsonl"), "--out", str(built)], check=True)
         extra = tmp / "extra.jsonl"
-        extra.write_text("\n".join(lines[args.docs:]) + "\n")
+        added = Path(args.extra).read_text().splitlines() if args.extra else lines[args.docs:]
+        extra.write_text("\n".join(json.dumps({**json.loads(d), "_id": f"new-{json.loads(d)['_id']}"})
+                                   for d in added) + "\n")
         pythons = {"this checkout": sys.executable, **({"peer": args.peer_python} if args.peer_python else {})}
         servers = {name: Served(python, built, tmp / f"s{i}", extra, args)
                    for i, (name, python) in enumerate(pythons.items())}
@@ -201,9 +206,10 @@ def main(argv: list[str] | None = None) -> int:
                 for served in servers.values():
                     served.phase(phase, args, queries)
         results["load_average_after"] = os.getloadavg()
+        results["documents_served"] = next(iter(servers.values())).documents
         results["servers"] = {name: {"python": pythons[name], **served.close()} for name, served in servers.items()}
 
-    print(f"retr serve, {args.docs} documents of {Path(args.dataset).name}, {args.mode}, k={args.k}, "
+    print(f"retr serve, {results['documents_served']} documents, {args.mode}, k={args.k}, "
           f"{args.clients} clients, {args.rounds} rounds of {args.seconds:g} s per phase, an add of {args.batch} "
           f"documents every {args.every:g} s at most; CPU: {cpu()}")
     print(f"{'server':>14} {'phase':>17} {'requests':>9} {'errors':>7} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
