@@ -89,8 +89,10 @@ class Client:
             self.sock = None
 
 
-def level(url: str, queries: list[str], concurrency: int, seconds: float, body: dict) -> dict:
-    """``concurrency`` closed-loop clients for ``seconds``: each sends its next query once the last is answered."""
+def level(url: str, queries: list[str], concurrency: int, seconds: float, body: dict,
+          samples: list[float] | None = None) -> dict:
+    """``concurrency`` closed-loop clients for ``seconds``: each sends its next query once the last is answered;
+    ``samples``: the answered requests' latencies (ms) are added to it."""
     lat: list[float] = []
     errors = 0
     lock = threading.Lock()
@@ -119,6 +121,8 @@ def level(url: str, queries: list[str], concurrency: int, seconds: float, body: 
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    if samples is not None:
+        samples += lat
     return {"concurrency": concurrency, "requests": len(lat) + errors, "errors": errors,
             "qps": len(lat) / wall, **percentiles(lat)}
 
@@ -162,12 +166,14 @@ def middleware_cost(peer: str | None, calls: int = 20000, rounds: int = 7) -> di
     """The per-request cost of the service's own ASGI layer (``Bounded``: Host and content-type checks, body
     bound, status counting) in this process, on a stub app that reads the body and answers 200 (no sockets, no
     search): µs per request for the app alone, behind this checkout's layer, and behind the layer of the
-    ``serve_app.py`` at ``peer`` (another checkout's, loaded beside this one), in alternating rounds; plus the
+    ``serve/guard.py`` at ``peer`` (another checkout's, loaded beside this one), in alternating rounds; plus the
     read deadline the connection guard arms and cancels per request (``loop.call_later``)."""
     import asyncio
     import importlib.util
 
-    from retr.cli.serve_app import LOOPBACK_HOSTS, Bounded, Metrics
+    from retr.serve.config import LOOPBACK_HOSTS
+    from retr.serve.guard import Bounded
+    from retr.serve.metrics import Metrics
 
     async def stub(scope, receive, send):
         await receive()
@@ -188,7 +194,7 @@ def middleware_cost(peer: str | None, calls: int = 20000, rounds: int = 7) -> di
 
     layers = {"app alone": stub, "this checkout": Bounded(stub, 1 << 20, Metrics(), LOOPBACK_HOSTS)}
     if peer:
-        spec = importlib.util.spec_from_file_location("peer_serve_app", peer)
+        spec = importlib.util.spec_from_file_location("peer_guard", peer)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         layers["peer"] = module.Bounded(stub, 1 << 20, module.Metrics())
@@ -238,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--middleware-only", action="store_true",
                    help="measure only the per-request cost of the ASGI layer (in-process, no server, no search)")
     p.add_argument("--peer-serve-app", default=None,
-                   help="another checkout's cli/serve_app.py: its layer measured beside this one's")
+                   help="another checkout's serve/guard.py (cli/serve_app.py before it moved): its layer measured beside this one's")
     p.add_argument("--out", default="benchmarks/results/serve-load.json")
     args = p.parse_args(argv)
 

@@ -31,26 +31,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_and_store(index: str, model: str, pipeline, rerank) -> str:
+def check_and_store(index: str, model: str, pipeline, rerank, encoder=None, strict: bool = True) -> str:
     """Check the cross-encoder ``model`` on ``index`` where that applies, once: a check stored beside the index or
     in the cache is read (``retr.eval.pseudo.check_index_reranker``, the path `retr eval` and `retr serve` take),
     and stored beside the index (``<index>/rerank-checks/``: a copy of the index keeps it). Returns the line that
-    says the weight searches will give it."""
+    says the weight searches will give it. ``encoder``: the query encoder's options (`retr serve`'s);
+    ``strict``: a check that cannot be stored beside the index is an error, else a warning (the cache holds it)."""
     from dataclasses import asdict, replace
 
     from retr.eval.pseudo import check_index_reranker
     from retr.eval.table import reranker_line
     from retr.indexes.shards import open_index
     from retr.retrieval.compose import IndexParts
+    from retr.retrieval.encoder import EncoderConfig
     from retr.retrieval.pipeline import PipelineConfig
     from retr.retrieval.rerank import CrossEncoderReranker, RerankConfig
 
     opened = open_index(index)
     try:
-        parts = IndexParts(opened)
+        parts = IndexParts(opened, None, encoder or EncoderConfig())
         reranker = CrossEncoderReranker(replace(rerank, model=model) if rerank else RerankConfig(model=model))
         if parts.dense_model_hash is not None and reranker.needs_check(parts.corpus_sha256):
-            check_index_reranker(opened, parts.encoder, reranker, pipeline or PipelineConfig(), strict=True)
+            check_index_reranker(opened, parts.encoder, reranker, pipeline or PipelineConfig(), strict=strict)
         weight = parts.rerank_weight(reranker)
     finally:
         opened.close()

@@ -10,7 +10,7 @@ from retr.cli import options
 
 
 class ServeDefaults:
-    """The defaults of ``retr.cli.serve_app.ServeConfig`` that the options show (that module imports the search
+    """The defaults of ``retr.serve.config.ServeConfig`` that the options show (that module imports the search
     stack, so it is imported only when the server runs; tests/test_serve_safety.py checks that the two agree)."""
     timeout_s = 30.0
     max_connections = 128
@@ -65,7 +65,7 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-SERVE_PACKAGES = ("fastapi", "uvicorn", "httptools")  # the `serve` extra (the guarded protocol is httptools')
+SERVE_PACKAGES = ("fastapi", "uvicorn", "httptools", "orjson")  # the `serve` extra (the guarded protocol is httptools')
 
 
 def missing_packages() -> list[str]:
@@ -80,9 +80,10 @@ def run(args: argparse.Namespace) -> int:
 
     missing = missing_packages()
     if missing:
-        raise RetrError(f"retr serve needs fastapi, uvicorn and httptools ({', '.join(missing)} "
+        raise RetrError(f"retr serve needs fastapi, uvicorn, httptools and orjson ({', '.join(missing)} "
                         f"{'is' if len(missing) == 1 else 'are'} missing): pip install 'retr[serve]'")
-    from retr.cli.serve_app import ServeConfig, is_loopback, uvicorn_server
+    from retr.serve.app import uvicorn_server
+    from retr.serve.config import ServeConfig, is_loopback
 
     cfg = ServeConfig(encoder=options.query_encoder_config(args),
                       pipeline=options.pipeline_config(args), rerank=options.rerank_config(args, args.rerank),
@@ -92,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"retr serve: warning: listening on {args.host}, not loopback: other machines can reach this server, "
               f"which has no authentication; every document in {args.index} can be read through it",
               file=sys.stderr, flush=True)
+    checked = check_reranker(args.index, cfg)
+    if checked:
+        print(f"retr serve: {checked}", file=sys.stderr, flush=True)
     server = uvicorn_server(args.index, cfg, host=args.host, port=args.port,
                             announce=lambda line: print(line, file=sys.stderr, flush=True))
     try:
@@ -102,3 +106,15 @@ def run(args: argparse.Namespace) -> int:
         raise RetrError(f"could not listen on {args.host}:{args.port} (the port is taken, or the address is not "
                         f"this machine's)")
     return 0
+
+
+def check_reranker(index: str, cfg) -> str | None:
+    """The server's cross-encoder checked on the index's corpus where that applies, once, before the server opens
+    it: the step of `retr check-reranker` (a check stored beside the index or in the cache is read; one measured
+    is stored beside the index, or, where it cannot be, in the cache with a warning). The server's searcher then
+    reads the stored check, as every searcher does. Returns the line that says the weight it gets."""
+    if cfg.rerank is None:
+        return None
+    from retr.cli.check_reranker import check_and_store
+
+    return check_and_store(index, cfg.rerank.model, cfg.pipeline, cfg.rerank, cfg.encoder, strict=False)

@@ -12,8 +12,10 @@ import urllib.request
 
 class Server:
     def __init__(self, folder, cfg):
-        from retr.cli.serve_app import uvicorn_server
+        from retr.cli.serve import check_reranker
+        from retr.serve.app import uvicorn_server
 
+        check_reranker(folder, cfg)  # as `retr serve` does before it opens the index
         self.server = uvicorn_server(folder, cfg, host="127.0.0.1", port=0)
         self.app = self.server.config.app
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -39,6 +41,16 @@ class Server:
         except ValueError:
             return status, text
 
+    def wait_for(self, healthy) -> dict:
+        """``/healthz`` once ``healthy(it)`` holds, or after 60 s (a new generation is opened and warmed off the
+        event loop before it is served)."""
+        deadline = time.time() + 60
+        while True:
+            health = self.request("/healthz")[1]
+            if healthy(health) or time.time() > deadline:
+                return health
+            time.sleep(0.05)
+
     def stop(self):
         self.server.should_exit = True
         self.thread.join(10)
@@ -46,11 +58,10 @@ class Server:
 
 def on_disk_generation(folder) -> int:
     """The generation of the index folder on disk, as retr reads it (not the server's count of opens)."""
-    from retr.cli.serve_app import manifest_generation
     from retr.indexes.shards import open_index
 
     index = open_index(folder)
     try:
-        return manifest_generation(index)
+        return index.generation
     finally:
         index.close()

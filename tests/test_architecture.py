@@ -18,10 +18,11 @@ LAYERS = {
     "retr.eval": 5,
     "retr.train": 6,
     "retr.cli": 7,
+    "retr.serve": 7,  # the HTTP service: beside the commands (`retr serve` imports it lazily), nothing below
     "retr": 8,  # the Python API (api/__init__.py, installed as the package `retr` itself)
     "retr.stages": 8,  # the API's pipeline composition (api/stages.py)
 }
-PACKAGES = ("retrieval", "indexes", "eval", "train", "cli", "api")
+PACKAGES = ("retrieval", "indexes", "eval", "train", "cli", "serve", "api")
 
 
 def _modules() -> dict[str, Path]:
@@ -89,3 +90,12 @@ def test_no_import_cycle():
         if m not in state and visit(m, []):
             break
     assert not cycle, " -> ".join(cycle)
+
+
+def test_the_service_reads_stored_reranker_checks_and_runs_none():
+    """`retr serve` takes the check as the explicit step of `retr check-reranker` before it starts (cli.serve); the
+    service (retr.serve) and the Searcher read the stored check and never call up into eval to run one."""
+    edges = _imports(_modules())
+    calls = sorted(f"{m} imports {t}" for m, targets in edges.items() for t in targets
+                   if m.startswith(("retr.serve", "retr.indexes")) and t.startswith("retr.eval"))
+    assert any(m.startswith("retr.serve") for m in edges) and not calls, calls

@@ -45,8 +45,8 @@ def test_the_search_page_finds_highlights_and_links(tiny_dataset, tiny_bi_encode
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     from .serving import Server
 
@@ -91,9 +91,9 @@ def test_the_search_page_keeps_its_query_in_the_url(tiny_dataset, tiny_bi_encode
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
     from retr.retrieval.request import DEFAULT_MODE
+    from retr.serve.config import ServeConfig
 
     from .serving import Server
 

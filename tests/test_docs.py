@@ -186,8 +186,8 @@ def test_the_index_format_page_matches_a_built_index(tiny_index):
 
 def test_the_openapi_schema_is_current(tiny_index):
     pytest.importorskip("fastapi")
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     gen = _gen("openapi")
     now = gen.render(gen.schema(tiny_index, ServeConfig(encoder=EncoderConfig(backend="onnx"))))

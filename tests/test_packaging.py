@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .conftest import REPO
 
-PACKAGES = ("retrieval", "indexes", "eval", "train", "cli", "api")
+PACKAGES = ("retrieval", "indexes", "eval", "train", "cli", "serve", "api")
 # import name -> distribution, where they differ by more than "_" / "-"
 DISTRIBUTIONS = {
     "faiss": "faiss-cpu",
@@ -27,7 +27,7 @@ MODULE_EXTRAS = {
     "retrieval/sparse.py": "sparse",
     "train/": "train",
     "cli/serve.py": "serve",
-    "cli/serve_app.py": "serve",
+    "serve/": "serve",
     "cli/report.py": "report",
     "eval/visual.py": "report",
     "indexes/ray_encode.py": "ray",

@@ -171,9 +171,9 @@ def test_eval_search_api_and_serve_give_the_same_hits_for_one_expression(built, 
                                                                           mode):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    from retr.cli.serve_app import ServeConfig
     from retr.eval.trec import read_run
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     from .serving import Server
 

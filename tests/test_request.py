@@ -287,8 +287,8 @@ def test_the_cli_refuses_unsearchable_queries(built, capsys):  # case 7
 def test_cli_api_and_service_give_the_same_hits_with_no_options(built, index, capsys):  # issue 38
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     from .serving import Server
 

@@ -244,9 +244,9 @@ def test_serve_checks_its_reranker_at_startup(tiny_cross_encoder, tiny_bi_encode
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     from retr.cli.main import main
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     from .serving import Server
 

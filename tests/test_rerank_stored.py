@@ -205,8 +205,8 @@ def test_serve_stores_the_check_it_runs_beside_the_index_and_reads_it_there_next
         tiny_cross_encoder, tiny_bi_encoder, tmp_path, monkeypatch, caplog):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     from .serving import Server
 

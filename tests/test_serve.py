@@ -17,8 +17,8 @@ from .serving import Server, on_disk_generation  # noqa: E402 - after the skips:
 
 @pytest.fixture
 def served(tiny_dataset, tiny_bi_encoder, tmp_path):
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     idx = tmp_path / "idx"
     assert main(["index", "--corpus", str(tiny_dataset), "--out", str(idx), "--model", str(tiny_bi_encoder),
@@ -157,10 +157,54 @@ def test_a_rebuilt_index_is_picked_up_as_a_new_generation(served, tiny_bi_encode
                       + json.dumps({"_id": "new2", "title": "Tea", "text": "green tea leaves"}) + "\n")
     assert main(["index", "--corpus", str(corpus), "--out", str(idx), "--model", str(tiny_bi_encoder),
                  "--backend", "onnx", "--bm25"]) == 0
+    server.wait_for(lambda health: health["opened"] == 2)  # opened and warmed off the event loop, then served
     status, after = server.request("/search", {"query": "quasar telescopes", "k": 1, "mode": "bm25"})
     assert status == 200 and after["results"][0]["id"] == "new1"
     health = server.request("/healthz")[1]
     assert health["opened"] == 2 and health["generation"] == on_disk_generation(idx)
+
+
+def test_a_new_generation_warms_off_the_loop_while_the_old_one_answers(served, tmp_path, monkeypatch):
+    """While the next generation warms up (held here, on the watcher's thread) every request is answered by the
+    served one; then one swap; the old generation is closed once the last request holding it ends."""
+    import threading
+
+    from retr.serve import generations as module
+
+    server, idx = served
+    generations = server.app.state.generations
+    warming, release, threads = threading.Event(), threading.Event(), []
+    warm_up = module.warm_up
+
+    def held(searcher, cfg):
+        threads.append(threading.current_thread().name)
+        warming.set()
+        assert release.wait(60)
+        warm_up(searcher, cfg)
+
+    monkeypatch.setattr(module, "warm_up", held)
+    before = server.request("/healthz")[1]
+    in_flight = generations.acquire()  # a request still running on the old generation when it is replaced
+    corpus = tmp_path / "added.jsonl"
+    corpus.write_text(json.dumps({"_id": "pulsar1", "title": "Pulsars", "text": "pulsar radio beams"}) + "\n")
+    assert main(["add", str(idx), "--corpus", str(corpus)]) == 0
+    assert warming.wait(60), "the watcher did not start opening the new generation"
+    for _ in range(3):  # answered while the new generation warms: by the old one
+        status, found = server.request("/search", {"query": "pulsar radio", "k": 3, "mode": "bm25"})
+        assert status == 200 and "pulsar1" not in [r["id"] for r in found["results"]]
+        assert server.request("/healthz")[1]["generation"] == before["generation"]
+    release.set()
+    server.wait_for(lambda health: health["opened"] == 2)
+    status, found = server.request("/search", {"query": "pulsar radio", "k": 3, "mode": "bm25"})
+    assert status == 200 and found["results"][0]["id"] == "pulsar1"
+    health = server.request("/healthz")[1]
+    assert (health["generation"], health["opened"]) == (before["generation"] + 1, 2)
+    assert threads == ["retr-generations"]  # warmed on the watcher's thread, once
+    assert not in_flight.searcher.closed  # replaced, but still held by its request
+    generations.release(in_flight)
+    assert in_flight.searcher.closed
+    with generations.lease() as searcher:
+        assert not searcher.closed
 
 
 def test_a_streamed_body_over_the_bound_gets_413(served):
@@ -185,10 +229,12 @@ def test_added_and_deleted_documents_are_served_as_a_new_generation(served, tmp_
     corpus = tmp_path / "added.jsonl"
     corpus.write_text(json.dumps({"_id": "pulsar1", "title": "Pulsars", "text": "pulsar radio beams"}) + "\n")
     assert main(["add", str(idx), "--corpus", str(corpus)]) == 0
+    server.wait_for(lambda health: health["opened"] == 2)
     status, found = server.request("/search", {"query": "pulsar radio", "k": 1, "mode": "hybrid"})
     assert status == 200 and found["results"][0]["id"] == "pulsar1"
     (tmp_path / "gone.txt").write_text("pulsar1\n")
     assert main(["delete", str(idx), "--ids", str(tmp_path / "gone.txt")]) == 0
+    server.wait_for(lambda health: health["opened"] == 3)
     status, after = server.request("/search", {"query": "pulsar radio", "k": 5, "mode": "bm25"})
     assert status == 200 and "pulsar1" not in [r["id"] for r in after["results"]]
     assert server.request("/doc/pulsar1")[0] == 404
@@ -200,7 +246,7 @@ def test_a_lone_clients_query_runs_on_the_event_loop_and_concurrent_ones_on_the_
     import asyncio
     import threading
 
-    from retr.cli.serve_app import Dispatch
+    from retr.serve.app import Dispatch
 
     pool = ThreadPoolExecutor(2, thread_name_prefix="retr-search")
     connections = [1]

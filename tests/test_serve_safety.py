@@ -47,8 +47,8 @@ def index(tiny_dataset, tiny_bi_encoder, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def served(index):
     """One in-thread server for the tests that only read (Host, content type)."""
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     server = Server(index, ServeConfig(encoder=EncoderConfig(backend="onnx"), max_batch=4))
     yield server
@@ -191,8 +191,8 @@ def test_a_request_without_host_is_refused(served):
 
 
 def test_allow_host_widens_the_names(index):
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     server = Server(index, ServeConfig(encoder=EncoderConfig(backend="onnx"), allowed_hosts=("Search.LAN",)))
     try:
@@ -330,7 +330,7 @@ def test_port_and_timeout_are_checked_before_anything_runs(args, message, capsys
 def test_port_zero_and_the_defaults_are_accepted():
     from retr.cli.main import build_parser
     from retr.cli.serve import ServeDefaults
-    from retr.cli.serve_app import ServeConfig
+    from retr.serve.config import ServeConfig
 
     args = build_parser().parse_args(["serve", "idx", "--port", "0"])
     assert args.port == 0 and args.timeout == ServeConfig.timeout_s == ServeDefaults.timeout_s
@@ -341,8 +341,8 @@ def test_port_zero_and_the_defaults_are_accepted():
 @pytest.mark.parametrize("field,value", [("timeout_s", 0), ("timeout_s", -5.0), ("timeout_s", float("nan")),
                                          ("max_connections", 0), ("max_batch", True)])
 def test_serve_config_refuses_bad_bounds(field, value):
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.errors import RetrError
+    from retr.serve.config import ServeConfig
 
     with pytest.raises(RetrError, match=field.removesuffix("_s")):
         ServeConfig(**{field: value})
@@ -360,7 +360,7 @@ def test_a_non_loopback_bind_is_warned_about(index, capsys):
                                            ("::1", True), ("[::1]", True), ("0.0.0.0", False), ("::", False),
                                            ("192.168.1.5", False), ("my-laptop.lan", False)])
 def test_loopback_addresses(host, loopback):
-    from retr.cli.serve_app import is_loopback
+    from retr.serve.config import is_loopback
 
     assert is_loopback(host) is loopback
 
@@ -377,8 +377,8 @@ def replace_manifest(folder: Path, data: bytes) -> None:
 @pytest.mark.parametrize("damage", ["unreadable", "wrong counts"])
 def test_a_damaged_generation_is_refused_and_the_last_good_one_served(tiny_dataset, tiny_bi_encoder, tmp_path,
                                                                       damage):
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     idx = build_index(tiny_dataset, tiny_bi_encoder, tmp_path / "idx")
     good = (idx / "manifest.json").read_bytes()
@@ -393,6 +393,7 @@ def test_a_damaged_generation_is_refused_and_the_last_good_one_served(tiny_datas
             manifest = json.loads(good)
             manifest["num_docs"] += 100
             replace_manifest(idx, json.dumps(manifest).encode())
+        server.wait_for(lambda health: health["refused"] is not None)  # the watcher has tried it
         for _ in range(3):  # every request still answered, from the last good generation
             status, after = server.request("/search", {"query": "wolves tundra", "k": 3})
             assert status == 200 and after["results"] == before["results"], after
@@ -405,6 +406,7 @@ def test_a_damaged_generation_is_refused_and_the_last_good_one_served(tiny_datas
         text = server.request("/metrics")[1]
         assert "retr_index_refused 1\n" in text and f"retr_index_generation {generation}\n" in text
         replace_manifest(idx, good)  # repaired: opened, and healthy again
+        server.wait_for(lambda health: health["refused"] is None)
         status, health = server.request("/healthz")
         assert (health["status"], health["refused"], health["opened"]) == ("ok", None, 2)
     finally:
@@ -413,8 +415,8 @@ def test_a_damaged_generation_is_refused_and_the_last_good_one_served(tiny_datas
 
 def test_healthz_reports_the_manifests_generation_not_the_servers_count(tiny_dataset, tiny_bi_encoder, tmp_path):
     """Case 14: after `retr add`, the served generation is the manifest's (+1), whatever the server opened."""
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     index = build_index(tiny_dataset, tiny_bi_encoder, tmp_path / "idx")
     served = Server(index, ServeConfig(encoder=EncoderConfig(backend="onnx")))
@@ -430,11 +432,13 @@ def generations_after_changes(served, index, tmp_path):
     corpus = tmp_path / "one.jsonl"
     corpus.write_text(json.dumps({"_id": "extra1", "title": "Comets", "text": "comet tails of dust"}) + "\n")
     assert main(["add", str(index), "--corpus", str(corpus)]) == 0
+    served.wait_for(lambda health: health["opened"] == before["opened"] + 1)
     after = served.request("/healthz")[1]
     assert after["generation"] == before["generation"] + 1 == on_disk_generation(index)
     assert after["opened"] == before["opened"] + 1 and after["documents"] == 17
     (tmp_path / "gone.txt").write_text("extra1\n")
     assert main(["delete", str(index), "--ids", str(tmp_path / "gone.txt")]) == 0
+    served.wait_for(lambda health: health["opened"] == before["opened"] + 2)
     assert served.request("/healthz")[1]["documents"] == 16
 
 
@@ -490,8 +494,9 @@ class InProcess:
 
 @pytest.fixture(scope="module")
 def in_process(index):
-    from retr.cli.serve_app import ServeConfig, create_app
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.app import create_app
+    from retr.serve.config import ServeConfig
 
     client = InProcess(create_app(index, ServeConfig(encoder=EncoderConfig(backend="onnx"), max_batch=4)))
     yield client

@@ -294,7 +294,7 @@ def test_api_and_service_search_the_sparse_part_as_the_pipeline_does(tmp_path, t
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     import retr
-    from retr.cli.serve_app import ServeConfig
+    from retr.serve.config import ServeConfig
 
     from .serving import Server
 

@@ -494,8 +494,8 @@ def test_a_document_whose_id_holds_a_newline_is_fetched_over_http_and_errors_kee
     """On 11c4983 ``GET /doc/a%0Ab`` answered ``{"detail": "Not Found"}`` (the route's pattern stopped at the
     newline), not the document nor the documented ``{"error": ...}``; so did any unknown route."""
     import retr
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.encoder import EncoderConfig
+    from retr.serve.config import ServeConfig
 
     from .serving import Server
 

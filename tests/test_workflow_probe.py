@@ -249,8 +249,8 @@ def test_out_never_lies_in_the_dataset_or_index_read_and_its_folder_is_checked_f
 
 
 def test_fusion_depth_is_bounded_at_every_door(tmp_path, capsys):
-    from retr.cli.serve_app import ServeConfig
     from retr.retrieval.pipeline import PipelineConfig
+    from retr.serve.config import ServeConfig
 
     with pytest.raises(SystemExit):
         main(["search", str(tmp_path), "q", "--fusion-depth", "99999999999999999999"])

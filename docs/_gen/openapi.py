@@ -1,4 +1,4 @@
-"""Write docs/reference/openapi.json: the OpenAPI schema of `retr serve`'s FastAPI app (cli/serve_app.py).
+"""Write docs/reference/openapi.json: the OpenAPI schema of `retr serve`'s FastAPI app (serve/app.py).
 
     python docs/_gen/openapi.py INDEX_DIR      # any index folder: the schema does not depend on which
 
@@ -25,7 +25,8 @@ def fastapi_app(service):
 
 
 def schema(index_dir: str | Path, cfg=None) -> dict:
-    from retr.cli.serve_app import ServeConfig, create_app
+    from retr.serve.app import create_app
+    from retr.serve.config import ServeConfig
 
     spec = fastapi_app(create_app(index_dir, cfg or ServeConfig())).openapi()
     spec["info"]["description"] = DESCRIPTION
