@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from retr.retrieval.artifacts import cache_home
-from retr.retrieval.backends import chooser, sample_texts
+from retr.retrieval.backends import chooser, cost, sample_texts
 from retr.retrieval.backends.batching import row_key, run_sorted
+from retr.retrieval.backends.cost import prior
 from retr.retrieval.backends.export import Calibration
 from retr.retrieval.backends.graphs import (
     EXPORT_GENERATION,
@@ -27,6 +28,7 @@ from retr.retrieval.backends.graphs import (
     release_others,
 )
 from retr.retrieval.backends.holder import ExportedModel
+from retr.retrieval.backends.plan import DocumentRule, Plan, PlanStore, plan_key
 from retr.retrieval.backends.platform import Platform
 from retr.retrieval.backends.registry import BACKENDS, get_backend, on_this_cpu
 from retr.retrieval.errors import RetrError
@@ -34,50 +36,27 @@ from retr.retrieval.tokens import Tokens, prefixed
 
 logger = logging.getLogger(__name__)
 
-# timing the base and int8 document graphs against each other: once per model, graphs, CPU and versions (then
-# stored), so it may take longer than one candidate's timing. On an AMX Xeon whose two graphs encode SciFact within
-# ~5% of each other, 1.6 s of alternation read int8 30% faster once and 3% faster another time; rounds of ~0.4 s
-# each vary by 10-15% there
-PER_TOKEN_BUDGET_S = 4.0
-# at least this many alternating rounds within the budget; one round of MiniLM's fp32 and int8 graphs on an AMX
-# Xeon with AMX refused takes ~2 s, so four rounds and a warm-up took 11 s of a corpus's run there (once per model,
-# graphs and CPU, then stored)
-PER_TOKEN_MIN_ROUNDS = 2
-# ... and no more rounds once each has put the same graph ahead by more than this (``timing.settled``): fp32 and
-# static int8 there, ~2.2x apart, took 4.5 s of the first corpus's run after the graphs were made; graphs within
-# ~5% of each other (AMX) still take the budget
-PER_TOKEN_CLEAR_RATIO = 1.5
-# static int8's document throughput over the int8-weights graph's, assumed until static int8 is made and timed here,
-# where the int8-weights graph was measured faster than the base graph: 1.21-1.32 per token on retr's sample and
-# 1.28 on SciFact's documents (same machine and file)
-STATIC_OVER_WEIGHTS = 1.3
-# what a run pays to weigh the int8-weights graph where its speed is not stored yet: made from the base graph and
-# checked (2.9-3.3 s for MiniLM on 2 cores of an AMX Xeon with AMX refused), then timed (~1.8 s; opened from the
-# cache instead, where it was made before: ~0.3 s). A calibration that costs little more than this pays sooner than
-# making a graph only to be weighed against it
-WEIGHTS_MAKE_S = 3.1
-WEIGHTS_TIME_S = 1.8
-
-# the base graph is not timed where, its speed estimated from this CPU's precision probe (``_estimated_break``),
-# static int8 would still save more than this many times its calibration's cost. The probe runs large matrices on
-# every thread, a rate the graph approaches and does not pass, so the estimate mostly errs on the side of a smaller
-# saving: 23.4-39.4 ms per 240-token document estimated across a VM's phases where MiniLM's fp32 graph was timed at
-# 28-43 ms (2 cores of an AMX Xeon with AMX refused); the margin covers a probe caught in a slow moment
-ESTIMATE_MARGIN = 2.0
+# the priors (assumed until measured here) and the timing's bounds, each with its source: ``priors.json``
+PER_TOKEN_BUDGET_S = prior("per_token_budget_s")  # the base and int8 graphs timed in alternation, at most
+PER_TOKEN_MIN_ROUNDS = int(prior("per_token_min_rounds"))  # ... at least this many rounds
+PER_TOKEN_CLEAR_RATIO = prior("per_token_clear_ratio")  # ... and no more once each put one ahead by this
+STATIC_OVER_WEIGHTS = prior("static_over_weights")  # static int8 over the int8-weights graph, until measured
+WEIGHTS_MAKE_S = prior("weights_make_s")  # making the int8-weights graph from the base graph and checking it
+WEIGHTS_TIME_S = prior("weights_time_s")  # ... and timing it
+# the base graph goes untimed where, its speed estimated from this CPU's precision probe, static int8 would still
+# save more than this many times its calibration's cost (``_estimated_break``)
+ESTIMATE_MARGIN = prior("estimate_margin")
 # the base graph's timing is warmed up on this many of the sample's shortest passages per stream
 WARM_UP_ROWS_PER_STREAM = 2
-# a corpus's encoding through the static int8 graph is itself a measurement of that graph (``record_encoding``):
-# stored with the base graph's speed as that run weighed it (timed, or estimated from the probe), it stands for the
-# two graphs' alternating timing wherever int8 was faster by more than this (the ratio that settles an
-# alternating timing early). MiniLM on 2 cores of an AMX Xeon with AMX refused: int8 2.2-2.3x the base graph
-# timed in alternation, 2.0-3.7x as a first run's encoding observed it against the base graph's estimate (which read
-# 0.7-1.1x its alternating timing in the same phases of the VM)
+# a corpus's encoding through the static int8 graph measures that graph (``record_encoding``): stored with the
+# base graph's speed as that run weighed it, it stands for the alternating timing where int8 was faster by more
+# than this (MiniLM, AMX Xeon with AMX refused: 2.2-2.3x timed in alternation, 2.0-3.7x as observed)
 OBSERVED_CLEAR_RATIO = PER_TOKEN_CLEAR_RATIO
 # how the base and int8 graphs' per-token seconds were measured, part of the key they are stored under
 ALTERNATING = f"per-token, alternating, {PER_TOKEN_BUDGET_S} s"
 OBSERVED = "per-token, int8 from a corpus's encoding, base as weighed"
 
-BASE, WEIGHTS, CALIBRATED = chooser.BASE, "weights", "calibrated"  # the graphs a corpus can go through
+BASE, WEIGHTS, CALIBRATED = cost.BASE, "weights", "calibrated"  # the graphs a corpus can go through
 
 
 @dataclass(frozen=True)
@@ -88,7 +67,7 @@ class CorpusPlan:
     graph: Graph | None
     tokens: list | None
     truncation: dict | None = None  # Tokens.truncation of the texts, from the same tokenisation as ``tokens``
-    choice: dict | None = None  # how the graph was chosen, where it was measured (chooser.Break.to_dict)
+    choice: dict | None = None  # how the graph was chosen, where it was measured (cost.Break.to_dict)
 
     def graph_info(self) -> dict:
         """``graph_info`` of its graph, with the measured choice where there was one."""
@@ -111,7 +90,7 @@ class PerToken:
 class CorpusChoice:
     """What a corpus of some size goes through: ``BASE``, ``WEIGHTS`` (the int8 graph made without calibration)
     or ``CALIBRATED`` (the base graph stands in where either is refused), and the break where one was weighed
-    (``chooser.Break.to_dict``)."""
+    (``cost.Break.to_dict``)."""
     graph: str
     measured: dict | None = None
 
@@ -187,14 +166,15 @@ class CorpusPlanner:
         """What a choice made without weighing a calibration records."""
         return {"docs": docs, "pays": False, "measured": False, "int8_prior": self.platform.int8_prior}
 
-    def _none_can_pay(self, docs: int) -> bool:
+    def _none_can_pay(self, docs: int, say: bool = True) -> bool:
         """Whether no corpus could pay for a calibration here, so nothing is timed or counted: static int8 is not
         made yet and assumed no faster than the base graph on this CPU (AMX: ``Platform.int8_prior`` <= 1; timing
         would be ~1.5 s of a first run, and counting SciFact's tokens ~1 s of a `retr eval` whose index is
         cached). Said in an info line."""
         if self.platform.int8_prior > 1 or self.exported.find(self.configured, self.calibration) is not None:
             return False
-        self._say_none_can_pay(docs)
+        if say:
+            self._say_none_can_pay(docs)
         return True
 
     def _say_none_can_pay(self, docs: int) -> None:
@@ -223,27 +203,74 @@ class CorpusPlanner:
             return None
         self.__dict__["calibrated_graph"] = cached
         # ``calibration_break``'s rule for a cached graph, on per-token seconds (it is the same at any token count)
-        return CALIBRATED if chooser.calibration_pays(self.min_docs, stored.base, self.platform, stored.int8,
+        return CALIBRATED if cost.calibration_pays(self.min_docs, stored.base, self.platform, stored.int8,
                                                       0.0).pays else BASE
 
-    def graph_id(self, texts: list[str]) -> str:
-        """What names the graph ``texts`` (a corpus, before the document prompt) go through (``choice``), for
-        cache keys: the backend; for the calibrated graph the sample it is calibrated on (another retr sample,
-        another graph, other vectors); for an exported one how it was exported (``graphs.EXPORT_GENERATION``) and
-        the precision it computes in on this CPU (bf16 or fp32: a cache shared by machines of both kinds holds
-        both vectors)."""
+    @functools.cached_property
+    def plan_key(self) -> str:
+        """What this model's stored graph plan is valid for (``plan.plan_key``)."""
+        return plan_key(self.exported.model_hash, self.configured, self.exported.max_length, self.min_docs,
+                        self.platform)
+
+    def stored_plan(self, again: bool = False) -> Plan:
+        """The graph plan stored for this model here, made now (and stored) where there is none, it had not
+        settled, or ``again`` (`retr doctor`). Making it times nothing and tokenises no corpus (``_make_plan``)."""
+        store = PlanStore(cache_home())
+        found = None if again else self.__dict__.get("_plan") or store.get(self.plan_key)
+        if found is None or not found.settled:
+            made = self._make_plan()
+            if made != found:
+                store.put(made)
+            found = made
+        if found.settled:
+            self.__dict__["_plan"] = found
+        return found
+
+    def _make_plan(self) -> Plan:
+        """The plan from what this machine has stored, with nothing timed: the base graph under ``min_docs``
+        documents; at or above it the base graph where the size does not change the graph here or no corpus could
+        pay for a calibration (``_none_can_pay``), static int8 where forced, the graph ``_settled`` names where the
+        calibrated graph is cached and both graphs' speeds are stored; else left to be weighed on first use."""
+        base = self._key(BASE)
+        if not self.size_matters:
+            large, why = BASE, "the corpus's size does not change its graph here"
+        elif self.platform.int8_forced:
+            large, why = CALIBRATED, "static int8 forced (RETR_INT8_DOT=1)"
+        else:
+            large = self._settled()
+            why = "static int8 calibrated here and both graphs' speeds stored"
+            if large is None and self._none_can_pay(self.min_docs, say=False):
+                large, why = BASE, f"static int8 assumed x{self.platform.int8_prior:.2f} here and not made"
+            elif large is None:
+                why = "each corpus weighed on first use until static int8 is calibrated here"
+        rule = DocumentRule(self.min_docs, base, self._key(large) if large else None, large, why)
+        return Plan(self.plan_key, self.exported.model_hash, self.configured, self.platform.cpu, rule)
+
+    def _key(self, chosen: str) -> str:
+        """The cache key of the graph ``chosen`` (``BASE``, ``WEIGHTS``, ``CALIBRATED``) names: the backend; for
+        the calibrated graph the sample it is calibrated on (another retr sample, another graph, other vectors);
+        for an exported one how it was exported (``graphs.EXPORT_GENERATION``) and the precision it computes in
+        on this CPU (bf16 or fp32: a cache shared by machines of both kinds holds both vectors)."""
         if self.graph is None:
             return self.exported.identity(None).key
-        # another export procedure or another precision: other graphs, other vectors
-        texts = prefixed(self.tokens.document_prompt, texts)
-        early = self._by_size(texts)
-        chosen = early.graph if early is not None else self._settled() or self.choice(texts).graph
         if chosen == CALIBRATED:  # only where int8 runs here
             return GraphId(self.exported.model_hash, self.backend, EXPORT_GENERATION, self.graph.precision,
                            self.calibration.digest).key
         if chosen == WEIGHTS and self.weights_graph is not None:  # made and timed by the choice
             return self.exported.identity(self.weights_graph).key
         return GraphId(self.exported.model_hash, self.graph.variant, EXPORT_GENERATION, self.graph.precision).key
+
+    def graph_id(self, texts: list[str]) -> str:
+        """What names the graph ``texts`` (a corpus, before the document prompt) go through, for cache keys: read
+        from the stored plan (``stored_plan``), nothing timed or tokenised; only where the plan leaves a corpus of
+        this size to be weighed (static int8 runs here, not calibrated yet) is it weighed now (``choice``: its
+        timings stored, so the next corpus times nothing)."""
+        if self.graph is None:
+            return self._key(BASE)
+        key = self.stored_plan().document_key(len(texts))
+        if key is not None:
+            return key
+        return self._key(self.choice(prefixed(self.tokens.document_prompt, texts)).graph)
 
     def plan(self, texts: list[str]) -> CorpusPlan:
         """What encodes ``texts`` (document prompt applied): the graph ``choice`` names and the texts' token ids,
@@ -308,12 +335,12 @@ class CorpusPlanner:
         """Seconds per document of ``tokens_per_doc`` tokens through ``graph`` (``token_seconds``)."""
         return self.token_seconds(graph) * tokens_per_doc
 
-    def calibration_break(self, docs: int, tokens: int) -> chooser.Break | None:
+    def calibration_break(self, docs: int, tokens: int) -> cost.Break | None:
         """Whether ``docs`` documents of ``tokens`` tokens in all pay for calibrating the static int8 graph, and
         what they go through where it does not. The static int8 graph timed here where it is already calibrated
         (then it costs nothing more) against the base graph. Else, on a CPU where int8 is assumed faster
         (``Platform.int8_prior`` > 1), the base graph timed here, and static int8 assumed from the platform
-        (``chooser.calibration_pays``); unless that clearly pays (``_calibration_clearly_pays``), the int8 graph
+        (``cost.calibration_pays``); unless that clearly pays (``_calibration_clearly_pays``), the int8 graph
         made without calibration (``weights_graph``, ~3-5 s to make and check, once per model) is timed too, and
         where it is more than ``NOISE_FREE_MARGIN`` faster than the base graph static int8 is assumed
         ``STATIC_OVER_WEIGHTS`` times faster than it and weighed against it; it is neither made nor timed where,
@@ -324,10 +351,12 @@ class CorpusPlanner:
         pay, so timing (~1.5 s of a first run) would decide nothing. Said in an info line."""
         per_doc = tokens / max(1, docs)
         cached = self.exported.find(self.configured, self.calibration)
+        quiet = False  # both graphs' speeds read from the store: nothing weighed now, said at debug level only
         if cached is not None:
             self.__dict__["calibrated_graph"] = cached
+            quiet = self._stored_per_token(cached) is not None
             speeds = self.measured_per_token(cached)
-            brk = replace(chooser.calibration_pays(docs, speeds.base * per_doc, self.platform, speeds.int8 * per_doc,
+            brk = replace(cost.calibration_pays(docs, speeds.base * per_doc, self.platform, speeds.int8 * per_doc,
                                                    0.0), base_estimated=speeds.base_estimated)
         elif self.platform.int8_prior <= 1:
             self._say_none_can_pay(docs)
@@ -341,7 +370,7 @@ class CorpusPlanner:
                 return estimated
             base_s = stored.base * per_doc if stored else self.doc_seconds(self.graph, per_doc)
             # static int8 as the platform assumes it against the base graph, its calibration as the prior says
-            brk = chooser.calibration_pays(docs, base_s, self.platform)
+            brk = cost.calibration_pays(docs, base_s, self.platform)
             weighing_s = 0.0 if stored else self._weights_cost_s()
             if not self._calibration_clearly_pays(brk, weighing_s) \
                     and (stored or (self._weights_may_pay(docs, base_s, weighing_s) and self.weights_graph is not None)):
@@ -355,11 +384,11 @@ class CorpusPlanner:
                 if faster:  # static int8 assumed from this measured int8 graph: the nearer of the two in kind
                     brk = replace(brk, base_s=weights_s, int8_s=weights_s / STATIC_OVER_WEIGHTS, against=name,
                                   base_graph_s=base_s)
-        self._log_break(brk, per_doc)
+        self._log_break(brk, per_doc, logging.DEBUG if quiet else logging.INFO)
         return brk
 
-    def _log_break(self, brk: chooser.Break, per_doc: float) -> None:
-        logger.info("%s for %d documents (%.0f tokens each): %s %.1f ms/doc%s, int8 %.1f ms/doc (%s), "
+    def _log_break(self, brk: cost.Break, per_doc: float, level: int = logging.INFO) -> None:
+        logger.log(level, "%s for %d documents (%.0f tokens each): %s %.1f ms/doc%s, int8 %.1f ms/doc (%s), "
                     "calibration %.0f s: %s", self.configured, brk.docs, per_doc,
                     "base graph" if brk.against_base else brk.against, brk.base_s * 1000,
                     " (estimated from this CPU's precision probe, not timed)" if brk.base_estimated else "",
@@ -374,7 +403,7 @@ class CorpusPlanner:
 
         return bert_spec(self.exported.ref.path) if self.exported.ref.path is not None else None
 
-    def _estimated_break(self, docs: int, per_doc: float) -> chooser.Break | None:
+    def _estimated_break(self, docs: int, per_doc: float) -> cost.Break | None:
         """Static int8 weighed against the base graph with the base graph's speed estimated instead of timed (~1
         s of a first run): its multiply-adds per document (``BertSpec.macs_per_token``) at the rate this CPU's
         precision probe measured in the base graph's precision (``PrecisionTiming.macs_per_second``), where static
@@ -385,7 +414,7 @@ class CorpusPlanner:
         if probe is None or spec is None:
             return None
         base_s = per_doc * spec.macs_per_token(per_doc) / probe.macs_per_second(self.graph.precision)
-        brk = replace(chooser.calibration_pays(docs, base_s, self.platform), base_estimated=True)
+        brk = replace(cost.calibration_pays(docs, base_s, self.platform), base_estimated=True)
         wide = replace(brk, calibration_s=brk.calibration_s * ESTIMATE_MARGIN)
         return brk if wide.pays and self._calibration_clearly_pays(brk, self._weights_cost_s()) else None
 
@@ -453,7 +482,7 @@ class CorpusPlanner:
                     self.configured, docs, self._weights_name, saving, weighing_s)
         return False
 
-    def _calibration_clearly_pays(self, brk: chooser.Break, weights_cost_s: float) -> bool:
+    def _calibration_clearly_pays(self, brk: cost.Break, weights_cost_s: float) -> bool:
         """Whether static int8 (as ``brk`` assumes it) saves more than its calibration's cost even against an
         int8-weights graph ``Platform.weights_prior`` times faster than the base graph, once what weighing that
         graph would cost this run (``weights_cost_s``) is counted on its side: then that graph is neither made nor
@@ -498,7 +527,7 @@ class CorpusPlanner:
         if graph is None or plan.graph is not graph or not brk or not brk.get("pays") or not plan.tokens \
                 or seconds <= 0 or self._stored_per_token(graph) is not None:
             return
-        base_doc = brk["base_s"] if brk.get("against") == chooser.BASE else brk.get("base_graph_s")
+        base_doc = brk["base_s"] if brk.get("against") == cost.BASE else brk.get("base_graph_s")
         tokens = sum(len(r) for r in plan.tokens)
         if not base_doc or not tokens:
             return
@@ -550,11 +579,16 @@ class CorpusPlanner:
         if self.corpus_backend != self.backend:  # it does not pay on this CPU: nothing to calibrate
             return None
         try:
-            return self.exported.open(backend.name, self.calibration, base=self.graph)  # checked against it
+            graph = self.exported.open(backend.name, self.calibration, base=self.graph)  # checked against it
         except RetrError as e:
             logger.warning("%s refused (%s): corpora are encoded by the %s graph", backend.name, e,
                            self.graph.variant)
             return None
+        stored = PlanStore(cache_home()).get(self.plan_key)
+        if stored is not None and stored.documents.large_graph != CALIBRATED:  # made since: the plan is made again
+            PlanStore(cache_home()).drop(self.plan_key)
+            self.__dict__.pop("_plan", None)
+        return graph
 
     def release(self) -> None:
         """Drop what encoding a corpus held: the calibrated graph (its compiled model and its activations on every

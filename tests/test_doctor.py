@@ -107,7 +107,8 @@ def test_doctor_shows_the_int8_weights_graph_a_corpus_too_small_for_a_calibratio
     """Where int8 runs and nothing is calibrated yet, doctor weighs the corpus as `retr index` does: the base and
     int8-weights graphs timed (fake here: 4 and 2 ms a token); the int8-weights graph faster, static int8 assumed
     1.3x faster than it, and its calibration weighed against it."""
-    from retr.retrieval.backends.chooser import CALIBRATION_PRIOR_S
+    from retr.retrieval.backends.cost import prior
+    CALIBRATION_PRIOR_S = prior("calibration_s")
     from retr.retrieval.corpus_plan import CorpusPlanner
 
     monkeypatch.setenv("RETR_INT8_DOT", "1")  # int8 dot products: int8 assumed 1.44x the base graph
@@ -135,7 +136,7 @@ def test_doctor_says_where_the_base_graphs_speed_is_estimated_from_the_probe_not
                                                                                       monkeypatch):
     """Where the planner weighs a corpus on the base graph's estimated speed (``Break.base_estimated``), doctor shows
     that figure as estimated, in its JSON and in its text."""
-    from retr.retrieval.backends.chooser import Break
+    from retr.retrieval.backends.cost import Break
     from retr.retrieval.corpus_plan import CorpusPlanner
 
     monkeypatch.setenv("RETR_INT8_DOT", "1")  # int8 a candidate on any CPU

@@ -633,7 +633,8 @@ def test_a_calibration_that_pays_once_weighing_the_int8_weights_graph_is_counted
     (made and timed already) it is made."""
     import math
 
-    from retr.retrieval.backends.chooser import CALIBRATION_PRIOR_S
+    from retr.retrieval.backends.cost import prior
+    CALIBRATION_PRIOR_S = prior("calibration_s")
     from retr.retrieval.backends.platform import Platform
     from retr.retrieval.corpus_plan import WEIGHTS_MAKE_S, WEIGHTS_TIME_S, CorpusPlanner
 
@@ -702,7 +703,8 @@ def test_the_base_graph_is_not_timed_where_its_speed_from_the_precision_probe_cl
     graph is not timed; nearer the break-even (or without a probe: ``Platform.of``) the base graph is timed."""
     from dataclasses import replace
 
-    from retr.retrieval.backends.chooser import CALIBRATION_PRIOR_S
+    from retr.retrieval.backends.cost import prior
+    CALIBRATION_PRIOR_S = prior("calibration_s")
     from retr.retrieval.backends.platform import Platform
     from retr.retrieval.backends.precision import PROBE_MACS, PrecisionTiming
     from retr.retrieval.corpus_plan import ESTIMATE_MARGIN, CorpusPlanner

@@ -10,7 +10,7 @@ from types import MappingProxyType
 import numpy as np
 import pytest
 
-from retr.retrieval.backends import chooser, registry, timing
+from retr.retrieval.backends import chooser, cost, registry, timing
 from retr.retrieval.backends import platform as platform_mod
 from retr.retrieval.backends.chooser import DOCUMENTS, PAIRS, QUERIES, Timing
 from retr.retrieval.backends.platform import Platform, this_platform, usable_flags
@@ -137,22 +137,22 @@ def test_a_graph_that_adds_ranking_noise_is_taken_only_where_it_is_more_than_the
     alone = [Timing("openvino", 0.001, passed=False), Timing("onnx-int8", 0.0030, rank_noise=0.03)]
     assert chooser.choose(role, alone, "openvino").backend == "onnx-int8"
     # static int8 documents: 8% faster (an AMX Xeon's measurement) does not pay, even already calibrated
-    assert not chooser.calibration_pays(10 ** 6, 0.0160, AMX, int8_s=0.0148, calibration_s=0.0).pays
-    assert chooser.calibration_pays(10 ** 6, 0.0160, AMX, int8_s=0.0140, calibration_s=0.0).pays
+    assert not cost.calibration_pays(10 ** 6, 0.0160, AMX, int8_s=0.0148, calibration_s=0.0).pays
+    assert cost.calibration_pays(10 ** 6, 0.0160, AMX, int8_s=0.0140, calibration_s=0.0).pays
 
 
 def test_calibration_pays_only_where_the_measured_saving_exceeds_its_cost():
     # the AVX-512 EPYC: base 52 docs/s, int8 75 docs/s, calibration 19 s -> break-even ~3,300 documents
-    small = chooser.calibration_pays(1000, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=19.0)
-    large = chooser.calibration_pays(5183, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=19.0)
+    small = cost.calibration_pays(1000, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=19.0)
+    large = cost.calibration_pays(5183, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=19.0)
     assert not small.pays and large.pays and small.measured
     assert 3000 < small.break_even_docs < 3500 and small.to_dict()["break_even_docs"] == round(small.break_even_docs)
-    assert chooser.calibration_pays(100, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=0.0).pays  # already calibrated
-    slower = chooser.calibration_pays(10 ** 6, 1 / 52, VNNI, int8_s=1 / 40, calibration_s=0.0)
+    assert cost.calibration_pays(100, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=0.0).pays  # already calibrated
+    slower = cost.calibration_pays(10 ** 6, 1 / 52, VNNI, int8_s=1 / 40, calibration_s=0.0)
     assert not slower.pays and slower.to_dict()["break_even_docs"] is None  # int8 slower: never
     assert slower.break_even_phrase() == "int8 is no faster here"  # not "~None documents"
     assert small.break_even_phrase() == f"int8 pays from ~{round(small.break_even_docs)} documents"
-    prior = chooser.calibration_pays(1000, 1 / 52, AMX)  # not measured: AMX's prior says int8 is no faster
+    prior = cost.calibration_pays(1000, 1 / 52, AMX)  # not measured: AMX's prior says int8 is no faster
     assert not prior.measured and not prior.pays and prior.int8_s > prior.base_s
 
 

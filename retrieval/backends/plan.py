@@ -1,0 +1,126 @@
+"""One stored graph plan per model, configured backend, CPU and library versions: which graph encodes the documents
+of a corpus below and at its calibration size, made once (on first use, or by `retr doctor`), stored in
+``$RETR_CACHE/plans/`` and read by the encoders. The embedding and index cache keys are read from it
+(``Plan.document_key``): a look-up times nothing and tokenises nothing.
+
+A plan whose documents rule is not settled (``DocumentRule.large`` None: static int8 runs here, is not calibrated
+yet and may pay for a large enough corpus) leaves that corpus to be weighed on first use (``CorpusPlanner.choice``:
+its timings stored), and is made again on the next read, until it settles. The roles' measured choices (queries,
+pairs) are made by the one chooser (``chooser.decide``) and stored per candidate set beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from retr.retrieval.artifacts import atomic_write_text, read_small, versions
+from retr.retrieval.backends.graphs import EXPORT_GENERATION
+from retr.retrieval.backends.platform import Platform
+from retr.retrieval.errors import RetrError
+
+logger = logging.getLogger(__name__)
+
+PLAN_FORMAT = 1
+PLANS = "plans"  # under $RETR_CACHE
+
+
+@dataclass(frozen=True)
+class DocumentRule:
+    """Which graph encodes a corpus: ``small`` (a graph key) under ``min_docs`` documents; ``large`` at ``min_docs``
+    and above (``large_graph``: ``base`` or ``calibrated``), or None where that is weighed per corpus until settled;
+    ``why`` in words."""
+    min_docs: int
+    small: str
+    large: str | None
+    large_graph: str | None
+    why: str
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DocumentRule:
+        min_docs, small, large, graph, why = (d["min_docs"], d["small"], d.get("large"), d.get("large_graph"),
+                                              d["why"])
+        if isinstance(min_docs, bool) or not isinstance(min_docs, int) or min_docs < 0:
+            raise ValueError(f"min_docs {min_docs!r} is not a count")
+        if not all(isinstance(v, str) for v in (small, why)) or not all(
+                v is None or isinstance(v, str) for v in (large, graph)) or (large is None) != (graph is None):
+            raise ValueError("a graph key or its name is not text")
+        return cls(min_docs, small, large, graph, why)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which graph does which work for one model on this machine (``key``: what it is valid for)."""
+    key: str
+    model_hash: str
+    backend: str  # the backend configured
+    cpu: str
+    documents: DocumentRule
+
+    def document_key(self, docs: int) -> str | None:
+        """The key of the graph that encodes a corpus of ``docs`` documents; None: weighed on first use."""
+        return self.documents.small if docs < self.documents.min_docs else self.documents.large
+
+    @property
+    def settled(self) -> bool:
+        return self.documents.large is not None
+
+    def to_dict(self) -> dict:
+        return {"format": PLAN_FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Plan:
+        if d.get("format") != PLAN_FORMAT:
+            raise ValueError(f"format {d.get('format')!r}, not {PLAN_FORMAT}")
+        fields = [d[k] for k in ("key", "model_hash", "backend", "cpu")]
+        if not all(isinstance(v, str) for v in fields):
+            raise ValueError("an identity field is not text")
+        return cls(*fields, DocumentRule.from_dict(d["documents"]))
+
+
+def plan_key(model_hash: str, backend: str, max_length: int, min_docs: int, platform: Platform) -> str:
+    """What a plan is valid for: the model, the backend configured, its length and calibration size, the CPU (its
+    model string, precision and int8 verdict, ``RETR_INT8_DOT`` included), how graphs are exported and the
+    library versions. Any of them changes: another plan."""
+    raw = json.dumps([PLAN_FORMAT, model_hash, backend, max_length, min_docs, platform.cpu, platform.precision,
+                      platform.static_int8, platform.int8_forced, EXPORT_GENERATION, versions()], sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class PlanStore:
+    """Plans kept under ``<root>/plans/<key>.json`` (JSON, written atomically, checked on read)."""
+    root: Path
+
+    def path(self, key: str) -> Path:
+        return self.root / PLANS / f"{key}.json"
+
+    def get(self, key: str) -> Plan | None:
+        """The plan stored under ``key``; None where there is none, or it is damaged (a warning: made again)."""
+        try:
+            plan = Plan.from_dict(json.loads(read_small(self.path(key))))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RetrError) as e:
+            logger.warning("stored graph plan %s unreadable (%s): made again", self.path(key), e)
+            return None
+        if plan.key != key:
+            logger.warning("stored graph plan %s is another's (%s): made again", self.path(key), plan.key)
+            return None
+        return plan
+
+    def put(self, plan: Plan) -> None:
+        try:
+            self.path(plan.key).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.path(plan.key), json.dumps(plan.to_dict(), indent=2) + "\n")
+        except OSError as e:  # a read-only cache: the plan is made again next time (nothing timed to make it)
+            logger.debug("graph plan not stored: %s", e)
+
+    def drop(self, key: str) -> None:
+        self.path(key).unlink(missing_ok=True)
+
+
+__all__ = ["DocumentRule", "Plan", "PlanStore", "plan_key"]
