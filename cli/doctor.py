@@ -71,7 +71,7 @@ def _first_run_at(enc, backend, kept, costs: dict, docs: int, doc_tokens: int, b
     (where it was not before), int8 calibrated where it pays, and the encoding; as ``retr index`` would decide
     (``base_s``: seconds per document through the base graph, timed once)."""
     int8_here = backend.calibrated and backend in kept
-    brk = enc.planner.calibration_break(docs, docs * doc_tokens) if int8_here else None
+    brk = enc.planner.weighing.calibration_break(docs, docs * doc_tokens) if int8_here else None
     build = costs.get(enc.graph.variant) or 0.0
     if brk is not None and brk.pays:
         calibrated = enc.exported.find(backend, enc.planner.calibration)
@@ -136,13 +136,13 @@ def _report(args: argparse.Namespace) -> dict:
                   for name, g in queries.candidates.items()]
     int8_here = backend.calibrated and backend in kept
     calibrated = enc.exported.find(backend, enc.planner.calibration) if int8_here else None
-    # what `retr index` decides a corpus of --docs documents by (``CorpusPlanner.calibration_break``): its timings
+    # what `retr index` decides a corpus of --docs documents by (``Weighing.calibration_break``): its timings
     # stored, so that what doctor shows is what an index reads
-    brk = enc.planner.calibration_break(args.docs, args.docs * args.doc_tokens) if int8_here else None
+    brk = enc.planner.weighing.calibration_break(args.docs, args.docs * args.doc_tokens) if int8_here else None
     if brk is not None:
         base_s = brk.base_graph_s if brk.base_graph_s is not None else brk.base_s
     else:
-        base_s = enc.planner.doc_seconds(enc.graph, args.doc_tokens)
+        base_s = enc.planner.speeds.doc_seconds(enc.graph, args.doc_tokens)
     documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000, "doc_tokens": args.doc_tokens,
                           "estimated": brk is not None and brk.base_estimated}}
     if brk is not None:
@@ -268,8 +268,7 @@ def _print(r: dict) -> None:
     print(f"  chosen: {d['chosen']} - {d['why']}")
     plan = r["plan"]
     print(f"graph plan (what `retr index` reads; nothing timed there): {plan['path']}: from "
-          f"{plan['documents']['min_docs']} documents {plan['documents']['large_graph'] or 'weighed per corpus'} "
-          f"({plan['documents']['why']})")
+          f"{plan['min_docs']} documents {plan['large_graph'] or 'weighed per corpus'} ({plan['why']})")
     for x in r["pruned"]:
         print(f"pruned: {x['backend']}: {x['why']}")
     if r["not_in_cache"]:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, cost, sample_texts
 from retr.retrieval.backends.batching import run_sorted
 from retr.retrieval.backends.cost import prior
@@ -142,21 +141,20 @@ class PairGraphs:
                                         calibration_s=CE_STATIC_INT8_PRIOR_S)
 
     def base_seconds(self) -> float:
-        """Seconds per query's pairs through the configured graph, as weighing static int8 needs it: stored per
-        model, graph, depth, length, CPU and versions (a run that did not make it times nothing the next time),
-        else timed now (~``WEIGH_BUDGET_S``)."""
+        """Seconds per query's pairs through the configured graph, as weighing static int8 needs it: timed once
+        (~``WEIGH_BUDGET_S``) and stored per model, graph, depth, length, CPU and versions by the one chooser (a
+        run that did not make it times nothing the next time)."""
         key = chooser.choice_key(self.model_hash, chooser.PAIRS, [
             self.exported.identity(self.base).key, f"depth={self.depth}", f"max_length={self.max_length}",
             "weighing static int8"], self.platform)
-        store = chooser.ChoiceStore(cache_home())
-        stored = store.get(key)
-        if stored is not None and stored.timings and stored.timings[0].seconds:
-            return stored.timings[0].seconds
-        seconds = self.seconds(self.base, questions=2, budget_s=WEIGH_BUDGET_S, min_rounds=2)
-        store.put(key, chooser.Choice(chooser.PAIRS, self.base.variant, "timed to weigh making static int8",
-                                      (chooser.Timing(self.base.variant, seconds),)), model_hash=self.model_hash,
-                  cpu=self.platform.cpu)
-        return seconds
+        def decide(again: bool = False) -> float | None:
+            choice = chooser.decide(chooser.PAIRS, key, {self.base.variant: self.base}, lambda name, graph: chooser.Timing(
+                name, self.seconds(graph, questions=2, budget_s=WEIGH_BUDGET_S, min_rounds=2)), self.base.variant,
+                model_hash=self.model_hash, platform=self.platform, label="cross-encoder pairs, to weigh static int8",
+                again=again)
+            return choice.timings[0].seconds if choice.timings else None
+
+        return decide() or decide(again=True)  # a stored choice without the time: timed again
 
     def chosen(self) -> tuple[Graph, chooser.Choice | None]:
         """The graph that scores pairs, and the choice that took it (None: the only candidate); the other

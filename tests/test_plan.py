@@ -14,7 +14,7 @@ from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, cost, registry, timing
 from retr.retrieval.backends.plan import PlanStore
 from retr.retrieval.backends.platform import Platform
-from retr.retrieval.corpus_plan import CorpusPlanner
+from retr.retrieval.corpus_speeds import DocumentSpeeds
 from retr.retrieval.encoder import BiEncoder, EncoderConfig
 from retr.retrieval.types import Document
 
@@ -42,8 +42,8 @@ def _fake_speeds(monkeypatch, timed: list) -> None:
         timed.append(graph.variant)
         return SPEEDS[graph.variant]
 
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", seconds)
-    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating", lambda self, gs: [seconds(self, g) for g in gs])
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds", seconds)
+    monkeypatch.setattr(DocumentSpeeds, "tokens_seconds_alternating", lambda self, gs: [seconds(self, g) for g in gs])
 
 
 def _no_timer(monkeypatch) -> None:
@@ -52,8 +52,8 @@ def _no_timer(monkeypatch) -> None:
         pytest.fail("a cache look-up timed or tokenised")
 
     for module, name in ((timing, "time_alternating"), (timing, "time_per_unit"), (chooser, "time_alternating"),
-                         (chooser, "time_per_unit"), (CorpusPlanner, "token_seconds"),
-                         (CorpusPlanner, "tokens_seconds_alternating")):
+                         (chooser, "time_per_unit"), (DocumentSpeeds, "token_seconds"),
+                         (DocumentSpeeds, "tokens_seconds_alternating")):
         monkeypatch.setattr(module, name, fail)
 
 
@@ -79,21 +79,21 @@ def test_a_cache_look_up_calls_no_timer_once_the_plan_is_stored(tiny_bi_encoder,
     assert not first.planner.stored_plan().settled  # int8 runs here and is not calibrated: weighed on first use
     assert first.encode_corpus(_corpus("wolves", 40)).graph["backend"] == DEFAULT and timed
     plan = _encoder(tiny_bi_encoder).planner.stored_plan()  # made from what the first run stored
-    assert plan.settled and plan.documents.large_graph == "calibrated"
+    assert plan.settled and plan.large_graph == "calibrated"
     assert PlanStore(cache_home()).get(plan.key) == plan
     _no_timer(monkeypatch)
     later = _encoder(tiny_bi_encoder)
     monkeypatch.setattr(later.tokens, "counted", lambda texts: pytest.fail("the corpus was tokenised"))
     monkeypatch.setattr(later.tokens, "ids", lambda texts: pytest.fail("the corpus was tokenised"))
     large, small = later.planner.graph_id(_corpus("rivers", 50)), later.planner.graph_id(_corpus("rivers", 5))
-    assert large.startswith(f"{DEFAULT}@") and large == plan.documents.large
-    assert small == later.exported.identity(later.graph).key == plan.documents.small
+    assert large.startswith(f"{DEFAULT}@") and large == plan.large
+    assert small == later.exported.identity(later.graph).key == plan.small
 
 
 def test_a_damaged_plan_is_made_again_with_a_warning_and_nothing_timed(tiny_bi_encoder, monkeypatch, caplog):
     enc = _encoder(tiny_bi_encoder, Platform.of({"avx2"}, cpu="AVX2, planned"))  # int8 not a candidate here
     plan = enc.planner.stored_plan()
-    assert plan.settled and plan.documents.large == plan.documents.small  # the size changes nothing here
+    assert plan.settled and plan.large == plan.small  # the size changes nothing here
     path = PlanStore(cache_home()).path(plan.key)
     path.write_text(path.read_text().replace('"min_docs": 30', '"min_docs": "many"'))
     _no_timer(monkeypatch)

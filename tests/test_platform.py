@@ -263,7 +263,7 @@ def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast
 
 def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the_cost(tiny_bi_encoder, monkeypatch):
     from retr.retrieval.backends.graphs import Graph
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     monkeypatch.delenv("RETR_INT8_DOT")
@@ -273,7 +273,7 @@ def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the
     entries["openvino-int8"] = replace(entries["openvino-int8"], convert=lambda *a, **k: calls.append(1) or convert(*a, **k))
     monkeypatch.setattr(registry, "BACKENDS", MappingProxyType(entries))
     speeds = {"openvino": 0.02, "openvino-int8": 0.01, "openvino-int8w": 0.019}  # int8w: within the margin
-    monkeypatch.setattr(CorpusPlanner, "doc_seconds", lambda self, g, tokens: speeds[g.variant])
+    monkeypatch.setattr(DocumentSpeeds, "doc_seconds", lambda self, g, tokens: speeds[g.variant])
     corpus = [f"document {i} about wolves and forests number {i}" for i in range(40)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     enc.__dict__["platform"] = VNNI  # an AVX-512 VNNI CPU: static int8 is a candidate, its cost assumed
@@ -335,25 +335,25 @@ def _no_weights_graph(monkeypatch) -> None:
 
 def _fake_token_speeds(monkeypatch, speeds: dict[str, float], timed: list) -> None:
     """Per-token speeds of the document graphs, timed alone or in alternation (fake, recorded in ``timed``)."""
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
 
     def seconds(self, graph):
         timed.append(graph.variant)
         return speeds[graph.variant]
 
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", seconds)
-    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating", lambda self, gs: [seconds(self, g) for g in gs])
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds", seconds)
+    monkeypatch.setattr(DocumentSpeeds, "tokens_seconds_alternating", lambda self, gs: [seconds(self, g) for g in gs])
 
 
 def test_the_calibration_break_counts_the_corpus_tokens_not_only_its_documents(tiny_bi_encoder, monkeypatch):
     """Two corpora of as many documents: short ones save less than the calibration costs, long ones more (the
     sample's per-token time times the tokens the graph will run: SciFact's ~240 a document, NPL's ~40)."""
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     monkeypatch.delenv("RETR_INT8_DOT")
     _no_weights_graph(monkeypatch)  # the base graph against static int8 alone
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: 0.05)  # base graph, per token (fake)
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds", lambda self, g: 0.05)  # base graph, per token (fake)
     short = [f"wolves {i}" for i in range(40)]
     long = [f"document {i} " + "about wolves and forests and the rivers between them " * 6 for i in range(40)]
     decided = {}

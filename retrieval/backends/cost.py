@@ -11,15 +11,20 @@ import functools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from retr.retrieval.backends.timing import faster_enough
 
-if TYPE_CHECKING:
-    from retr.retrieval.backends.platform import Platform
-
 PRIORS_FILE = Path(__file__).with_name("priors.json")
 BASE = "base"  # ``Break.against``: the corpus's base graph
+
+
+class Platform(Protocol):
+    """What the cost model reads of a ``platform.Platform`` (which reads its priors here)."""
+    int8_forced: bool | None
+    amx: bool
+    int8_dot: bool
+    bf16: bool
 
 
 @functools.cache

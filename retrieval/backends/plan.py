@@ -3,7 +3,7 @@ of a corpus below and at its calibration size, made once (on first use, or by `r
 ``$RETR_CACHE/plans/`` and read by the encoders. The embedding and index cache keys are read from it
 (``Plan.document_key``): a look-up times nothing and tokenises nothing.
 
-A plan whose documents rule is not settled (``DocumentRule.large`` None: static int8 runs here, is not calibrated
+A plan whose documents rule is not settled (``Plan.large`` None: static int8 runs here, is not calibrated
 yet and may pay for a large enough corpus) leaves that corpus to be weighed on first use (``CorpusPlanner.choice``:
 its timings stored), and is made again on the next read, until it settles. The roles' measured choices (queries,
 pairs) are made by the one chooser (``chooser.decide``) and stored per candidate set beside it.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from retr.retrieval.artifacts import atomic_write_text, read_small, versions
@@ -29,56 +29,44 @@ PLANS = "plans"  # under $RETR_CACHE
 
 
 @dataclass(frozen=True)
-class DocumentRule:
-    """Which graph encodes a corpus: ``small`` (a graph key) under ``min_docs`` documents; ``large`` at ``min_docs``
-    and above (``large_graph``: ``base`` or ``calibrated``), or None where that is weighed per corpus until settled;
-    ``why`` in words."""
+class Plan:
+    """Which graph does which work for one model on this machine (``key``: what it is valid for). Documents: the
+    graph ``small`` (a graph key) under ``min_docs`` documents; ``large`` at ``min_docs`` and above
+    (``large_graph``: ``base`` or ``calibrated``), or None where that is weighed per corpus until settled; ``why``
+    in words."""
+    key: str
+    model_hash: str
+    backend: str  # the backend configured
+    cpu: str
     min_docs: int
     small: str
     large: str | None
     large_graph: str | None
     why: str
 
-    @classmethod
-    def from_dict(cls, d: dict) -> DocumentRule:
-        min_docs, small, large, graph, why = (d["min_docs"], d["small"], d.get("large"), d.get("large_graph"),
-                                              d["why"])
-        if isinstance(min_docs, bool) or not isinstance(min_docs, int) or min_docs < 0:
-            raise ValueError(f"min_docs {min_docs!r} is not a count")
-        if not all(isinstance(v, str) for v in (small, why)) or not all(
-                v is None or isinstance(v, str) for v in (large, graph)) or (large is None) != (graph is None):
-            raise ValueError("a graph key or its name is not text")
-        return cls(min_docs, small, large, graph, why)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Which graph does which work for one model on this machine (``key``: what it is valid for)."""
-    key: str
-    model_hash: str
-    backend: str  # the backend configured
-    cpu: str
-    documents: DocumentRule
-
     def document_key(self, docs: int) -> str | None:
         """The key of the graph that encodes a corpus of ``docs`` documents; None: weighed on first use."""
-        return self.documents.small if docs < self.documents.min_docs else self.documents.large
+        return self.small if docs < self.min_docs else self.large
 
     @property
     def settled(self) -> bool:
-        return self.documents.large is not None
+        return self.large is not None
 
     def to_dict(self) -> dict:
         return {"format": PLAN_FORMAT, **asdict(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
+        """A stored plan; ``ValueError`` / ``KeyError`` where it is not what ``to_dict`` writes (a damaged file)."""
         if d.get("format") != PLAN_FORMAT:
             raise ValueError(f"format {d.get('format')!r}, not {PLAN_FORMAT}")
-        fields = [d[k] for k in ("key", "model_hash", "backend", "cpu")]
-        if not all(isinstance(v, str) for v in fields):
-            raise ValueError("an identity field is not text")
-        return cls(*fields, DocumentRule.from_dict(d["documents"]))
+        plan = cls(**{f.name: d[f.name] for f in fields(cls)})
+        texts = (plan.key, plan.model_hash, plan.backend, plan.cpu, plan.small, plan.why)
+        if not all(isinstance(v, str) for v in texts) or type(plan.min_docs) is not int or plan.min_docs < 0 \
+                or not all(v is None or isinstance(v, str) for v in (plan.large, plan.large_graph)) \
+                or (plan.large is None) != (plan.large_graph is None):
+            raise ValueError("a field is not what a plan holds")
+        return plan
 
 
 def plan_key(model_hash: str, backend: str, max_length: int, min_docs: int, platform: Platform) -> str:
@@ -123,4 +111,4 @@ class PlanStore:
         self.path(key).unlink(missing_ok=True)
 
 
-__all__ = ["DocumentRule", "Plan", "PlanStore", "plan_key"]
+__all__ = ["Plan", "PlanStore", "plan_key"]
