@@ -18,7 +18,7 @@ import importlib.util
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from retr.retrieval.artifacts import atomic_write_text, cache_home, read_small, versions
@@ -185,7 +185,6 @@ def choice_key(model_hash: str, role: str, graph_ids: Sequence[str], platform: P
 class ChoiceStore:
     """Choices kept under ``<cache>/choices/<key>.json`` (JSON, written atomically)."""
     root: Path
-    extra: dict = field(default_factory=dict)
 
     def _path(self, key: str) -> Path:
         return self.root / "choices" / f"{key}.json"

@@ -11,13 +11,13 @@ pairs) are made by the one chooser (``chooser.decide``) and stored per candidate
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from retr.retrieval.artifacts import atomic_write_text, read_small, versions
+from retr.retrieval.artifacts import atomic_write_text, read_small
+from retr.retrieval.backends.chooser import choice_key
 from retr.retrieval.backends.graphs import EXPORT_GENERATION
 from retr.retrieval.backends.platform import Platform
 from retr.retrieval.errors import RetrError
@@ -70,12 +70,12 @@ class Plan:
 
 
 def plan_key(model_hash: str, backend: str, max_length: int, min_docs: int, platform: Platform) -> str:
-    """What a plan is valid for: the model, the backend configured, its length and calibration size, the CPU (its
-    model string, precision and int8 verdict, ``RETR_INT8_DOT`` included), how graphs are exported and the
-    library versions. Any of them changes: another plan."""
-    raw = json.dumps([PLAN_FORMAT, model_hash, backend, max_length, min_docs, platform.cpu, platform.precision,
-                      platform.static_int8, platform.int8_forced, EXPORT_GENERATION, versions()], sort_keys=True)
-    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+    """What a plan is valid for (``chooser.choice_key``: the model, the CPU's model string and precision, the
+    library versions), with the backend configured, its length and calibration size, whether static int8 runs here
+    (``RETR_INT8_DOT`` included) and how graphs are exported. Any of them changes: another plan."""
+    return choice_key(model_hash, "plan", [f"format={PLAN_FORMAT}", f"backend={backend}", f"max_length={max_length}",
+                                           f"min_docs={min_docs}", f"export={EXPORT_GENERATION}",
+                                           f"int8={platform.static_int8}/{platform.int8_forced}"], platform)
 
 
 @dataclass(frozen=True)
