@@ -1,9 +1,10 @@
-"""Which graph encodes a corpus, decided once per corpus size: the base graph; an int8 graph made without
-calibration (int8 weights, activations quantised at run time: ``registry.WEIGHTS_INT8``) where int8 runs here and
-it is measured faster than the base graph; or a calibrated backend's static int8 graph where the corpus is large
-enough for its saving over those to exceed its calibration's cost on this CPU. The name of that graph in cache
-keys, taken from the same decision; and which graph encoded an index's documents (``like``), for documents added
-to it later."""
+"""Which graph encodes a corpus: the base graph; an int8 graph made without calibration (int8 weights, activations
+quantised at run time: ``registry.WEIGHTS_INT8``) where int8 runs here and it is measured faster than the base
+graph; or a calibrated backend's static int8 graph where the corpus is large enough for its saving over those to
+exceed its calibration's cost on this CPU. The stored graph plan (``backends.plan``) holds the rule, made once and
+read by every cache look-up (``graph_id``: nothing timed or tokenised); a corpus it leaves open is weighed on first
+use (``corpus_weighing``, on the speeds of ``corpus_speeds``). And which graph encoded an index's documents
+(``recorded_graph``), for documents added to it later."""
 
 from __future__ import annotations
 
@@ -218,7 +219,8 @@ class CorpusPlanner:
         else:
             why = "each corpus weighed on first use until static int8 is calibrated here"
         return Plan(self.plan_key, self.exported.model_hash, self.configured, self.platform.cpu, self.min_docs, base,
-                    self._key(large) if large else None, large, why)
+                    self._key(large) if large else None, large, why,
+                    self.calibration.digest if large == CALIBRATED else None)
 
     def _key(self, chosen: str) -> str:
         """The cache key of the graph ``chosen`` (``BASE``, ``WEIGHTS``, ``CALIBRATED``) names: the backend; for
@@ -303,9 +305,8 @@ class CorpusPlanner:
             logger.warning("%s refused (%s): corpora are encoded by the %s graph", backend.name, e,
                            self.graph.variant)
             return None
-        stored = PlanStore(cache_home()).get(self.plan_key)
-        if stored is not None and stored.large_graph != CALIBRATED:  # made since: the plan is made again
-            PlanStore(cache_home()).drop(self.plan_key)
+        if (stored := PlanStore(cache_home()).get(self.plan_key)) is not None and stored.large_graph != CALIBRATED:
+            PlanStore(cache_home()).drop(self.plan_key)  # made since: the plan is made again
             self.__dict__.pop("_plan", None)
         return graph
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,10 @@ def test_doctor_prints_the_cpu_the_candidates_the_choice_and_the_first_run_cost(
     first = report["first_run"]
     assert first["docs"] == 500 and first["graph_build_seconds"] > 0
     assert abs(first["encode_seconds_estimate"] - 500 * report["documents"]["base"]["ms_per_doc"] / 1000) < 1e-9
+    # the graph plan it stored, which `retr index` reads: the base graph at any size on this CPU
+    plan = report["plan"]
+    assert json.loads(Path(plan["path"]).read_text()) == {k: v for k, v in plan.items() if k != "path"}
+    assert plan["large_graph"] == "base" and plan["small"] == plan["large"] and plan["large"].startswith("openvino/")
 
     monkeypatch.setenv("RETR_INT8_DOT", "1")  # with them: int8 a candidate, its break-even said (assumed: not made)
     assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "500", "--verbose"]) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 
 import pytest
 
@@ -88,6 +89,10 @@ def test_a_cache_look_up_calls_no_timer_once_the_plan_is_stored(tiny_bi_encoder,
     large, small = later.planner.graph_id(_corpus("rivers", 50)), later.planner.graph_id(_corpus("rivers", 5))
     assert large.startswith(f"{DEFAULT}@") and large == plan.large
     assert small == later.exported.identity(later.graph).key == plan.small
+    # the calibrated graph it names gone from the cache: the plan is made again, the next corpus weighed again
+    gone = _encoder(tiny_bi_encoder)
+    shutil.rmtree(gone.exported.find(DEFAULT, gone.planner.calibration).path.parent)
+    assert not _encoder(tiny_bi_encoder).planner.stored_plan().settled
 
 
 def test_a_damaged_plan_is_made_again_with_a_warning_and_nothing_timed(tiny_bi_encoder, monkeypatch, caplog):

@@ -18,8 +18,10 @@ from pathlib import Path
 
 from retr.retrieval.artifacts import atomic_write_text, read_small
 from retr.retrieval.backends.chooser import choice_key
-from retr.retrieval.backends.graphs import EXPORT_GENERATION
+from retr.retrieval.backends.export import EMBEDDING, Calibration
+from retr.retrieval.backends.graphs import EXPORT_GENERATION, cache_folder
 from retr.retrieval.backends.platform import Platform
+from retr.retrieval.backends.registry import get_backend
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class Plan:
     large: str | None
     large_graph: str | None
     why: str
+    calibration: str | None = None  # the digest of the calibrated graph ``large`` names, where it names one
 
     def document_key(self, docs: int) -> str | None:
         """The key of the graph that encodes a corpus of ``docs`` documents; None: weighed on first use."""
@@ -51,6 +54,15 @@ class Plan:
     @property
     def settled(self) -> bool:
         return self.large is not None
+
+    def present(self, root: Path) -> bool:
+        """Whether the calibrated graph the plan names is in the cache at ``root`` (a plan naming one that is gone is
+        made again: a corpus is then weighed once more rather than keyed by a graph that is not there)."""
+        if self.calibration is None:
+            return True
+        folder = cache_folder(root, self.model_hash, get_backend(self.backend), EMBEDDING,
+                              Calibration((), self.calibration))
+        return (folder / "manifest.json").is_file()
 
     def to_dict(self) -> dict:
         return {"format": PLAN_FORMAT, **asdict(self)}
@@ -63,7 +75,7 @@ class Plan:
         plan = cls(**{f.name: d[f.name] for f in fields(cls)})
         texts = (plan.key, plan.model_hash, plan.backend, plan.cpu, plan.small, plan.why)
         if not all(isinstance(v, str) for v in texts) or type(plan.min_docs) is not int or plan.min_docs < 0 \
-                or not all(v is None or isinstance(v, str) for v in (plan.large, plan.large_graph)) \
+                or not all(v is None or isinstance(v, str) for v in (plan.large, plan.large_graph, plan.calibration)) \
                 or (plan.large is None) != (plan.large_graph is None):
             raise ValueError("a field is not what a plan holds")
         return plan
@@ -98,7 +110,7 @@ class PlanStore:
         if plan.key != key:
             logger.warning("stored graph plan %s is another's (%s): made again", self.path(key), plan.key)
             return None
-        return plan
+        return plan if plan.present(self.root) else None
 
     def put(self, plan: Plan) -> None:
         try:
