@@ -3,7 +3,7 @@
 Whether static int8 pays depends on the CPU: with int8 dot products (AVX-512 VNNI, AVX-VNNI) it is the fastest
 graph; with AVX2 alone it can be slower than the base graph, and with AMX no faster than bf16. retr prunes it
 without int8 dot products (``chooser.prune``) and otherwise calibrates only where a corpus's measured saving
-beats the calibration's cost (``chooser.calibration_pays``). This script measures the speeds behind that choice
+beats the calibration's cost (``cost.calibration_pays``). This script measures the speeds behind that choice
 on the machine it runs on: each backend's graph is forced (``RETR_INT8_DOT=1``) so that int8 is timed even where
 retr would not use it. One process, graphs exported and warmed before timing, ``--rounds`` passes over ``--docs``
 SciFact documents, backends alternating within each pass so that drift on a shared machine falls on all of them;

@@ -71,7 +71,7 @@ def _first_run_at(enc, backend, kept, costs: dict, docs: int, doc_tokens: int, b
     (where it was not before), int8 calibrated where it pays, and the encoding; as ``retr index`` would decide
     (``base_s``: seconds per document through the base graph, timed once)."""
     int8_here = backend.calibrated and backend in kept
-    brk = enc.planner.calibration_break(docs, docs * doc_tokens) if int8_here else None
+    brk = enc.planner.weighing.calibration_break(docs, docs * doc_tokens) if int8_here else None
     build = costs.get(enc.graph.variant) or 0.0
     if brk is not None and brk.pays:
         calibrated = enc.exported.find(backend, enc.planner.calibration)
@@ -94,9 +94,11 @@ def _report(args: argparse.Namespace) -> dict:
     import time
     from dataclasses import replace
 
+    from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends import chooser
     from retr.retrieval.backends.export import EMBEDDING
     from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE
+    from retr.retrieval.backends.plan import PlanStore
     from retr.retrieval.backends.platform import this_platform
     from retr.retrieval.backends.registry import BACKENDS, base_of, get_backend
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
@@ -124,7 +126,7 @@ def _report(args: argparse.Namespace) -> dict:
             enc.planner.calibrated_graph  # noqa: B018 - calibrated (and cached) now, timed below
         enc = BiEncoder(config)  # sees every graph now in the cache
     queries = enc.query_graphs
-    query_choice = queries.time_candidates() if len(queries.candidates) > 1 else None
+    query_choice = queries.decide(again=True) if len(queries.candidates) > 1 else None
     timed = {t.backend: t for t in query_choice.timings} if query_choice is not None else {}
     query_rows = [{"backend": name, "ms_per_query": queries.seconds(g) * 1000 if name not in timed
                    else timed[name].ms, "made_seconds": costs.get(name) or _made_seconds(g),
@@ -134,13 +136,13 @@ def _report(args: argparse.Namespace) -> dict:
                   for name, g in queries.candidates.items()]
     int8_here = backend.calibrated and backend in kept
     calibrated = enc.exported.find(backend, enc.planner.calibration) if int8_here else None
-    # what `retr index` decides a corpus of --docs documents by (``CorpusPlanner.calibration_break``): its timings
+    # what `retr index` decides a corpus of --docs documents by (``Weighing.calibration_break``): its timings
     # stored, so that what doctor shows is what an index reads
-    brk = enc.planner.calibration_break(args.docs, args.docs * args.doc_tokens) if int8_here else None
+    brk = enc.planner.weighing.calibration_break(args.docs, args.docs * args.doc_tokens) if int8_here else None
     if brk is not None:
         base_s = brk.base_graph_s if brk.base_graph_s is not None else brk.base_s
     else:
-        base_s = enc.planner.doc_seconds(enc.graph, args.doc_tokens)
+        base_s = enc.planner.speeds.doc_seconds(enc.graph, args.doc_tokens)
     documents = {"base": {"backend": enc.graph.variant, "ms_per_doc": base_s * 1000, "doc_tokens": args.doc_tokens,
                           "estimated": brk is not None and brk.base_estimated}}
     if brk is not None:
@@ -164,6 +166,7 @@ def _report(args: argparse.Namespace) -> dict:
             f" ({backend.name} pruned: {why_pruned})" if why_pruned else "")
     not_cached = [b.name for b in kept if b.name not in queries.candidates and not b.calibrated and b.queries]
     runs = [_first_run_at(enc, backend, kept, costs, n, args.doc_tokens, base_s) for n in SUMMARY_DOCS]
+    plan = enc.planner.stored_plan(again=True)  # made from what was just measured, stored: `retr index` reads it
     first_run = {"graph_build_seconds": costs.get(enc.graph.variant), "open_seconds_now": opened_s,
                  "encode_seconds_estimate": args.docs * base_s, "docs": args.docs}
     if "int8" in documents and documents["int8"]["pays"]:
@@ -182,6 +185,7 @@ def _report(args: argparse.Namespace) -> dict:
         "pruned": [{"backend": n, "why": w} for n, w in pruned],
         "not_in_cache": not_cached,
         "first_run": first_run,
+        "plan": {"path": str(PlanStore(cache_home()).path(plan.key)), **plan.to_dict()},
         "summary": _summary(platform.to_dict(), query_choice.backend if query_choice else enc.graph.variant,
                             doc_choice, runs, not_cached, args.doc_tokens,
                             _per_doc(runs)),
@@ -262,6 +266,9 @@ def _print(r: dict) -> None:
           + (f", {d['int8']['backend']} {1000 * d['int8']['int8_s']:.1f}"
              f" ({'measured' if d['int8']['measured'] else 'assumed'})" if "int8" in d else ""))
     print(f"  chosen: {d['chosen']} - {d['why']}")
+    plan = r["plan"]
+    print(f"graph plan (what `retr index` reads; nothing timed there): {plan['path']}: from "
+          f"{plan['min_docs']} documents {plan['large_graph'] or 'weighed per corpus'} ({plan['why']})")
     for x in r["pruned"]:
         print(f"pruned: {x['backend']}: {x['why']}")
     if r["not_in_cache"]:

@@ -58,7 +58,7 @@ def _time_now(base):
     """``base``'s candidates timed now and the choice stored (None: one graph only, or torch)."""
     if base.pair_graphs is None or len(base.pair_graphs.candidates) < 2:
         return None
-    return base.pair_graphs.time_all()
+    return base.pair_graphs.decide(again=True)
 
 
 def choose_now(model: str, depth: int):

@@ -73,7 +73,7 @@ def add_search_options(p: argparse.ArgumentParser, command: str) -> None:
                         "approximate, pyseismic-lsr)")
     p.add_argument("--multivector-model", default=None, metavar="MODEL",
                    help="+maxsim: the multi-vector (ColBERT-style) encoder that rescores the top hits (a "
-                        "MultiVectorEncoder folder or hub id; `retr train multi-vector` makes one)")
+                        "MultiVectorEncoder folder or hub id; `retr train multi-vector` makes one; default: none)")
 
 
 def request_options(args: argparse.Namespace) -> dict:

@@ -26,7 +26,7 @@ from retr.retrieval.backends.holder import ExportedModel
 from retr.retrieval.backends.platform import Platform, this_platform
 from retr.retrieval.backends.quiet import quiet_third_party
 from retr.retrieval.backends.registry import DEFAULT_BACKEND, base_of, get_backend
-from retr.retrieval.corpus_plan import CorpusPlan, CorpusPlanner
+from retr.retrieval.corpus_plan import CorpusPlan, CorpusPlanner, recorded_graph
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import ModelRef, check_bi_encoder_dir
 from retr.retrieval.progress import Progress
@@ -200,7 +200,7 @@ class BiEncoder:
             return CorpusEncoding(self.encode(plan.texts, show_progress=show_progress), graph_info(None))
         t0 = time.perf_counter()
         vectors = self._run(plan.graph, plan.tokens, show_progress)
-        self.planner.record_encoding(plan, time.perf_counter() - t0)  # a measurement of its graph, kept
+        self.planner.speeds.record_encoding(plan, time.perf_counter() - t0)  # a measurement of its graph, kept
         return CorpusEncoding(vectors, plan.graph_info(), truncation=plan.truncation)
 
     def corpus_plan(self, texts: list[str]) -> CorpusPlan:
@@ -229,7 +229,7 @@ class BiEncoder:
         documents added to the index sit with the ones already there (``CorpusPlanner.like``: the base graph
         stands in, with a warning, where that graph is not in this machine's cache)."""
         texts = prefixed(self.prompts.document, texts)
-        graph = self.planner.like(recorded)
+        graph = recorded_graph(self.planner, recorded)
         if graph is not None:
             return self._run(graph, self.tokens.ids(texts), show_progress)
         return self.encode(texts, show_progress=show_progress)

@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from retr.retrieval.artifacts import cache_home
 from retr.retrieval.backends import chooser, sample_texts
 from retr.retrieval.backends.export import EMBEDDING, Calibration
 from retr.retrieval.backends.graphs import (
@@ -162,10 +161,7 @@ class QueryGraphs:
         only (nothing to choose), or a query backend was given."""
         if self.given is not None or self.documents is None or len(self.candidates) < 2:
             return None
-        stored = chooser.ChoiceStore(cache_home()).get(self._choice_key(), among=self.candidates)
-        if stored is not None:
-            return stored
-        return self.time_candidates()
+        return self.decide()
 
     def _choice_key(self) -> str:
         # each candidate as a query runs through it (padded or not: timed as it runs, so timed again if that changes)
@@ -173,28 +169,25 @@ class QueryGraphs:
         ids.append(f"max_query_rank_noise={MAX_QUERY_RANK_NOISE}")  # choices made before (or to another bar): again
         return chooser.choice_key(self.exported.model_hash, chooser.QUERIES, ids, self.platform)
 
-    def time_candidates(self) -> chooser.Choice:
-        """Time every query candidate and measure its ranking noise against the documents' graph now, choose among
-        those within ``MAX_QUERY_RANK_NOISE``, and store the choice (what ``choice`` reads)."""
-        if any(not self._same(g) for g in self.candidates.values()):
-            _ = self._noise_sample  # the documents' graph's vectors, taken before its compiled model is dropped
-        timings = []
-        for name, graph in self.candidates.items():
-            timings.append(self._timing(name, graph))
-            if graph is self.documents:
-                self._release_documents()
-        choice = chooser.choose(chooser.QUERIES, timings, self.documents.variant)
-        logger.info("queries: %s (%s)", choice.backend, choice.why)
-        chooser.ChoiceStore(cache_home()).put(self._choice_key(), choice, model_hash=self.exported.model_hash,
-                                              cpu=self.platform.cpu)
-        return choice
+    def decide(self, again: bool = False) -> chooser.Choice:
+        """The query choice (``chooser.decide``): stored, else every candidate timed and checked for ranking noise
+        against the documents' graph now, chosen among those within ``MAX_QUERY_RANK_NOISE`` and stored; ``again``:
+        timed whatever is stored (`retr doctor`)."""
+        return chooser.decide(chooser.QUERIES, self._choice_key(), self.candidates, self._timing,
+                              self.documents.variant, model_hash=self.exported.model_hash, platform=self.platform,
+                              label="queries", again=again)
 
     def _timing(self, name: str, graph: Graph) -> chooser.Timing:
         """One query candidate, timed and (unless it is the documents' own graph) checked for ranking noise."""
+        if any(not self._same(g) for g in self.candidates.values()):
+            _ = self._noise_sample  # the documents' graph's vectors, taken before its compiled model is dropped
         # the documents' graph itself, or its file in its precision on another number of streams (``one_stream``):
         # the same arithmetic, nothing to check (the check's sample costs a first run ~3.5 s)
-        return chooser.checked(name, self.seconds(graph), None if self._same(graph) else self.noise(graph),
-                               MAX_QUERY_RANK_NOISE)
+        timing = chooser.checked(name, self.seconds(graph), None if self._same(graph) else self.noise(graph),
+                                 MAX_QUERY_RANK_NOISE)
+        if graph is self.documents:
+            self._release_documents()
+        return timing
 
     def _same(self, graph: Graph) -> bool:
         """``graph`` computes as the documents' graph does: the same file in the same precision (``one_stream``)."""

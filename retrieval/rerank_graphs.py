@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retr.retrieval.artifacts import cache_home
-from retr.retrieval.backends import chooser, sample_texts
+from retr.retrieval.backends import chooser, cost, sample_texts
 from retr.retrieval.backends.batching import run_sorted
+from retr.retrieval.backends.cost import prior
 from retr.retrieval.backends.export import SCORING, Calibration, pair_noise
 from retr.retrieval.backends.graphs import Graph, release_others
 from retr.retrieval.backends.holder import ExportedModel
@@ -33,17 +33,9 @@ logger = logging.getLogger(__name__)
 NOISE_QUESTIONS = 8  # questions whose pairs the ranking noise is measured on (each against ``depth`` passages)
 # the cross-encoder's static int8 graph: made for a run whose queries repay it (``PairGraphs.worth_making``)
 STATIC_INT8 = "openvino-int8"
-# what making it costs until measured (export, calibration on retr's sample, agreement and noise checks): 16.5 s
-# for a SciFact-trained MiniLM cross-encoder on 2 cores of an AVX-512 BF16/VNNI EPYC without AMX (`retr train
-# cross-encoder` log, 2026-12-07); its pairs then scored 1.53x as fast as bf16 (88.1 against 134.8 ms a query's
-# 20), where the platform's prior (``Platform.int8_prior``, the bi-encoder's documents) says 1.44
-CE_STATIC_INT8_PRIOR_S = 16.5
-# how long the configured graph is timed to weigh making static int8 (then stored): a rough figure is enough, as the
-# int8 side of the weighing is a prior (two questions' pairs, a warm-up and two rounds: the eval's decision came
-# 1.2 s sooner than with four questions and the default rounds, for a MiniLM cross-encoder at depth 20 on 2 EPYC
-# cores)
-WEIGH_BUDGET_S = 0.5
-
+# what making it costs until measured, and how long the configured graph is timed to weigh it: ``priors.json``
+CE_STATIC_INT8_PRIOR_S = prior("ce_calibration_s")
+WEIGH_BUDGET_S = prior("ce_weigh_budget_s")
 
 def sample_pairs(depth: int, questions: int | None = None) -> list[tuple[str, list[str]]]:
     """retr's fixed questions, each with ``depth`` of its fixed passages (plain and joined, starting at the
@@ -121,26 +113,20 @@ class PairGraphs:
         noise = None if graph is self.base else self.noise(graph)
         return chooser.checked(name, self.seconds(graph), noise, CE_MAX_RANK_NOISE)
 
-    def time_all(self) -> chooser.Choice:
-        """Time and check every candidate now, choose, and store the choice."""
-        choice = chooser.choose(chooser.PAIRS, [self.timing(n, g) for n, g in self.candidates.items()],
-                                self.base.variant)
-        logger.info("cross-encoder pairs at depth %d: %s (%s)", self.depth, choice.backend, choice.why)
-        chooser.ChoiceStore(cache_home()).put(self.key(), choice, model_hash=self.model_hash, cpu=self.platform.cpu)
-        return choice
+    def decide(self, again: bool = False) -> chooser.Choice:
+        """The pairs' choice (``chooser.decide``): stored, else every candidate timed and checked now, chosen and
+        stored; ``again``: timed whatever is stored (`retr doctor`)."""
+        return chooser.decide(chooser.PAIRS, self.key(), self.candidates, self.timing, self.base.variant,
+                              model_hash=self.model_hash, platform=self.platform,
+                              label=f"cross-encoder pairs at depth {self.depth}", again=again)
 
     def choice(self) -> chooser.Choice | None:
         """The stored choice, else one measured now; None where the configured graph is the only candidate."""
-        if len(self.candidates) < 2:
-            return None
-        stored = chooser.ChoiceStore(cache_home()).get(self.key(), among=self.candidates)
-        if stored is not None:
-            return stored
-        return self.time_all()
+        return self.decide() if len(self.candidates) > 1 else None
 
-    def worth_making(self, queries: int) -> chooser.Break | None:
+    def worth_making(self, queries: int) -> cost.Break | None:
         """Whether this run's ``queries`` would save more through the model's static int8 graph than making it
-        costs (``chooser.calibration_pays``: the configured graph timed here on a query's pairs, static int8 at the
+        costs (``cost.calibration_pays``: the configured graph timed here on a query's pairs, static int8 at the
         platform's int8 prior, ``CE_STATIC_INT8_PRIOR_S``); None where there is nothing to weigh: that graph is
         in the cache already, was refused before, or this CPU has no int8 dot products."""
         static = BACKENDS[STATIC_INT8]
@@ -151,25 +137,24 @@ class PairGraphs:
             self.exported.find(static, self.calibration())
         except RetrError:  # refused for this model before
             return None
-        return chooser.calibration_pays(queries, self.base_seconds(), self.platform,
+        return cost.calibration_pays(queries, self.base_seconds(), self.platform,
                                         calibration_s=CE_STATIC_INT8_PRIOR_S)
 
     def base_seconds(self) -> float:
-        """Seconds per query's pairs through the configured graph, as weighing static int8 needs it: stored per
-        model, graph, depth, length, CPU and versions (a run that did not make it times nothing the next time),
-        else timed now (~``WEIGH_BUDGET_S``)."""
+        """Seconds per query's pairs through the configured graph, as weighing static int8 needs it: timed once
+        (~``WEIGH_BUDGET_S``) and stored per model, graph, depth, length, CPU and versions by the one chooser (a
+        run that did not make it times nothing the next time)."""
         key = chooser.choice_key(self.model_hash, chooser.PAIRS, [
             self.exported.identity(self.base).key, f"depth={self.depth}", f"max_length={self.max_length}",
             "weighing static int8"], self.platform)
-        store = chooser.ChoiceStore(cache_home())
-        stored = store.get(key)
-        if stored is not None and stored.timings and stored.timings[0].seconds:
-            return stored.timings[0].seconds
-        seconds = self.seconds(self.base, questions=2, budget_s=WEIGH_BUDGET_S, min_rounds=2)
-        store.put(key, chooser.Choice(chooser.PAIRS, self.base.variant, "timed to weigh making static int8",
-                                      (chooser.Timing(self.base.variant, seconds),)), model_hash=self.model_hash,
-                  cpu=self.platform.cpu)
-        return seconds
+        def decide(again: bool = False) -> float | None:
+            choice = chooser.decide(chooser.PAIRS, key, {self.base.variant: self.base}, lambda name, graph: chooser.Timing(
+                name, self.seconds(graph, questions=2, budget_s=WEIGH_BUDGET_S, min_rounds=2)), self.base.variant,
+                model_hash=self.model_hash, platform=self.platform, label="cross-encoder pairs, to weigh static int8",
+                again=again)
+            return choice.timings[0].seconds if choice.timings else None
+
+        return decide() or decide(again=True)  # a stored choice without the time: timed again
 
     def chosen(self) -> tuple[Graph, chooser.Choice | None]:
         """The graph that scores pairs, and the choice that took it (None: the only candidate); the other

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from retr.retrieval import defaults
-from retr.retrieval.backends import apart, chooser, sample_texts
+from retr.retrieval.backends import apart, cost, sample_texts
 from retr.retrieval.backends.batching import fast_pair_tokenizer
 from retr.retrieval.backends.chooser import Choice
 from retr.retrieval.backends.export import SCORING, Calibration, ce_logits
@@ -154,7 +154,7 @@ def cross_encoder_ref(name: str) -> ModelRef:
     return ref
 
 
-def _weighed_record(b: chooser.Break) -> dict:
+def _weighed_record(b: cost.Break) -> dict:
     """``CrossEncoderReranker.weighed`` as a report records it: per query, not per document."""
     even = b.break_even_docs
     return {"queries": b.docs, "base_ms_per_query": b.base_s * 1000, "int8_ms_per_query": b.int8_s * 1000,
@@ -178,7 +178,7 @@ class CrossEncoderReranker:
         self.graph: Graph | None = None
         self.choice: Choice | None = None  # how the graph was chosen, where it was measured
         self.pair_graphs: PairGraphs | None = None
-        self.weighed: chooser.Break | None = None  # whether making its static int8 graph paid a run (``expect``)
+        self.weighed: cost.Break | None = None  # whether making its static int8 graph paid a run (``expect``)
         # its graphs: opened, found and named as the bi-encoder's are (the torch model loaded only to export)
         self.exported = ExportedModel(self.ref, SCORING, self.max_length, lambda: self.model,
                                       use_cache_alone=self._fast_pairs is not None)
@@ -200,7 +200,7 @@ class CrossEncoderReranker:
         self._warned: set[str] = set()
         self._checks: dict[tuple[str, str | None], CorpusCheck] = {}
 
-    def expect(self, queries: int) -> chooser.Break | None:
+    def expect(self, queries: int) -> cost.Break | None:
         """A run is about to rerank ``queries`` queries (an eval, a topics file). Where its graph is measured here
         (no backend named) and the model's static int8 graph is not in the cache yet, it is made first where those
         queries would save more than making it costs (``PairGraphs.worth_making``), and the graphs are chosen

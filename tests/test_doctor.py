@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,10 @@ def test_doctor_prints_the_cpu_the_candidates_the_choice_and_the_first_run_cost(
     first = report["first_run"]
     assert first["docs"] == 500 and first["graph_build_seconds"] > 0
     assert abs(first["encode_seconds_estimate"] - 500 * report["documents"]["base"]["ms_per_doc"] / 1000) < 1e-9
+    # the graph plan it stored, which `retr index` reads: the base graph at any size on this CPU
+    plan = report["plan"]
+    assert json.loads(Path(plan["path"]).read_text()) == {k: v for k, v in plan.items() if k != "path"}
+    assert plan["large_graph"] == "base" and plan["small"] == plan["large"] and plan["large"].startswith("openvino/")
 
     monkeypatch.setenv("RETR_INT8_DOT", "1")  # with them: int8 a candidate, its break-even said (assumed: not made)
     assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "500", "--verbose"]) == 0
@@ -97,7 +102,7 @@ def test_doctor_times_the_documents_graphs_as_the_index_will_and_stores_it(tiny_
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
     calibrated = enc.exported.find("openvino-int8", enc.planner.calibration)
     monkeypatch.setattr(chooser, "time_alternating", lambda *a, **k: (_ for _ in ()).throw(AssertionError("timed")))
-    speeds = enc.planner.measured_per_token(calibrated)
+    speeds = enc.planner.speeds.measured_per_token(calibrated)
     assert abs(docs["base"]["ms_per_doc"] - speeds.base * 10 * 1000) < 1e-9
     assert abs(docs["int8"]["int8_s"] - speeds.int8 * 10) < 1e-12
 
@@ -107,14 +112,15 @@ def test_doctor_shows_the_int8_weights_graph_a_corpus_too_small_for_a_calibratio
     """Where int8 runs and nothing is calibrated yet, doctor weighs the corpus as `retr index` does: the base and
     int8-weights graphs timed (fake here: 4 and 2 ms a token); the int8-weights graph faster, static int8 assumed
     1.3x faster than it, and its calibration weighed against it."""
-    from retr.retrieval.backends.chooser import CALIBRATION_PRIOR_S
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.backends.cost import prior
+    CALIBRATION_PRIOR_S = prior("calibration_s")
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
 
     monkeypatch.setenv("RETR_INT8_DOT", "1")  # int8 dot products: int8 assumed 1.44x the base graph
     # an fp32 base graph, over which int8 weights are assumed 1.7x (over bf16, 1.1x: never weighed for this corpus)
     monkeypatch.setenv("RETR_BF16", "0")
     speeds = {"openvino": 0.004, "openvino-int8w": 0.002}
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, graph: speeds[graph.variant])
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds", lambda self, graph: speeds[graph.variant])
     assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "500", "--doc-tokens", "10", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     docs = report["documents"]
@@ -135,11 +141,11 @@ def test_doctor_says_where_the_base_graphs_speed_is_estimated_from_the_probe_not
                                                                                       monkeypatch):
     """Where the planner weighs a corpus on the base graph's estimated speed (``Break.base_estimated``), doctor shows
     that figure as estimated, in its JSON and in its text."""
-    from retr.retrieval.backends.chooser import Break
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.backends.cost import Break
+    from retr.retrieval.corpus_weighing import Weighing
 
     monkeypatch.setenv("RETR_INT8_DOT", "1")  # int8 a candidate on any CPU
-    monkeypatch.setattr(CorpusPlanner, "calibration_break",
+    monkeypatch.setattr(Weighing, "calibration_break",
                         lambda self, docs, tokens: Break(docs, 0.04, 0.02, 4.0, False, base_estimated=True))
     assert main(["doctor", "--model", str(tiny_bi_encoder), "--docs", "5000", "--doc-tokens", "10", "--json"]) == 0
     base = json.loads(capsys.readouterr().out)["documents"]["base"]

@@ -488,7 +488,7 @@ def test_where_int8_runs_a_corpus_the_base_graph_encodes_is_keyed_by_the_base_gr
     not pay for a calibration, goes through the base graph, and its cache keys name that graph, not the int8 one;
     the break is timed once per corpus size, for the key and the plan alike."""
     from retr.retrieval.backends.platform import Platform
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
 
     calls = _counting_static_int8(monkeypatch)
     _patch_backend(monkeypatch, DEFAULT, uncalibrated=None)  # the base graph against static int8 alone (below)
@@ -502,7 +502,7 @@ def test_where_int8_runs_a_corpus_the_base_graph_encodes_is_keyed_by_the_base_gr
     assert enc.planner.graph_id(corpus).startswith(f"{DEFAULT}@") and calls == []  # naming calibrates nothing
     timed = []
     speeds = {"openvino": 0.02, "openvino-int8": 0.01}
-    monkeypatch.setattr(CorpusPlanner, "doc_seconds",
+    monkeypatch.setattr(DocumentSpeeds, "doc_seconds",
                         lambda self, g, tokens: timed.append(g.variant) or speeds[g.variant])
     measured = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     measured.__dict__["platform"] = Platform.of({"avx2", "avx512f", "avx512_vnni"})  # int8 dot products, not forced
@@ -518,19 +518,19 @@ def test_a_corpus_too_small_for_a_calibration_goes_through_the_int8_weights_grap
     than the margin faster than the base graph, a corpus whose calibration would not pay goes through it: keyed by
     it before encoding, nothing calibrated, documents added later through it again. Measured no faster (another
     CPU): the base graph. A corpus for which static int8 clearly pays never makes or times it."""
-    from retr.retrieval import corpus_plan
+    from retr.retrieval import corpus_weighing
     from retr.retrieval.backends.platform import Platform
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
 
     monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph on every CPU, as on the platform below
     # weighing the int8-weights graph as if it cost nothing: a tiny corpus would not repay its real cost (tested
     # apart: test_an_int8_weights_graph_is_made_only_where_it_could_repay_making_and_timing_it)
-    monkeypatch.setattr(corpus_plan, "WEIGHTS_MAKE_S", 0.0)
-    monkeypatch.setattr(corpus_plan, "WEIGHTS_TIME_S", 0.0)
+    monkeypatch.setattr(corpus_weighing, "WEIGHTS_MAKE_S", 0.0)
+    monkeypatch.setattr(corpus_weighing, "WEIGHTS_TIME_S", 0.0)
     calls = _counting_static_int8(monkeypatch)
     timed = []
     speeds = {"openvino": 0.02, "openvino-int8w": 0.01}  # seconds per token (fake)
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds", lambda self, g: timed.append(g.variant) or speeds[g.variant])
     corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
     vnni = Platform.of({"avx2", "avx512f", "avx512_vnni"})  # int8 dot products, not forced; fp32 base graph
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
@@ -611,7 +611,7 @@ def test_an_int8_graphs_checks_read_the_sample_vectors_the_planner_timed_the_bas
                               model_path=enc.ref.path, base=enc.graph)
 
     fresh = made(tmp_path / "a")  # nothing timed yet: the reference runs the passages
-    enc.planner.token_seconds(enc.graph)
+    enc.planner.speeds.token_seconds(enc.graph)
     assert enc.graph.known
     ran, real = [], direct.embed_in_batches
     monkeypatch.setattr(direct, "embed_in_batches",
@@ -633,16 +633,18 @@ def test_a_calibration_that_pays_once_weighing_the_int8_weights_graph_is_counted
     (made and timed already) it is made."""
     import math
 
-    from retr.retrieval.backends.chooser import CALIBRATION_PRIOR_S
+    from retr.retrieval.backends.cost import prior
+    CALIBRATION_PRIOR_S = prior("calibration_s")
     from retr.retrieval.backends.platform import Platform
-    from retr.retrieval.corpus_plan import WEIGHTS_MAKE_S, WEIGHTS_TIME_S, CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
+    from retr.retrieval.corpus_weighing import WEIGHTS_MAKE_S, WEIGHTS_TIME_S, Weighing
 
     platform = Platform.of({"avx2", "avx512f", "avx512_vnni"}, cpu="VNNI, fp32 base graph")
     WEIGHTS_PRIOR = platform.weights_prior
-    monkeypatch.setattr(CorpusPlanner, "token_seconds",
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds",
                         lambda self, g: {"openvino": 1e-4, "openvino-int8w": 1e-4 / WEIGHTS_PRIOR}[g.variant])
     if not weighing_costs:
-        monkeypatch.setattr(CorpusPlanner, "_weights_cost_s", lambda self: 0.0)
+        monkeypatch.setattr(Weighing, "weights_cost_s", lambda self: 0.0)
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     enc.__dict__["platform"] = platform
     tokens_per_doc = 100
@@ -655,7 +657,7 @@ def test_a_calibration_that_pays_once_weighing_the_int8_weights_graph_is_counted
     assert docs * (base_s - base_s / platform.int8_prior) > CALIBRATION_PRIOR_S
     assert docs * saving < CALIBRATION_PRIOR_S  # before, this corpus made and timed the int8-weights graph
     assert docs * saving > CALIBRATION_PRIOR_S - weighing
-    brk = enc.planner.calibration_break(docs, docs * tokens_per_doc)
+    brk = enc.planner.weighing.calibration_break(docs, docs * tokens_per_doc)
     made = "weights_graph" in enc.planner.__dict__
     assert made is not weighing_costs
     if weighing_costs:
@@ -673,20 +675,21 @@ def test_an_int8_weights_graph_is_made_only_where_it_could_repay_making_and_timi
     of 100 tokens static int8 clearly pays, so the int8-weights graph is never made (it was, with one prior for
     both precisions, and encoded where static int8 was 1.4x faster)."""
     from retr.retrieval.backends.platform import Platform
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
+    from retr.retrieval.corpus_weighing import Weighing
 
     platform = Platform.of({"avx2", "avx512f", "avx512_vnni", *(["avx512_bf16"] if bf16 else [])}, cpu="VNNI")
     assert platform.bf16 is bf16 and platform.int8_prior > platform.weights_prior > 1
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: {
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds", lambda self, g: {
         "openvino": 1e-4, "openvino-int8w": 1e-4 / platform.weights_prior}[g.variant])
-    monkeypatch.setattr(CorpusPlanner, "_weights_cost_s", lambda self: 1.0)
+    monkeypatch.setattr(Weighing, "weights_cost_s", lambda self: 1.0)
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     enc.__dict__["platform"] = platform
     docs = 2000
     saving = docs * 1e-4 * tokens_per_doc * (1 - 1 / platform.weights_prior)
     assert (saving > 1.0) is (made or bf16)
     with caplog.at_level("INFO"):
-        brk = enc.planner.calibration_break(docs, docs * tokens_per_doc)
+        brk = enc.planner.weighing.calibration_break(docs, docs * tokens_per_doc)
     assert ("weights_graph" in enc.planner.__dict__) is made
     assert brk.against == ("openvino-int8w" if made else "base")
     assert brk.pays is bf16
@@ -702,10 +705,12 @@ def test_the_base_graph_is_not_timed_where_its_speed_from_the_precision_probe_cl
     graph is not timed; nearer the break-even (or without a probe: ``Platform.of``) the base graph is timed."""
     from dataclasses import replace
 
-    from retr.retrieval.backends.chooser import CALIBRATION_PRIOR_S
+    from retr.retrieval.backends.cost import prior
+    CALIBRATION_PRIOR_S = prior("calibration_s")
     from retr.retrieval.backends.platform import Platform
     from retr.retrieval.backends.precision import PROBE_MACS, PrecisionTiming
-    from retr.retrieval.corpus_plan import ESTIMATE_MARGIN, CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
+    from retr.retrieval.corpus_weighing import ESTIMATE_MARGIN, Weighing
 
     monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph, as on the platform below
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
@@ -713,14 +718,14 @@ def test_the_base_graph_is_not_timed_where_its_speed_from_the_precision_probe_cl
     probe = PrecisionTiming(bf16_ms=2 * PROBE_MACS / 1e5, fp32_ms=PROBE_MACS / 1e5)  # 1e8 multiply-adds/s in fp32
     enc.__dict__["platform"] = replace(vnni, precision_probe=probe)
     tokens_per_doc = 20
-    per_doc_s = tokens_per_doc * enc.planner._spec.macs_per_token(tokens_per_doc) / 1e8
+    per_doc_s = tokens_per_doc * enc.planner.weighing.spec.macs_per_token(tokens_per_doc) / 1e8
     ran = []  # timed, the base graph runs at the estimate (static int8 then pays all the same)
-    monkeypatch.setattr(CorpusPlanner, "token_seconds",
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds",
                         lambda self, g: ran.append(g.variant) or per_doc_s / tokens_per_doc)
-    monkeypatch.setattr(CorpusPlanner, "_weights_cost_s", lambda self: 0.0)
+    monkeypatch.setattr(Weighing, "weights_cost_s", lambda self: 0.0)
     saving = docs * per_doc_s * (1 - 1 / vnni.int8_prior)
     assert (saving > ESTIMATE_MARGIN * CALIBRATION_PRIOR_S) is not timed and saving > CALIBRATION_PRIOR_S
-    brk = enc.planner.calibration_break(docs, docs * tokens_per_doc)
+    brk = enc.planner.weighing.calibration_break(docs, docs * tokens_per_doc)
     assert brk.pays and brk.base_estimated is not timed and ran[:1] == (["openvino"] if timed else [])
     if not timed:
         assert brk.base_s == pytest.approx(per_doc_s)
@@ -728,34 +733,34 @@ def test_the_base_graph_is_not_timed_where_its_speed_from_the_precision_probe_cl
     ran.clear()
     bare = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     bare.__dict__["platform"] = Platform.of(vnni.flags, cpu="VNNI, not probed")  # nothing stored for it either
-    assert not bare.planner.calibration_break(docs, docs * tokens_per_doc).base_estimated and ran[0] == "openvino"
+    assert not bare.planner.weighing.calibration_break(docs, docs * tokens_per_doc).base_estimated and ran[0] == "openvino"
 
 
 def test_the_base_graphs_timing_is_warmed_up_on_a_few_short_passages_not_a_whole_round(tiny_bi_encoder,
                                                                                        monkeypatch):
     """Timing a graph on retr's sample passages, alone or alternating with another: compiled and warmed up on the
     shortest few (two a stream), then timed over the whole sample, whose vectors it keeps (``Graph.known``)."""
-    from retr.retrieval import corpus_plan
+    from retr.retrieval import corpus_speeds
     from retr.retrieval.backends import sample_texts
     from retr.retrieval.backends.batching import row_key
 
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder)))
-    sizes, real = [], corpus_plan.run_sorted
-    monkeypatch.setattr(corpus_plan, "run_sorted",
+    sizes, real = [], corpus_speeds.run_sorted
+    monkeypatch.setattr(corpus_speeds, "run_sorted",
                         lambda runner, rows, *a, **k: sizes.append(len(rows)) or real(runner, rows, *a, **k))
-    enc.planner.token_seconds(enc.graph)
-    rows = enc.planner._sample_rows()
-    assert sizes[0] == corpus_plan.WARM_UP_ROWS_PER_STREAM * enc.graph.runner.parallel < len(rows)
+    enc.planner.speeds.token_seconds(enc.graph)
+    rows = enc.planner.speeds.sample_rows()
+    assert sizes[0] == corpus_speeds.WARM_UP_ROWS_PER_STREAM * enc.graph.runner.parallel < len(rows)
     assert len(sizes) >= 2 and set(sizes[1:]) == {len(rows)}
     passages = (sample_texts.passages() + sample_texts.long_passages())[:5]  # the tiny model has no prompt
     np.testing.assert_allclose(np.stack([enc.graph.known[row_key(r)] for r in rows[:5]]), enc.encode(passages),
                                atol=1e-5)
     # two graphs timed in alternation: each warmed up the same way, then whole rounds
-    monkeypatch.setattr(corpus_plan, "PER_TOKEN_BUDGET_S", 0.0)
+    monkeypatch.setattr(corpus_speeds, "PER_TOKEN_BUDGET_S", 0.0)
     sizes.clear()
-    enc.planner.tokens_seconds_alternating([enc.graph, enc.graph])
+    enc.planner.speeds.tokens_seconds_alternating([enc.graph, enc.graph])
     assert sizes[:2] == [sizes[0], sizes[0]] and sizes[0] < len(rows)
-    assert set(sizes[2:]) == {len(rows)} and len(sizes) == 2 + 2 * corpus_plan.PER_TOKEN_MIN_ROUNDS
+    assert set(sizes[2:]) == {len(rows)} and len(sizes) == 2 + 2 * corpus_speeds.PER_TOKEN_MIN_ROUNDS
 
 
 def test_a_static_int8_graphs_checks_read_the_vectors_its_statistics_pass_computed(tiny_bi_encoder, monkeypatch,
@@ -846,14 +851,14 @@ def test_a_cached_calibration_with_its_speeds_stored_names_a_corpus_graph_withou
     without tokenising the corpus, the same key the tokenising choice gives; where the int8 graph is not faster by
     the margin there, the base graph's."""
     from retr.retrieval.backends.platform import Platform
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
 
     monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph, as on the platform below
     corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
     vnni = Platform.of({"avx2", "avx512f", "avx512_vnni"}, cpu="VNNI, settled")
     speeds = {"openvino": 2.0, "openvino-int8": 0.5}  # seconds per token (fake): static int8 pays at once
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: speeds[g.variant])
-    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating",
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds", lambda self, g: speeds[g.variant])
+    monkeypatch.setattr(DocumentSpeeds, "tokens_seconds_alternating",
                         lambda self, graphs: [speeds[g.variant] for g in graphs])
 
     def encoder():
@@ -886,16 +891,17 @@ def test_a_corpus_encoded_through_static_int8_keeps_its_speed_and_a_later_corpus
     alternation, where int8 was faster by more than ``OBSERVED_CLEAR_RATIO``; closer than that, it times them. An
     estimated base speed stays marked estimated in the later corpus's break."""
     from retr.retrieval.backends.platform import Platform
-    from retr.retrieval.corpus_plan import OBSERVED_CLEAR_RATIO, CorpusPlanner
+    from retr.retrieval.corpus_speeds import OBSERVED_CLEAR_RATIO, DocumentSpeeds
+    from retr.retrieval.corpus_weighing import Weighing
     from retr.retrieval.tokens import prefixed
 
     monkeypatch.setenv("RETR_BF16", "0")  # an fp32 base graph, as on the platform below
     vnni = Platform.of({"avx2", "avx512f", "avx512_vnni"}, cpu=f"VNNI, observed at {ratio}")
     base_t = 1.0  # seconds per token, the base graph (fake): static int8 pays at once at the platform's prior
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: base_t)
-    monkeypatch.setattr(CorpusPlanner, "_weights_cost_s", lambda self: 0.0)
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds", lambda self, g: base_t)
+    monkeypatch.setattr(Weighing, "weights_cost_s", lambda self: 0.0)
     alternated = []
-    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating",
+    monkeypatch.setattr(DocumentSpeeds, "tokens_seconds_alternating",
                         lambda self, graphs: alternated.append(len(graphs)) or [base_t, base_t / ratio])
 
     def encoder(platform=vnni):
@@ -907,7 +913,7 @@ def test_a_corpus_encoded_through_static_int8_keeps_its_speed_and_a_later_corpus
     plan = first.corpus_plan([f"{w} {i}" for i, w in enumerate(TEXTS * 8)])
     assert plan.graph is first.calibrated_graph and plan.choice["pays"] and not alternated
     tokens = sum(len(r) for r in plan.tokens)
-    first.planner.record_encoding(replace(plan, choice={**plan.choice, "base_estimated": True}),
+    first.planner.speeds.record_encoding(replace(plan, choice={**plan.choice, "base_estimated": True}),
                                   tokens * base_t / ratio)  # int8 ``ratio`` times the base graph's speed
     later = encoder()
     other = [f"{w} {w} {i}" for i, w in enumerate(TEXTS * 9)]
@@ -923,7 +929,7 @@ def test_a_corpus_encoded_through_static_int8_keeps_its_speed_and_a_later_corpus
     fresh = encoder()
     fresh.encode_corpus(other)
     assert not alternated
-    kept = fresh.planner._stored_per_token(fresh.calibrated_graph)
+    kept = fresh.planner.speeds.stored_per_token(fresh.calibrated_graph)
     assert kept is not None and kept.observed and kept.base == pytest.approx(base_t) and kept.int8 < base_t
 
 
@@ -958,7 +964,7 @@ def test_where_no_corpus_could_pay_for_a_calibration_its_graph_is_named_without_
     enc.planner.calibrated_graph  # noqa: B018 - calibrated and cached now
     weighed = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     weighed.__dict__["platform"] = amx
-    monkeypatch.setattr(type(weighed.planner), "tokens_seconds_alternating", lambda self, graphs: [1.0, 1.0])
+    monkeypatch.setattr(type(weighed.planner.speeds), "tokens_seconds_alternating", lambda self, graphs: [1.0, 1.0])
     assert weighed.planner.choice(prefixed(weighed.prompts.document, corpus)).measured["measured"] is True
 
 
@@ -985,16 +991,16 @@ def test_the_base_graphs_compiled_streams_are_dropped_before_a_calibration_and_n
 
 
 def test_a_refused_int8_weights_graph_leaves_small_corpora_to_the_base_graph(tiny_bi_encoder, monkeypatch, caplog):
-    from retr.retrieval import corpus_plan
+    from retr.retrieval import corpus_weighing
     from retr.retrieval.backends.platform import Platform
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
 
-    monkeypatch.setattr(corpus_plan, "WEIGHTS_MAKE_S", 0.0)  # weighed as if it cost nothing: a tiny corpus
-    monkeypatch.setattr(corpus_plan, "WEIGHTS_TIME_S", 0.0)
+    monkeypatch.setattr(corpus_weighing, "WEIGHTS_MAKE_S", 0.0)  # weighed as if it cost nothing: a tiny corpus
+    monkeypatch.setattr(corpus_weighing, "WEIGHTS_TIME_S", 0.0)
     calls = _counting_static_int8(monkeypatch)
     _patch_backend(monkeypatch, "openvino-int8w", floors={"bi": 1.01})  # no int8 graph can pass this floor
     # static int8 (assumed 2.03x the base graph) would save this corpus ~1 s: under its assumed cost
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: {"openvino": 0.005}[g.variant])
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds", lambda self, g: {"openvino": 0.005}[g.variant])
     corpus = [f"{w} {i}" for i, w in enumerate(TEXTS * 8)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     enc.__dict__["platform"] = Platform.of({"avx2", "avx512f", "avx512_vnni"}, cpu="VNNI three")

@@ -10,7 +10,7 @@ from types import MappingProxyType
 import numpy as np
 import pytest
 
-from retr.retrieval.backends import chooser, registry, timing
+from retr.retrieval.backends import chooser, cost, registry, timing
 from retr.retrieval.backends import platform as platform_mod
 from retr.retrieval.backends.chooser import DOCUMENTS, PAIRS, QUERIES, Timing
 from retr.retrieval.backends.platform import Platform, this_platform, usable_flags
@@ -137,22 +137,22 @@ def test_a_graph_that_adds_ranking_noise_is_taken_only_where_it_is_more_than_the
     alone = [Timing("openvino", 0.001, passed=False), Timing("onnx-int8", 0.0030, rank_noise=0.03)]
     assert chooser.choose(role, alone, "openvino").backend == "onnx-int8"
     # static int8 documents: 8% faster (an AMX Xeon's measurement) does not pay, even already calibrated
-    assert not chooser.calibration_pays(10 ** 6, 0.0160, AMX, int8_s=0.0148, calibration_s=0.0).pays
-    assert chooser.calibration_pays(10 ** 6, 0.0160, AMX, int8_s=0.0140, calibration_s=0.0).pays
+    assert not cost.calibration_pays(10 ** 6, 0.0160, AMX, int8_s=0.0148, calibration_s=0.0).pays
+    assert cost.calibration_pays(10 ** 6, 0.0160, AMX, int8_s=0.0140, calibration_s=0.0).pays
 
 
 def test_calibration_pays_only_where_the_measured_saving_exceeds_its_cost():
     # the issue's AVX-512 EPYC: base 52 docs/s, int8 75 docs/s, calibration 19 s -> break-even ~3,300 documents
-    small = chooser.calibration_pays(1000, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=19.0)
-    large = chooser.calibration_pays(5183, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=19.0)
+    small = cost.calibration_pays(1000, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=19.0)
+    large = cost.calibration_pays(5183, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=19.0)
     assert not small.pays and large.pays and small.measured
     assert 3000 < small.break_even_docs < 3500 and small.to_dict()["break_even_docs"] == round(small.break_even_docs)
-    assert chooser.calibration_pays(100, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=0.0).pays  # already calibrated
-    slower = chooser.calibration_pays(10 ** 6, 1 / 52, VNNI, int8_s=1 / 40, calibration_s=0.0)
+    assert cost.calibration_pays(100, 1 / 52, VNNI, int8_s=1 / 75, calibration_s=0.0).pays  # already calibrated
+    slower = cost.calibration_pays(10 ** 6, 1 / 52, VNNI, int8_s=1 / 40, calibration_s=0.0)
     assert not slower.pays and slower.to_dict()["break_even_docs"] is None  # int8 slower: never
     assert slower.break_even_phrase() == "int8 is no faster here"  # not "~None documents"
     assert small.break_even_phrase() == f"int8 pays from ~{round(small.break_even_docs)} documents"
-    prior = chooser.calibration_pays(1000, 1 / 52, AMX)  # not measured: AMX's prior says int8 is no faster
+    prior = cost.calibration_pays(1000, 1 / 52, AMX)  # not measured: AMX's prior says int8 is no faster
     assert not prior.measured and not prior.pays and prior.int8_s > prior.base_s
 
 
@@ -263,7 +263,7 @@ def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast
 
 def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the_cost(tiny_bi_encoder, monkeypatch):
     from retr.retrieval.backends.graphs import Graph
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     monkeypatch.delenv("RETR_INT8_DOT")
@@ -273,7 +273,7 @@ def test_a_small_corpus_is_not_calibrated_where_the_measured_saving_is_below_the
     entries["openvino-int8"] = replace(entries["openvino-int8"], convert=lambda *a, **k: calls.append(1) or convert(*a, **k))
     monkeypatch.setattr(registry, "BACKENDS", MappingProxyType(entries))
     speeds = {"openvino": 0.02, "openvino-int8": 0.01, "openvino-int8w": 0.019}  # int8w: within the margin
-    monkeypatch.setattr(CorpusPlanner, "doc_seconds", lambda self, g, tokens: speeds[g.variant])
+    monkeypatch.setattr(DocumentSpeeds, "doc_seconds", lambda self, g, tokens: speeds[g.variant])
     corpus = [f"document {i} about wolves and forests number {i}" for i in range(40)]
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), calibration_min_docs=30))
     enc.__dict__["platform"] = VNNI  # an AVX-512 VNNI CPU: static int8 is a candidate, its cost assumed
@@ -335,25 +335,25 @@ def _no_weights_graph(monkeypatch) -> None:
 
 def _fake_token_speeds(monkeypatch, speeds: dict[str, float], timed: list) -> None:
     """Per-token speeds of the document graphs, timed alone or in alternation (fake, recorded in ``timed``)."""
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
 
     def seconds(self, graph):
         timed.append(graph.variant)
         return speeds[graph.variant]
 
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", seconds)
-    monkeypatch.setattr(CorpusPlanner, "tokens_seconds_alternating", lambda self, gs: [seconds(self, g) for g in gs])
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds", seconds)
+    monkeypatch.setattr(DocumentSpeeds, "tokens_seconds_alternating", lambda self, gs: [seconds(self, g) for g in gs])
 
 
 def test_the_calibration_break_counts_the_corpus_tokens_not_only_its_documents(tiny_bi_encoder, monkeypatch):
     """Two corpora of as many documents: short ones save less than the calibration costs, long ones more (the
     sample's per-token time times the tokens the graph will run: SciFact's ~240 a document, NPL's ~40)."""
-    from retr.retrieval.corpus_plan import CorpusPlanner
+    from retr.retrieval.corpus_speeds import DocumentSpeeds
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
 
     monkeypatch.delenv("RETR_INT8_DOT")
     _no_weights_graph(monkeypatch)  # the base graph against static int8 alone
-    monkeypatch.setattr(CorpusPlanner, "token_seconds", lambda self, g: 0.05)  # base graph, per token (fake)
+    monkeypatch.setattr(DocumentSpeeds, "token_seconds", lambda self, g: 0.05)  # base graph, per token (fake)
     short = [f"wolves {i}" for i in range(40)]
     long = [f"document {i} " + "about wolves and forests and the rivers between them " * 6 for i in range(40)]
     decided = {}

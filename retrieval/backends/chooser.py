@@ -7,8 +7,8 @@ checks (agreement with torch, ranking noise: a graph that fails them is refused 
 chosen. Flags only prune what cannot run here (``prune``). The choice is stored per (model hash, the candidates'
 graph identities, CPU model string, library versions), so a later run reads it instead of timing again.
 
-Static int8 document graphs cost a calibration before they can be timed; ``calibration_pays`` decides whether a
-corpus is large enough for the measured (or, until measured, assumed) saving to exceed that cost.
+Static int8 document graphs cost a calibration before they can be timed; ``cost.calibration_pays`` decides whether
+a corpus is large enough for the measured (or, until measured, assumed) saving to exceed that cost.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import hashlib
 import importlib.util
 import json
 import logging
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from retr.retrieval.artifacts import atomic_write_text, read_small, versions
+from retr.retrieval.artifacts import atomic_write_text, cache_home, read_small, versions
 from retr.retrieval.backends.platform import Platform
 from retr.retrieval.backends.registry import CE_MAX_RANK_NOISE, MAX_RANK_NOISE
 from retr.retrieval.backends.timing import (
@@ -39,12 +39,6 @@ QUERIES, DOCUMENTS, PAIRS = "queries", "documents", "pairs"  # the roles a graph
 # the ranking noise a graph chosen for each role may add (the bar ``checked`` held it to)
 NOISE_BARS = {QUERIES: MAX_RANK_NOISE, DOCUMENTS: MAX_RANK_NOISE, PAIRS: CE_MAX_RANK_NOISE}
 UNITS = {QUERIES: "ms per query", DOCUMENTS: "ms per document", PAIRS: "ms per query's pairs"}
-BASE = "base"  # ``Break.against``: the corpus's base graph
-# static int8 made from the base graph + calibration + checks, until measured here: 3.9 s for MiniLM on 2 cores of
-# an AMX Xeon with AMX refused (`retr -v index` timestamps: quantising 1.8 s, its checks 2.1 s), retr's own
-# quantisation (``quantize``); 12.0 s with NNCF's on an AVX-512 BF16/VNNI EPYC without AMX (19 s when it was
-# quantised from torch's export)
-CALIBRATION_PRIOR_S = 4.0
 RUNTIME_MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 
 
@@ -154,69 +148,26 @@ def choose(role: str, timings: Sequence[Timing], fallback: str, pruned: Sequence
     return Choice(role, best.backend, why, tuple(timings), tuple(pruned))
 
 
+def decide(role: str, key: str, candidates: Mapping[str, object], timing: Callable[[str, object], Timing],
+           fallback: str, *, model_hash: str, platform: Platform, label: str | None = None,
+           again: bool = False) -> Choice:
+    """The one chooser of every role: the choice stored under ``key`` (``choice_key``) where it still names one of
+    ``candidates``; else every candidate timed and checked (``timing(name, candidate)``), the fastest that passed
+    taken (``choose``; ``fallback`` where none did), said in an info line and stored for the next run. ``again``:
+    timed whatever is stored (`retr doctor`)."""
+    store = ChoiceStore(cache_home())
+    stored = None if again else store.get(key, among=candidates)
+    if stored is not None:
+        return stored
+    choice = choose(role, [timing(name, c) for name, c in candidates.items()], fallback)
+    logger.info("%s: %s (%s)", label or role, choice.backend, choice.why)
+    store.put(key, choice, model_hash=model_hash, cpu=platform.cpu)
+    return choice
+
+
 def _noise(t: Timing) -> float:
     """The ranking noise a timed candidate adds (none where it computes as the reference does)."""
     return t.rank_noise or 0.0
-
-
-@dataclass(frozen=True)
-class Break:
-    """Whether calibrating static int8 pays for a corpus: its saving against the base graph and its cost."""
-    docs: int
-    base_s: float  # seconds per document, base graph
-    int8_s: float  # seconds per document, static int8
-    calibration_s: float
-    measured: bool  # int8_s and calibration_s measured here (else assumed: Platform.int8_prior, the prior cost)
-    # the graph ``base_s`` times, which the corpus takes where the calibration does not pay: the base graph
-    # (``BASE``), or an int8 graph made without calibration (``registry.Backend.uncalibrated``) measured faster here
-    against: str = BASE
-    base_graph_s: float | None = None  # seconds per document, the base graph, where ``against`` is another graph
-    # ``base_s`` estimated from the model's multiply-adds at this CPU's probe rate, not timed (``CorpusPlanner``)
-    base_estimated: bool = False
-
-    @property
-    def against_base(self) -> bool:
-        return self.against == BASE
-
-    @property
-    def against_phrase(self) -> str:
-        """The graph the corpus takes where the calibration does not pay, in words."""
-        return "the base graph" if self.against_base else self.against
-
-    @property
-    def saving_s(self) -> float:
-        return self.docs * (self.base_s - self.int8_s)
-
-    @property
-    def pays(self) -> bool:
-        """int8 saves more than its calibration costs, and is fast enough to be worth its ranking noise
-        (``faster_enough``)."""
-        return faster_enough(self.base_s, self.int8_s) and self.saving_s > self.calibration_s
-
-    @property
-    def break_even_docs(self) -> float:
-        gain = self.base_s - self.int8_s
-        return self.calibration_s / gain if gain > 0 and faster_enough(self.base_s, self.int8_s) else float("inf")
-
-    def break_even_phrase(self) -> str:
-        """The break-even in words: "int8 pays from ~N documents", or "int8 is no faster here" where no corpus
-        size pays (int8 not faster by more than the margin)."""
-        even = self.break_even_docs
-        return "int8 is no faster here" if even == float("inf") else f"int8 pays from ~{round(even)} documents"
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "saving_s": self.saving_s, "pays": self.pays,
-                "break_even_docs": None if self.break_even_docs == float("inf") else round(self.break_even_docs)}
-
-
-def calibration_pays(docs: int, base_s: float, platform: Platform, int8_s: float | None = None,
-                     calibration_s: float | None = None) -> Break:
-    """Whether ``docs`` documents save more by static int8 than its calibration costs: with int8's and the
-    calibration's measured figures where they exist (``int8_s`` seconds per document, ``calibration_s``), else
-    ``platform.int8_prior`` and ``CALIBRATION_PRIOR_S``."""
-    measured = int8_s is not None and calibration_s is not None
-    return Break(docs, base_s, int8_s if int8_s is not None else base_s / platform.int8_prior,
-                 calibration_s if calibration_s is not None else CALIBRATION_PRIOR_S, measured)
 
 
 # -- the store -------------------------------------------------------------------------------------------------
@@ -234,7 +185,6 @@ def choice_key(model_hash: str, role: str, graph_ids: Sequence[str], platform: P
 class ChoiceStore:
     """Choices kept under ``<cache>/choices/<key>.json`` (JSON, written atomically)."""
     root: Path
-    extra: dict = field(default_factory=dict)
 
     def _path(self, key: str) -> Path:
         return self.root / "choices" / f"{key}.json"
@@ -271,6 +221,6 @@ class ChoiceStore:
             logger.debug("choice not stored: %s", e)
 
 
-__all__ = ["DOCUMENTS", "NOISE_FREE_MARGIN", "PAIRS", "QUERIES", "Break", "Choice", "ChoiceStore", "Timing",
-           "calibration_pays", "checked", "choice_key", "choose", "faster_enough", "prune", "time_alternating",
+__all__ = ["DOCUMENTS", "NOISE_FREE_MARGIN", "PAIRS", "QUERIES", "Choice", "ChoiceStore", "Timing",
+           "checked", "choice_key", "choose", "decide", "faster_enough", "prune", "time_alternating",
            "time_per_unit"]

@@ -107,31 +107,24 @@ class Platform:
     @property
     def static_int8(self) -> bool:
         """Whether static int8 graphs are candidates here at all (native int8 dot products, or forced); whether
-        a corpus then pays for their calibration is measured (``chooser.calibration_pays``)."""
+        a corpus then pays for their calibration is measured (``cost.calibration_pays``)."""
         return self.int8_dot
 
     @property
     def int8_prior(self) -> float:
-        """Static int8's document throughput over the base graph's, assumed until measured here: 1.44 with int8
-        dot products over a bf16 base graph without AMX (75 against 52 docs/s, AVX-512 VNNI EPYC, issue 39), 2.03
-        over an fp32 one (16.0 against 32.5 ms per document, an AMX Xeon with AMX refused, where bf16 measured
-        slower than fp32), 0.97 with AMX (104.5 against 107.6, AMX Xeon), 0.85 emulated (19.2 against 22.7, AVX2
-        EPYC)."""
-        if self.int8_forced is not None:
-            return 1.44 if self.int8_forced else 0.85
-        if self.amx:
-            return 0.97
-        return (1.44 if self.bf16 else 2.03) if self.int8_dot else 0.85
+        """Static int8's document throughput over the base graph's, assumed until measured here
+        (``cost.int8_prior``: the priors and their sources are data, ``priors.json``)."""
+        from retr.retrieval.backends.cost import int8_prior
+
+        return int8_prior(self)
 
     @property
     def weights_prior(self) -> float:
-        """The int8-weights graph's document throughput over the base graph's (``registry.WEIGHTS_INT8``: int8
-        weights, activations quantised at run time, arithmetic in fp32 on every CPU), assumed until measured here:
-        1.56-1.84 over an fp32 base graph (retr's sample, MiniLM on 2 cores of an AMX Xeon with AMX refused;
-        benchmarks/results/int8w-vs-static-encode-noamx-xeon.json), 1.06 over a bf16 one on SciFact's documents
-        and 1.12-1.17 on retr's sample (MiniLM on 2 cores of an AVX-512 BF16/VNNI EPYC without AMX: 15.1-15.7
-        against 16.1-16.6 s for 1,000 documents, where static int8 took 10.8-11.2 s)."""
-        return 1.1 if self.bf16 else 1.7
+        """The int8-weights graph's document throughput over the base graph's, assumed until measured here
+        (``cost.weights_prior``)."""
+        from retr.retrieval.backends.cost import weights_prior
+
+        return weights_prior(self)
 
     @property
     def kind(self) -> str:

@@ -142,7 +142,7 @@ def base_of(name: str) -> Backend:
 def on_this_cpu(backend: Backend, kind: GraphKind = EMBEDDING, platform: Platform | None = None) -> Backend:
     """The backend that does ``backend``'s work on ``platform`` (default: this machine): itself, or its base where
     it cannot run natively there (static int8 without int8 dot products: ``chooser.prune``), said once per process
-    in an info line. Whether a corpus then pays for a calibration is measured (``chooser.calibration_pays``)."""
+    in an info line. Whether a corpus then pays for a calibration is measured (``cost.calibration_pays``)."""
     platform = platform or this_platform()
     if backend.base is None or platform.static_int8:
         return backend
