@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING
 from retr.retrieval import defaults
 from retr.retrieval.errors import RetrError
 from retr.retrieval.options import checked, with_options
-from retr.retrieval.types import check_choice, check_int, shown
+from retr.retrieval.types import (
+    check_choice,
+    check_flag,
+    check_int,
+    check_names,
+    check_path,
+    check_text,
+    shown,
+)
 
 if TYPE_CHECKING:  # the names below are loaded when first used (``__getattr__``): `import retr` stays light
     from retr.eval.report import EvalReport
@@ -88,44 +96,6 @@ def _renamed(**older):
     return wrap
 
 
-def _path(value: object, field: str, optional: bool = False) -> Path | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str) or not value.strip() or "\0" in value:
-        raise RetrError(f"{field} must be a path (a str or pathlib.Path){' or None' if optional else ''}, "
-                        f"got {shown(value)}")
-    return Path(value)
-
-
-def _text(value: object, field: str) -> str | None:
-    """An optional text option (a field name, a prompt, a model name): a ``str`` or None."""
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if value is not None and (not isinstance(value, str) or "\0" in value):
-        raise RetrError(f"{field} must be a str or None, got {shown(value)}")
-    return value
-
-
-def _flag(value: object, field: str) -> bool:
-    if not isinstance(value, bool):
-        raise RetrError(f"{field} must be True or False, got {shown(value)}")
-    return value
-
-
-def _names(value: object, field: str) -> list[str]:
-    """A list of names (ids, pipelines): a list or tuple of ``str``, never one ``str`` taken letter by letter."""
-    if isinstance(value, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(value, Iterable):
-        hint = f": for one, pass [{value!r}]" if isinstance(value, str) and len(value) <= 40 else ""
-        raise RetrError(f"{field} must be a list of str, got {shown(value)}{hint}")
-    names = list(value)
-    for i, name in enumerate(names):
-        if not isinstance(name, str):
-            raise RetrError(f"{field}[{i}] must be a str, got {shown(name)}")
-    return names
-
-
 def _passages(passages: object, aggregate: object) -> PassageConfig | None:
     from retr.retrieval.passages import AGGREGATES, PassageConfig
 
@@ -144,10 +114,10 @@ def _encoder(model: object, backend: object, query_backend: object = None, max_l
     from retr.retrieval.encoder import EncoderConfig
 
     return EncoderConfig(
-        model=_text(model, "model"), backend=check_choice(backend, "backend", choices()),
+        model=check_text(model, "model"), backend=check_choice(backend, "backend", choices()),
         query_backend=check_choice(query_backend, "query_backend", choices(), optional=True),
         max_length=None if max_length is None else check_int(max_length, "max_length", 1, 1 << 20),
-        query_prompt=_text(query_prompt, "query_prompt"), doc_prompt=_text(doc_prompt, "doc_prompt"))
+        query_prompt=check_text(query_prompt, "query_prompt"), doc_prompt=check_text(doc_prompt, "doc_prompt"))
 
 
 class Index:
@@ -179,12 +149,12 @@ class Index:
         from retr.indexes.build import build_index
         from retr.indexes.corpus import CorpusFormat, load_corpus
 
-        corpus_path, out_path = _path(corpus, "corpus"), _path(out, "out")
+        corpus_path, out_path = check_path(corpus, "corpus"), check_path(out, "out")
         cfg = _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages,
                             passage_aggregate, shards, executor, ray_address, ray_actors, dense_options)
         cfg = replace(cfg, sparse=_sparse(sparse_model))
-        fmt = CorpusFormat(_text(id_field, "id_field"), _text(text_field, "text_field"),
-                           _text(title_field, "title_field"))
+        fmt = CorpusFormat(check_text(id_field, "id_field"), check_text(text_field, "text_field"),
+                           check_text(title_field, "title_field"))
         build_index(load_corpus(corpus_path, fmt), out_path, cfg)
         return cls.load(out_path, backend=backend)
 
@@ -205,12 +175,12 @@ class Index:
         import tempfile
 
         from retr.indexes.build import build_index
-        from retr.indexes.corpus import corpus_of
+        from retr.indexes.corpus import corpus_of, documents_of
 
-        out_path = _path(out, "out", optional=True)
+        out_path = check_path(out, "out", optional=True)
         cfg = _index_config(model, backend, bm25, kind, max_length, use_cache, query_prompt, doc_prompt, passages,
                             passage_aggregate, shards, "local", None, defaults.RAY_ACTORS, dense_options)
-        corpus = corpus_of(_documents(docs), Path("<documents>"))
+        corpus = corpus_of(documents_of(docs), Path("<documents>"))
         temp = Path(tempfile.mkdtemp(prefix="retr-index-")) if out_path is None else None
         try:
             folder = out_path if temp is None else temp / "index"
@@ -235,10 +205,10 @@ class Index:
         from retr.indexes.searcher import Searcher
         from retr.retrieval.pipeline import PipelineConfig
 
-        folder = _path(folder, "folder")
+        folder = check_path(folder, "folder")
         encoder = _encoder(model, backend, query_backend, query_prompt=query_prompt)
         pipeline = PipelineConfig(**checked(fusion=fusion, fusion_depth=fusion_depth),
-                                  multivector_model=_text(multivector_model, "multivector_model"))
+                                  multivector_model=check_text(multivector_model, "multivector_model"))
         # a search only reads a stored reranker check (`retr check-reranker`, `retr eval`): it never builds one
         return cls(Searcher(folder, encoder, pipeline))
 
@@ -290,7 +260,7 @@ class Index:
         if isinstance(topics, (str, os.PathLike)):
             from retr.eval.topics import read_topics
 
-            topics = read_topics(_path(topics, "topics"))
+            topics = read_topics(check_path(topics, "topics"))
         if not isinstance(topics, Mapping) or not topics:
             raise RetrError(f"topics must be a non-empty mapping of query id -> query, or a topic file, "
                             f"got {shown(topics)}")
@@ -318,9 +288,9 @@ class Index:
         from retr.indexes.update import add_documents, recorded_format
 
         searcher = self._open
-        fmt = CorpusFormat(_text(id_field, "id_field"), _text(text_field, "text_field"),
-                           _text(title_field, "title_field"))
-        corpus_ = load_corpus(_path(corpus, "corpus"), recorded_format(searcher.index.folder, fmt))
+        fmt = CorpusFormat(check_text(id_field, "id_field"), check_text(text_field, "text_field"),
+                           check_text(title_field, "title_field"))
+        corpus_ = load_corpus(check_path(corpus, "corpus"), recorded_format(searcher.index.folder, fmt))
         return self._changed(add_documents(searcher.index.folder, corpus_))
 
     def delete(self, ids: Sequence[str], *, missing_ok: bool = False):
@@ -329,10 +299,10 @@ class Index:
         from retr.indexes.update import delete_documents
 
         searcher = self._open
-        ids = _names(ids, "ids")
+        ids = check_names(ids, "ids")
         if not ids:
             raise RetrError("ids is empty: give the ids of the documents to delete")
-        return self._changed(delete_documents(searcher.index.folder, ids, missing_ok=_flag(missing_ok, "missing_ok")))
+        return self._changed(delete_documents(searcher.index.folder, ids, missing_ok=check_flag(missing_ok, "missing_ok")))
 
     def compact(self):
         """Fold deleted records away, as `retr compact` (search results do not change)."""
@@ -368,7 +338,7 @@ class Index:
 def _sparse(model: object):
     from retr.retrieval.sparse import SparseConfig
 
-    name = _text(model, "sparse_model")
+    name = check_text(model, "sparse_model")
     return SparseConfig(name) if name else None
 
 
@@ -387,58 +357,18 @@ def _index_config(model, backend, bm25, kind, max_length, use_cache, query_promp
         raise RetrError(f"unknown index option {unknown[0]!r}: choose from {', '.join(sorted(allowed))}")
     dense = DenseIndexConfig(kind=kind, **dense_options)
     encoder = _encoder(model, backend, None, max_length, query_prompt, doc_prompt)
-    bm25_cfg = bm25 if isinstance(bm25, BM25Config) else (BM25Config() if _flag(bm25, "bm25") else None)
+    bm25_cfg = bm25 if isinstance(bm25, BM25Config) else (BM25Config() if check_flag(bm25, "bm25") else None)
     return IndexConfig(dense=dense, encoder=encoder, bm25=bm25_cfg,
-                       use_cache=_flag(use_cache, "use_cache"), passages=_passages(passages, aggregate),
+                       use_cache=check_flag(use_cache, "use_cache"), passages=_passages(passages, aggregate),
                        shards=check_int(shards, "shards", 1, 4096),
                        executor=ExecutorConfig(name=check_choice(executor, "executor", EXECUTORS),
-                                               address=_text(ray_address, "ray_address"),
+                                               address=check_text(ray_address, "ray_address"),
                                                actors=check_int(ray_actors, "ray_actors", 1, 4096)))
-
-
-_ID_KEYS = ("id", "_id", "doc_id")
-
-
-def _documents(docs: object) -> list:
-    """``from_documents``'s input as ``Document`` s: each a str, or a dict with text, maybe id/title/metadata."""
-    import json
-
-    from retr.retrieval.types import Document
-
-    if isinstance(docs, (str, bytes, bytearray, Mapping)) or not isinstance(docs, Iterable):
-        raise RetrError(f"docs must be a list of str or dict, got {shown(docs)}")
-    out = []
-    for i, doc in enumerate(docs):
-        if isinstance(doc, str):
-            out.append(Document(str(i), "", doc))
-            continue
-        if not isinstance(doc, Mapping):
-            raise RetrError(f"docs[{i}] must be a str or a dict with 'text', got {shown(doc)}")
-        keys = [k for k in _ID_KEYS if k in doc]
-        if len(keys) > 1:
-            raise RetrError(f"docs[{i}] has both {keys[0]!r} and {keys[1]!r}: which is the id?")
-        doc_id = doc[keys[0]] if keys else str(i)
-        if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
-            raise RetrError(f"docs[{i}][{keys[0]!r}] must be a str or int, got {shown(doc_id)}")
-        text, title = doc.get("text", ""), doc.get("title", "")
-        for name, value in (("text", text), ("title", title)):
-            if not isinstance(value, str):
-                raise RetrError(f"docs[{i}][{name!r}] must be a str, got {shown(value)}")
-        if "text" not in doc and "title" not in doc:
-            raise RetrError(f"docs[{i}] has no 'text' (nor 'title'): fields {', '.join(map(repr, doc)) or 'none'}")
-        metadata = {k: v for k, v in doc.items() if k not in (*keys, "text", "title") and v not in (None, "", {}, [])}
-        try:
-            json.dumps(metadata)
-        except (TypeError, ValueError):
-            raise RetrError(f"docs[{i}]: its other fields must be JSON values (str, number, bool, list, dict): "
-                            f"{', '.join(map(repr, metadata))}") from None
-        out.append(Document(str(doc_id).strip(), title, text, metadata))
-    return out
 
 
 def _new_file(value: object, field: str) -> Path | None:
     """A path to write: its folder must exist (nothing is created above it), and it must not be a folder."""
-    path = _path(value, field, optional=True)
+    path = check_path(value, field, optional=True)
     if path is not None:
         if not path.parent.is_dir():
             raise RetrError(f"{field}: {path.parent} is not an existing folder: create it first")
@@ -468,27 +398,27 @@ def evaluate(dataset: str | Path, modes: Sequence[str] = _DEFAULT_PIPELINES, *, 
     from retr.retrieval.pipeline import PipelineConfig, parse_pipelines
     from retr.retrieval.rerank import RerankConfig
 
-    dataset = _path(dataset, "dataset")
+    dataset = check_path(dataset, "dataset")
     if isinstance(modes, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(modes, Iterable):
-        _names(modes, "modes")  # its one-line error
+        check_names(modes, "modes")  # its one-line error
     try:  # each item a str (parsed here, once) or a retr.stages value
         pipelines = parse_pipelines(list(modes))
     except RetrError as e:
         raise RetrError(f"modes: {e}") from None
     ks = _cutoffs(k_values)
     out_path, run_path = _new_file(out, "out"), _new_file(run_dir, "run_dir")
-    rerank = _text(rerank, "rerank")
+    rerank = check_text(rerank, "rerank")
     rerank_depth = check_int(rerank_depth, "rerank_depth", 1, 10_000)  # checked with or without a cross-encoder
     cfg = EvalConfig(pipelines=pipelines, k_values=ks,
                      encoder=_encoder(model, backend, query_backend, None, query_prompt, doc_prompt),
                      dense=DenseIndexConfig(kind=kind),
                      pipeline=PipelineConfig(**checked(fusion=fusion, fusion_depth=fusion_depth),
-                                             multivector_model=_text(multivector_model, "multivector_model")),
+                                             multivector_model=check_text(multivector_model, "multivector_model")),
                      reranker=RerankConfig(model=rerank, depth=rerank_depth) if rerank else None,
                      warmup=check_int(warmup, "warmup", 0, 1_000_000),
                      passages=_passages(passages, passage_aggregate), sparse=_sparse(sparse_model))
-    split = _text(split, "split")
-    data = load_dataset(str(dataset), split or "", download=_flag(download, "download"))
+    split = check_text(split, "split")
+    data = load_dataset(str(dataset), split or "", download=check_flag(download, "download"))
     from retr.retrieval.artifacts import check_output
 
     check_output(out_path, "out", folders={"dataset": str(data.path)})  # never over the files it reads

@@ -14,13 +14,13 @@ import io
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from retr.retrieval.artifacts import not_a_file
 from retr.retrieval.errors import RetrError
-from retr.retrieval.types import Document
+from retr.retrieval.types import Document, shown
 
 logger = logging.getLogger(__name__)
 
@@ -234,3 +234,39 @@ def load_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Corpus:
     if (fmt.id_field, fmt.text_field, fmt.title_field) != (id_f, text_f, title_f):
         logger.info("%s: fields used: id %r, text %r, title %r", path, id_f, text_f, title_f)
     return Corpus(docs=docs, source=path, sha256=h.hexdigest(), empty_docs=empty, fields=used)
+
+
+_ID_KEYS = ("id", "_id", "doc_id")
+
+
+def documents_of(docs: object) -> list[Document]:
+    """``from_documents``'s input as ``Document`` s: each a str, or a dict with text, maybe id/title/metadata."""
+    if isinstance(docs, (str, bytes, bytearray, Mapping)) or not isinstance(docs, Iterable):
+        raise RetrError(f"docs must be a list of str or dict, got {shown(docs)}")
+    out = []
+    for i, doc in enumerate(docs):
+        if isinstance(doc, str):
+            out.append(Document(str(i), "", doc))
+            continue
+        if not isinstance(doc, Mapping):
+            raise RetrError(f"docs[{i}] must be a str or a dict with 'text', got {shown(doc)}")
+        keys = [k for k in _ID_KEYS if k in doc]
+        if len(keys) > 1:
+            raise RetrError(f"docs[{i}] has both {keys[0]!r} and {keys[1]!r}: which is the id?")
+        doc_id = doc[keys[0]] if keys else str(i)
+        if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+            raise RetrError(f"docs[{i}][{keys[0]!r}] must be a str or int, got {shown(doc_id)}")
+        text, title = doc.get("text", ""), doc.get("title", "")
+        for name, value in (("text", text), ("title", title)):
+            if not isinstance(value, str):
+                raise RetrError(f"docs[{i}][{name!r}] must be a str, got {shown(value)}")
+        if "text" not in doc and "title" not in doc:
+            raise RetrError(f"docs[{i}] has no 'text' (nor 'title'): fields {', '.join(map(repr, doc)) or 'none'}")
+        metadata = {k: v for k, v in doc.items() if k not in (*keys, "text", "title") and v not in (None, "", {}, [])}
+        try:
+            json.dumps(metadata)
+        except (TypeError, ValueError):
+            raise RetrError(f"docs[{i}]: its other fields must be JSON values (str, number, bool, list, dict): "
+                            f"{', '.join(map(repr, metadata))}") from None
+        out.append(Document(str(doc_id).strip(), title, text, metadata))
+    return out

@@ -8,8 +8,10 @@ files). Both are immutable once built: evaluation can never mutate its inputs.
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -193,3 +195,43 @@ def filter_value(value: object) -> str:
     import json
 
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def check_path(value: object, field: str, optional: bool = False) -> Path | None:
+    """A path option (a ``str`` or ``os.PathLike``, not empty); None where ``optional``."""
+    if value is None and optional:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise RetrError(f"{field} must be a path (a str or pathlib.Path){' or None' if optional else ''}, "
+                        f"got {shown(value)}")
+    return Path(value)
+
+
+def check_text(value: object, field: str) -> str | None:
+    """An optional text option (a field name, a prompt, a model name): a ``str`` or None."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if value is not None and (not isinstance(value, str) or "\0" in value):
+        raise RetrError(f"{field} must be a str or None, got {shown(value)}")
+    return value
+
+
+def check_flag(value: object, field: str) -> bool:
+    """A ``bool`` option: True or False, nothing truthy in their place."""
+    if not isinstance(value, bool):
+        raise RetrError(f"{field} must be True or False, got {shown(value)}")
+    return value
+
+
+def check_names(value: object, field: str) -> list[str]:
+    """A list of names (ids, pipelines): a list or tuple of ``str``, never one ``str`` taken letter by letter."""
+    if isinstance(value, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(value, Iterable):
+        hint = f": for one, pass [{value!r}]" if isinstance(value, str) and len(value) <= 40 else ""
+        raise RetrError(f"{field} must be a list of str, got {shown(value)}{hint}")
+    names = list(value)
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            raise RetrError(f"{field}[{i}] must be a str, got {shown(name)}")
+    return names
