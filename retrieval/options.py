@@ -2,7 +2,7 @@
 
 From this table come the options of the CLI commands in its ``doors`` (``retr.cli.options.add_search_options``),
 the API's signatures and keyword check (``with_options``, ``check_keywords``: an unknown keyword is a one-line error
-naming the nearest), the HTTP body of `retr serve` (``http_model``) and so the CLI reference and the OpenAPI
+naming the nearest), the HTTP body of `retr serve` (``retr.serve.body.http_model``) and so the CLI reference and the OpenAPI
 schema; ``SearchRequest`` checks each value with its declaration (``Declared.check``). How to add an option:
 docs/architecture.md. Nothing heavy is imported (`import retr` reads it); choices are read when first needed.
 """
@@ -147,59 +147,3 @@ def with_options(fn: Callable) -> Callable:
 
     call.__signature__ = shown
     return call
-
-
-def http_model(max_k: int = MAX_K, max_query_chars: int = 100_000, max_batch: int = 64,
-               inherited: Mapping[str, object] | None = None):
-    """The pydantic model of a search request over HTTP (`retr serve`'s JSON body and ``GET /search``'s
-    parameters, and the OpenAPI schema): ``query`` or ``queries``, then every option the ``http`` door takes,
-    with this server's bounds (``max_k`` caps every count of hits) and its own settings (``inherited``) named as
-    the defaults of the options left None. The mode is parsed once, here: the value travels on."""
-    from typing import Literal
-
-    from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
-
-    from retr.retrieval.pipeline import parse
-
-    class Body(BaseModel):
-        model_config = ConfigDict(extra="forbid", strict=True, title="SearchRequest")
-
-        @field_validator("mode", mode="after", check_fields=False)
-        @classmethod
-        def pipeline(cls, text: str):
-            try:
-                return parse(text)
-            except RetrError as e:
-                raise ValueError(str(e)) from None
-
-        @model_validator(mode="after")
-        def one_of(self):
-            if (self.query is None) == (self.queries is None):
-                raise ValueError("give either 'query' or 'queries'")
-            for q in self.queries or ():
-                if len(q) > max_query_chars:
-                    raise ValueError(f"a query is longer than {max_query_chars} characters")
-            return self
-
-        def options(self) -> dict:
-            """The request's options as ``SearchRequest`` takes them (``rerank``: as sent, on or off)."""
-            return {o.name: getattr(self, o.name) for o in at("http")}
-
-    fields: dict = {"query": (str | None, Field(None, min_length=1, max_length=max_query_chars)),
-                    "queries": (list[str] | None, Field(None, min_length=1, max_length=max_batch))}
-    for o in at("http"):
-        kind = o.http or o.kind
-        default = False if kind is bool else o.default
-        if o.choices:
-            kind = Literal[o.allowed()]
-        elif kind is dict:
-            kind = dict[str, str | int | float | bool]
-        high = min(o.high, max_k) if o.kind is int and o.high == MAX_K else o.high
-        bounds = {"ge": o.low, "le": high} if o.kind is int else {"min_length": o.low, "max_length": high}
-        mine = (inherited or {}).get(o.name)
-        description = o.help + (f" (default: this server's, {mine})" if mine is not None else "")
-        fields[o.name] = (kind | None if default is None else kind,
-                          Field(default, description=description, validate_default=o.name == "mode",
-                                **{k: v for k, v in bounds.items() if v is not None and kind is not bool}))
-    return create_model("SearchBody", __base__=Body, __doc__="A search request: one query (``query``) or a batch "
-                        "(``queries``) and its options, as ``retr.SearchRequest`` takes them.", **fields)

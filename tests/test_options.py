@@ -15,6 +15,7 @@ from retr.cli.main import build_parser, main
 from retr.retrieval import options
 from retr.retrieval.errors import RetrError
 from retr.retrieval.request import SearchRequest
+from retr.serve.body import http_model
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
@@ -26,7 +27,7 @@ def _api(self, query, **opts):
 
 
 def test_every_declared_option_is_at_each_of_its_doors_with_its_default():
-    body = options.http_model().model_json_schema()["properties"]
+    body = http_model().model_json_schema()["properties"]
     api = inspect.signature(retr.Index.search).parameters
     for o in options.OPTIONS:
         for door in o.doors:
@@ -59,7 +60,7 @@ def test_a_new_declaration_shows_up_in_the_cli_help_the_api_check_and_the_http_s
     with pytest.raises(RetrError, match="unknown search option 'temprature': did you mean 'temperature'"):
         options.check_keywords({"temprature": 5})
     assert inspect.signature(options.with_options(_api)).parameters["temperature"].default == 3
-    field = options.http_model().model_json_schema()["properties"]["temperature"]  # ... and so does the service
+    field = http_model().model_json_schema()["properties"]["temperature"]  # ... and so does the service
     assert (field["default"], field["minimum"], field["maximum"]) == (3, 1, 9)
     assert "temperature" not in {a.dest for a in _parser("eval")._actions}  # not a door it declared
 
@@ -107,7 +108,7 @@ def test_bounds_are_refused_at_the_api_with_one_line(given, message):
 def test_the_http_body_refuses_what_the_table_bounds():
     from pydantic import ValidationError
 
-    body = options.http_model(max_k=50, max_query_chars=20, max_batch=2, inherited={"fusion": "rrf"})
+    body = http_model(max_k=50, max_query_chars=20, max_batch=2, inherited={"fusion": "rrf"})
     assert body(query="solar").options() == {"k": 10, "mode": body(query="solar").mode, "rerank": False,
                                              "filter": None, "fusion": None, "fusion_depth": None,
                                              "passage_aggregate": None}
