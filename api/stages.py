@@ -56,7 +56,7 @@ def Rerank() -> Pipeline:
     return Pipeline("rerank")
 
 
-def MaxSim(depth: int = 100, weight: float = 1.0) -> Pipeline:
+def MaxSim(depth: int = 100, weight: float = 0.3) -> Pipeline:
     """Late interaction: the multi-vector encoder (``multivector_model``) rescores the top ``depth`` by MaxSim;
     ``weight`` < 1 mixes in the first stage's scores (min-max scaled, as the cross-encoder's weight does)."""
     return Pipeline("maxsim", (), {"depth": depth, "weight": weight})

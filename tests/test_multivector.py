@@ -66,7 +66,7 @@ def test_maxsim_reranks_the_head_by_sentence_transformers_scores(plain_index, ti
     from retr.indexes.folder import IndexFolder
 
     first = _search(plain_index, "bm25", None, 10)
-    got = _search(plain_index, "bm25+maxsim(depth=4)", tiny_multivector, 10)
+    got = _search(plain_index, "bm25+maxsim(depth=4,weight=1)", tiny_multivector, 10)
     st = MultiVectorEncoder(str(tiny_multivector), device="cpu")
     index = IndexFolder(plain_index)
     texts = {d: index.docstore.get(i).full_text() for i, d in enumerate(index.ids)}
