@@ -153,7 +153,8 @@ def test_train_multi_vector_writes_a_folder_the_maxsim_stage_takes(tiny_train, t
 
     out = tmp_path / "mv"
     cfg = MultiVectorTrainConfig(base=str(tiny_bi_encoder), epochs=3, batch_size=4, learning_rate=1e-3,
-                                 max_length=32, dim=8, negative_depth=5, dev_fraction=0.3, dev_candidates=5, seed=0)
+                                 max_length=32, dim=8, negative_depth=5, dev_fraction=0.3, dev_candidates=5, seed=0,
+                                 freeze_layers=0)
     m = train_multi_vector(out, cfg, dataset=load_dataset(str(tiny_train), "train", download=False))
     assert len(m["loss_history"]) >= 2 and m["loss_history"][-1] < m["loss_history"][0]
     assert json.loads((out / "retr_manifest.json").read_text())["format"] == "retr-multi-vector"

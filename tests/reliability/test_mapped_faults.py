@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,14 @@ def _served(server: Process) -> dict:
     return out
 
 
+def _health_when(server: Process, status: str, within_s: float = 30.0) -> None:
+    """Wait until `/healthz` says ``status``: a mapped part's damage shows at once, a changed ``manifest.json`` once
+    the server's watcher has looked (every 0.5 s) and tried to open it, off the event loop."""
+    deadline = time.monotonic() + within_s
+    while json.loads(server.get("/healthz")[1])["status"] != status and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_part_cut_short_under_retr_serve_is_a_503_and_healthz_degraded(built, kind, tmp_path, tally):
     """`retr serve` (a process on 127.0.0.1): each part of its generation cut short, requests made, the part
@@ -149,6 +158,7 @@ def test_every_part_cut_short_under_retr_serve_is_a_503_and_healthz_degraded(bui
             for cut in _cuts(len(original)):
                 os.truncate(live / rel, cut)
                 tally["truncations"] += 1
+                _health_when(server, "degraded")
                 got = _served(server)
                 assert server.proc.poll() is None, f"{kind}: {rel} cut to {cut} bytes killed `retr serve`"
                 health = got.pop("healthz")[1]
@@ -162,6 +172,7 @@ def test_every_part_cut_short_under_retr_serve_is_a_503_and_healthz_degraded(bui
                             (rel, cut, what, status, body)
                         tally["truncation_errors"] += 1
                 (live / rel).write_bytes(original)  # restored in place, as `cp` does
+                _health_when(server, "ok")
                 again = _served(server)
                 assert again["healthz"][1]["status"] == "ok", (rel, again["healthz"])
                 assert {k: v for k, v in again.items() if k != "healthz"} == \
