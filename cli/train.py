@@ -66,7 +66,9 @@ def add_parser(sub) -> None:
     t.add_argument("--mini-batch-size", type=options.positive_int, default=bi.mini_batch_size,
                    help="GradCache chunk (memory); below --batch-size the cached loss is used")
     t.add_argument("--num-negatives", type=int, default=bi.num_negatives,
-                   help="BM25 hard negatives per pair (0: in-batch only)")
+                   help="hard negatives per pair (0: in-batch only)")
+    t.add_argument("--negatives", choices=("bm25", "model"), default=bi.negatives,
+                   help="mined from BM25's top 30, or from the model's own (--base: the model being trained)")
     t.add_argument("--dev-fraction", type=float, default=bi.dev_fraction,
                    help="training queries held out to pick the epoch")
     t.add_argument("--teacher", default=None,
@@ -211,9 +213,9 @@ def run_bi_encoder(args: argparse.Namespace) -> int:
         raise RetrError("use --corpus with --self-supervised, or --dataset for labeled training")
     require_training_stack()  # before the data is read
     cfg = BiEncoderTrainConfig(**_common(args), mini_batch_size=args.mini_batch_size,
-                               num_negatives=args.num_negatives, dev_fraction=args.dev_fraction,
-                               self_supervised=args.self_supervised, precision=args.precision,
-                               teacher=args.teacher, teacher_weight=args.teacher_weight,
+                               num_negatives=args.num_negatives, negatives=args.negatives,
+                               dev_fraction=args.dev_fraction, self_supervised=args.self_supervised,
+                               precision=args.precision, teacher=args.teacher, teacher_weight=args.teacher_weight,
                                freeze_layers=args.freeze_layers)
     if args.dataset:
         m = train_bi_encoder(Path(args.out), cfg, dataset=load_dataset(args.dataset, args.split), resume=args.resume)

@@ -37,6 +37,40 @@ def test_negative_mining_never_takes_a_judged_or_near_duplicate_document(tmp_pat
             assert len(negs) == 2 and not {"pos", "dup", "judged0"} & set(negs), negs
 
 
+def test_model_mining_draws_from_the_models_own_top_never_a_judged_or_near_duplicate_document(tiny_bi_encoder):
+    import random
+
+    from sentence_transformers import SentenceTransformer
+
+    from retr.retrieval.types import Qrels
+    from retr.train.data import Pair
+    from retr.train.negatives import mine_model_negatives
+
+    model = SentenceTransformer(str(tiny_bi_encoder), device="cpu")
+    words = "solar wind rivers bread ovens dams wolves sea tides rain snow hills".split()
+    docs = {f"d{i}": f"notes {i} on {w} and {words[(i + 3) % len(words)]}" for i, w in enumerate(words)}
+    docs["copy"] = docs["d0"]  # the positive's very text under another id, unjudged
+    qrels = Qrels({"q": {"d0": 1, "d1": 0}})  # d1 judged non-relevant: never a negative either
+    pairs = [Pair("solar notes", "d0", "q")]
+    ids, texts = list(docs), list(docs.values())
+    emb = model.encode(texts, normalize_embeddings=True)
+    score = dict(zip(ids, (emb @ model.encode([pairs[0].query], normalize_embeddings=True)[0]).tolist(), strict=True))
+    ceiling = score["d0"] - 0.01 * abs(score["d0"])
+    ranked = [d for d in sorted(ids, key=score.get, reverse=True) if d not in ("d0", "copy") and score[d] <= ceiling]
+    assert "d1" in ranked[:8]  # the judged document is a candidate: the guard has work to do
+    drawn: set[str] = set()
+    for seed in range(8):
+        random.seed(seed)
+        (negs,) = mine_model_negatives(model, pairs, docs, ids, texts, qrels, 2, depth=8, relative_margin=0.01)
+        assert len(negs) == 2 and not {"d0", "copy", "d1"} & set(negs), negs
+        assert set(negs) <= set(ranked[:8])  # the model's own top, none within 1% of the positive's score
+        drawn |= set(negs)
+    assert len(drawn) > 2  # drawn at random within the top, not always the same two
+    # a random model scores every text alike: within 5% of the positive, all but one of its top are left out, and a
+    # pair short of negatives is dropped (None), never topped up
+    assert mine_model_negatives(model, pairs, docs, ids, texts, qrels, 2, depth=8) == [None]
+
+
 def test_dev_split_is_fixed_by_seed():
     from retr.retrieval.types import Qrels
 
@@ -297,6 +331,26 @@ def test_tiny_training_with_a_cross_encoder_teacher(tiny_train, tiny_bi_encoder,
     assert m["teacher"] == str(tiny_cross_encoder) and m["teacher_hash"] == hash_model_dir(tiny_cross_encoder)
     with pytest.raises(RetrError, match="--teacher needs"):
         BiEncoderTrainConfig(teacher=str(tiny_cross_encoder), num_negatives=0)
+
+
+def test_one_turn_of_the_loop_mines_with_the_model_being_trained_and_distils_the_teacher(
+        tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path, monkeypatch):
+    from retr.train import negatives as mining
+
+    seen = []
+    real = mining.mine_model_negatives
+    monkeypatch.setattr(mining, "mine_model_negatives", lambda model, *a, **kw: seen.append(model) or real(model, *a, **kw))
+    ds = load_dataset(str(tiny_train), "train", download=False)
+    first = train_bi_encoder(tmp_path / "bi0", _cfg(tiny_bi_encoder.parent / "bert", epochs=1), dataset=ds)
+    assert first["config"]["negatives"] == "bm25" and not seen
+    cfg = _cfg(tmp_path / "bi0", epochs=1, negatives="model", teacher=str(tiny_cross_encoder))
+    m = train_bi_encoder(tmp_path / "bi1", cfg, dataset=ds)
+    assert len(seen) == 1 and m["config"]["negatives"] == "model" and m["teacher_factor"] > 0
+    # the miner was the model being trained: its start is the first turn's bi-encoder
+    assert m["dev_ndcg@10_before"] == pytest.approx(first["dev_ndcg@10"], abs=1e-6)
+    assert 0 < m["train_pairs"] <= first["train_pairs"]
+    with pytest.raises(RetrError, match="--negatives"):
+        BiEncoderTrainConfig(negatives="bm26")
 
 
 def test_training_precision_resolves_auto_from_the_cpu(monkeypatch):

@@ -26,15 +26,15 @@ from retr.train.common import (
     TrainConfig,
     dev_evaluator,
     dev_ndcg,
+    dev_split,
+    fit,
     freeze_bottom,
     keep_bottom,
     resolve_precision,
-    run_trainer,
-    trainer_kwargs,
     transformer_kwargs,
     write_output,
 )
-from retr.train.data import Pair, labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
+from retr.train.data import Pair, pairs_digest, self_supervised_pairs
 from retr.train.runtime import training_run
 from retr.train.teacher import teacher_record
 
@@ -188,13 +188,11 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     qrels = dataset.qrels
-    train_q, dev_q = split_dev(qrels, cfg.dev_fraction, cfg.seed)
-    pairs = labeled_pairs(dataset.queries, qrels, train_q)
-    if not pairs or not dev_q:
-        raise RetrError(f"too little training data: {len(pairs)} pairs, {len(dev_q)} dev queries")
+    dev = dev_split(dataset, cfg.dev_fraction, cfg.seed)
+    pairs, dev_q, dev_queries, dev_qrels = dev.pairs, list(dev.queries), dev.queries, dev.qrels
     texts = {d.doc_id: d.full_text() for d in dataset.corpus.docs}
     corpus_pairs, bodies = sample_corpus_pairs(dataset, cfg.corpus_lists, cfg.seed)
-    wanted = {**{p.qid: p.query for p in pairs}, **{q: dataset.queries[q] for q in dev_q},
+    wanted = {**{p.qid: p.query for p in pairs}, **dev_queries,
               **{p.qid: p.query for p in corpus_pairs}}
     first = first_stage_runs(dataset, cfg.first_stage_model, wanted, max(cfg.negative_depth, cfg.dev_depth))
     gc.collect()  # the first stage's graphs and thread pools go before training starts
@@ -232,8 +230,6 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
         for j in range(cfg.num_negatives):
             columns[f"negative_{j + 1}"] = [docs[j + 1] for docs in read_lists]
     train_ds = HFDataset.from_dict(columns)
-    dev_queries = {q: dataset.queries[q] for q in dev_q}
-    dev_qrels = Qrels({q: qrels[q] for q in dev_q})
     candidates = {q: [h.doc_id for h in first[q][: cfg.dev_depth]] for q in dev_q}
     dev_read = {q: read(dev_queries[q], [texts[d] for d in cands]) for q, cands in candidates.items()}  # once
     logger.info("%d training lists (1 positive + %d negatives; %d of them from the corpus alone), %d dev queries",
@@ -257,10 +253,8 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     logger.info("before training: dev nDCG@10 %.4f of the first stage alone", first_stage_dev)
     loss = ListNetLoss(model) if cfg.distill else MultipleNegativesRankingLoss(model,
                                                                               num_negatives=cfg.in_batch_negatives)
-    args = CrossEncoderTrainingArguments(**trainer_kwargs(out, cfg, len(train_ds)), bf16=precision == "bf16")
-    trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=train_ds, loss=loss, evaluator=evaluator,
-                                  callbacks=callbacks)
-    result = run_trainer(trainer, out, resume)
+    result = fit(CrossEncoderTrainer, CrossEncoderTrainingArguments, out, cfg, precision, len(train_ds), resume,
+                 model=model, train_dataset=train_ds, loss=loss, evaluator=evaluator, callbacks=callbacks)
     alpha, alpha_curve = choose_interpolation(evaluator.best_scores(), first, dev_q, cfg.dev_depth, dev_qrels)
     seconds = time.perf_counter() - t0
     extra = {
