@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = BiEncoderTrainConfig()
     ds = load_dataset(args.dataset, "train", download=False)
-    dev = dev_split(ds, cfg.dev_fraction, cfg.seed)
+    dev = dev_split(ds.queries, ds.qrels, cfg.dev_fraction, cfg.seed)
     texts = [d.full_text() for d in ds.corpus.docs]
     _, candidates = bm25_negatives(ds.corpus, texts, [], None, dev, 0, cfg)
     score_all = embedding_scorer(dev.queries, candidates, dict(zip(ds.corpus.ids, texts, strict=True)), "fp32",

@@ -19,7 +19,6 @@ from retr.indexes.corpus import Corpus
 from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Qrels, check_float
 from retr.train.common import (
-    DevSplit,
     TrainConfig,
     bm25_negatives,
     dev_evaluator,
@@ -126,23 +125,16 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     if cfg.self_supervised:
         pairs, positives = self_supervised_pairs(corpus.docs, cfg.seed)
         doc_text_pos = {**doc_text, **positives}
-        rng = random.Random(cfg.seed)
-        order = list(range(len(pairs)))
-        rng.shuffle(order)
-        n_dev = min(200, int(len(pairs) * cfg.dev_fraction))
-        dev_pairs = [pairs[i] for i in order[:n_dev]]
-        dev = DevSplit([pairs[i] for i in order[n_dev:]], {p.qid: p.query for p in dev_pairs},
-                       Qrels({p.qid: {p.positive_id: 1} for p in dev_pairs}))
-        if not dev.pairs or not dev.queries:
-            raise RetrError(f"too little training data: {len(dev.pairs)} pairs, {len(dev.queries)} dev queries from "
-                            f"{len(corpus.docs)} documents: --self-supervised makes a pair of a document's title and "
-                            "body (>= 20 characters), or of one of its sentences and the others (two of >= 20 "
-                            "characters at least); each pair needs both, and a tenth of the pairs go to dev")
+        dev = dev_split({p.qid: p.query for p in pairs}, Qrels({p.qid: {p.positive_id: 1} for p in pairs}),
+                        min(cfg.dev_fraction, 200 / max(1, len(pairs))), cfg.seed,  # at most 200 dev pairs
+                        f" from {len(corpus.docs)} documents: --self-supervised makes a pair of a document's title and "
+                        "body (>= 20 characters), or of one of its sentences and the others (two of >= 20 characters "
+                        "at least); each pair needs both, and a tenth of the pairs go to dev")
     else:
         if dataset is None:
             raise RetrError("labeled training needs --dataset (or use --corpus with --self-supervised)")
         qrels = dataset.qrels
-        dev = dev_split(dataset, cfg.dev_fraction, cfg.seed)
+        dev = dev_split(dataset.queries, qrels, cfg.dev_fraction, cfg.seed)
         doc_text_pos = doc_text
     train_pairs = dev.pairs
     logger.info("%d training pairs, %d dev queries", len(train_pairs), len(dev.queries))

@@ -227,16 +227,6 @@ def _dropout_kind(key: str, value) -> str | None:
     return "attention" if "attention" in key else "hidden"
 
 
-def trainer_kwargs(out: Path, cfg, n_examples: int) -> dict:
-    """The TrainingArguments both trainers share: one checkpoint per epoch, best by dev nDCG@10."""
-    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
-
-    return dict(
-        **common_training_args(out, cfg, n_examples), data_seed=cfg.seed, batch_sampler=BatchSamplers.NO_DUPLICATES,
-        metric_for_best_model="eval_dev_ndcg@10", greater_is_better=True, dataloader_num_workers=0,
-    )
-
-
 def dev_evaluator(score_all: Callable[[object], Mapping[str, Mapping[str, float]]], qrels: Qrels):
     """A sentence-transformers evaluator reporting ``dev_ndcg@10`` of ``score_all(model)``."""
     from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
@@ -297,13 +287,14 @@ class DevSplit:
     qrels: Qrels
 
 
-def dev_split(dataset, fraction: float, seed: int) -> DevSplit:
-    """``dataset``'s training pairs and its dev split (``split_dev``): every labeled trainer's, alike for one seed."""
-    train_q, dev_q = split_dev(dataset.qrels, fraction, seed)
-    split = DevSplit(labeled_pairs(dataset.queries, dataset.qrels, train_q), {q: dataset.queries[q] for q in dev_q},
-                     Qrels({q: dataset.qrels[q] for q in dev_q}))
+def dev_split(queries: Mapping[str, str], qrels: Qrels, fraction: float, seed: int, why: str = "") -> DevSplit:
+    """The training pairs of ``queries`` judged in ``qrels`` and a dev split of them (``split_dev``): every labeled
+    trainer's, alike for one seed. Too few of either is an error, ``why`` added to it."""
+    train_q, dev_q = split_dev(qrels, fraction, seed)
+    split = DevSplit(labeled_pairs(queries, qrels, train_q), {q: queries[q] for q in dev_q},
+                     Qrels({q: qrels[q] for q in dev_q}))
     if not split.pairs or not split.queries:
-        raise RetrError(f"too little training data: {len(split.pairs)} pairs, {len(split.queries)} dev queries")
+        raise RetrError(f"too little training data: {len(split.pairs)} pairs, {len(split.queries)} dev queries{why}")
     return split
 
 
@@ -354,8 +345,12 @@ def embedding_scorer(queries: dict[str, str], candidates: dict[str, list[str]], 
 
 
 def fit(trainer_cls, args_cls, out: Path, cfg, precision: str, n_examples: int, resume: bool, **trainer_args) -> dict:
-    """Build ``trainer_cls`` (a sentence-transformers trainer) with ``args_cls`` arguments (``trainer_kwargs``, bf16
-    where ``precision`` says so) and ``trainer_args`` (model, train_dataset, loss, evaluator, callbacks); run it
-    (``run_trainer``)."""
-    args = args_cls(**trainer_kwargs(out, cfg, n_examples), bf16=precision == "bf16")
+    """Run (``run_trainer``) a sentence-transformers ``trainer_cls`` with ``trainer_args`` (model, train_dataset,
+    loss, evaluator, callbacks) and the ``args_cls`` arguments every encoder trainer shares: one checkpoint per
+    epoch, the best by dev nDCG@10, bf16 where ``precision`` says so."""
+    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
+
+    args = args_cls(**common_training_args(out, cfg, n_examples), data_seed=cfg.seed, bf16=precision == "bf16",
+                    batch_sampler=BatchSamplers.NO_DUPLICATES, metric_for_best_model="eval_dev_ndcg@10",
+                    greater_is_better=True, dataloader_num_workers=0)
     return run_trainer(trainer_cls(args=args, **trainer_args), out, resume)

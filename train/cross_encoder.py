@@ -188,7 +188,7 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     qrels = dataset.qrels
-    dev = dev_split(dataset, cfg.dev_fraction, cfg.seed)
+    dev = dev_split(dataset.queries, dataset.qrels, cfg.dev_fraction, cfg.seed)
     pairs, dev_q, dev_queries, dev_qrels = dev.pairs, list(dev.queries), dev.queries, dev.qrels
     texts = {d.doc_id: d.full_text() for d in dataset.corpus.docs}
     corpus_pairs, bodies = sample_corpus_pairs(dataset, cfg.corpus_lists, cfg.seed)

@@ -114,7 +114,7 @@ def train_sparse_encoder(out: Path, cfg: SparseEncoderTrainConfig, dataset: Data
     torch.manual_seed(cfg.seed)
     corpus = dataset.corpus
     doc_text = {d.doc_id: d.full_text() for d in corpus.docs}
-    dev = dev_split(dataset, cfg.dev_fraction, cfg.seed)
+    dev = dev_split(dataset.queries, dataset.qrels, cfg.dev_fraction, cfg.seed)
     train_pairs = dev.pairs
     negatives, candidates = bm25_negatives(corpus, list(doc_text.values()), train_pairs, dataset.qrels, dev,
                                            cfg.num_negatives, cfg)
