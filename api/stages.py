@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from retr.retrieval.pipeline import Pipeline, parse
 
-__all__ = ["BM25", "RM3", "Dense", "Fuse", "Hybrid", "Pipeline", "Rerank", "Splade", "parse", "stage"]
+__all__ = ["BM25", "RM3", "Dense", "Fuse", "Hybrid", "MaxSim", "Pipeline", "Rerank", "Splade", "parse", "stage"]
 
 
 def stage(name: str, *inputs: Pipeline | str, **options) -> Pipeline:
@@ -54,6 +54,12 @@ def Fuse(*pipelines: Pipeline | str, method: str | None = None) -> Pipeline:
 def Rerank() -> Pipeline:
     """The cross-encoder step (the model: ``rerank=`` of the search, ``--rerank`` of the command)."""
     return Pipeline("rerank")
+
+
+def MaxSim(depth: int = 100, weight: float = 1.0) -> Pipeline:
+    """Late interaction: the multi-vector encoder (``multivector_model``) rescores the top ``depth`` by MaxSim;
+    ``weight`` < 1 mixes in the first stage's scores (min-max scaled, as the cross-encoder's weight does)."""
+    return Pipeline("maxsim", (), {"depth": depth, "weight": weight})
 
 
 def RM3(fb_terms: int = 10, fb_docs: int = 10, original_query_weight: float = 0.5) -> Pipeline:

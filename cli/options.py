@@ -129,6 +129,9 @@ def add_fusion_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparse-engine", choices=SPARSE_ENGINES, default=_PIPELINE.sparse_engine,
                    help="splade, hybrid3: how the sparse part is searched (exact: CSR dot products; seismic: "
                         "approximate, pyseismic-lsr)")
+    p.add_argument("--multivector-model", default=None, metavar="MODEL",
+                   help="+maxsim: the multi-vector (ColBERT-style) encoder that rescores the top hits (a "
+                        "MultiVectorEncoder folder or hub id; `retr train multi-vector` makes one)")
     add_passage_aggregate_arg(p, building=False)
 
 
@@ -181,7 +184,8 @@ def passage_config(args):
 
 def pipeline_config(args) -> PipelineConfig:
     return PipelineConfig(fusion=args.fusion, fusion_depth=args.fusion_depth, passage_aggregate=args.passage_aggregate,
-                          sparse_engine=getattr(args, "sparse_engine", _PIPELINE.sparse_engine))
+                          sparse_engine=getattr(args, "sparse_engine", _PIPELINE.sparse_engine),
+                          multivector_model=getattr(args, "multivector_model", None))
 
 
 def add_index_args(p: argparse.ArgumentParser) -> None:

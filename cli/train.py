@@ -9,6 +9,7 @@ from retr.retrieval.focus import INPUT_FORMS
 from retr.train.bi_encoder import BiEncoderTrainConfig
 from retr.train.cross_encoder import CrossEncoderTrainConfig
 from retr.train.mlm import MLMTrainConfig
+from retr.train.multi_vector import MultiVectorTrainConfig
 from retr.train.packing import PACKINGS
 from retr.train.sparse_encoder import SPARSE_KINDS, SparseEncoderTrainConfig
 
@@ -96,6 +97,19 @@ def add_parser(sub) -> None:
     _add_freeze(t, sp)
     _add_common(t, sp, "BERT or sentence-transformers folder (default: bundled MiniLM)")
     t.set_defaults(run=run_sparse_encoder)
+
+    mv = MultiVectorTrainConfig()
+    t = tsub.add_parser("multi-vector", help="late-interaction encoder (ColBERT-style token vectors, MaxSim) for "
+                                             "the maxsim stage")
+    t.add_argument("--dataset", required=True, help="BEIR dataset with training qrels")
+    t.add_argument("--split", default="train", help="the split whose queries and qrels are trained on")
+    t.add_argument("--dim", type=options.positive_int, default=mv.dim, help="each token vector's dimension")
+    t.add_argument("--num-negatives", type=int, default=mv.num_negatives,
+                   help="BM25 hard negatives per pair (0: in-batch only)")
+    _add_precision(t, mv)
+    _add_freeze(t, mv)
+    _add_common(t, mv, "BERT or sentence-transformers folder (default: bundled MiniLM)")
+    t.set_defaults(run=run_multi_vector)
 
     mlm = MLMTrainConfig()
     t = tsub.add_parser("mlm", help="domain-adaptive masked-language modelling (BERT's 80/10/10 rule; NSP optional)")
@@ -223,6 +237,22 @@ def run_bi_encoder(args: argparse.Namespace) -> int:
         m = train_bi_encoder(Path(args.out), cfg, corpus=load_corpus(Path(args.corpus)), resume=args.resume)
     print(f"bi-encoder written to {args.out}: dev nDCG@10 {m['dev_ndcg@10_before']:.4f} -> {m['dev_ndcg@10']:.4f} "
           f"({m['train_pairs']} pairs, {m['train_seconds']:.0f} s)")
+    return 0
+
+
+def run_multi_vector(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from retr.eval.data import load_dataset
+    from retr.train.multi_vector import train_multi_vector
+    from retr.train.runtime import require_training_stack
+
+    require_training_stack()
+    cfg = MultiVectorTrainConfig(**_common(args), dim=args.dim, num_negatives=args.num_negatives,
+                                 precision=args.precision, freeze_layers=args.freeze_layers)
+    m = train_multi_vector(Path(args.out), cfg, dataset=load_dataset(args.dataset, args.split), resume=args.resume)
+    print(f"multi-vector encoder written to {args.out}: dev nDCG@10 {m['dev_ndcg@10_before']:.4f} -> "
+          f"{m['dev_ndcg@10']:.4f} ({m['train_pairs']} pairs, {m['train_seconds']:.0f} s)")
     return 0
 
 

@@ -8,7 +8,7 @@ address documents by *row*, the n-th live position; without tombstones rows are 
 from __future__ import annotations
 
 import json
-import mmap
+import os
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -83,8 +83,9 @@ def read_ids(folder: Path) -> list[str]:
 
 class DocStore:
     """Random access to stored documents by position, without loading the corpus. Each read checks that the
-    record is the document the id list names at that position, and first that neither mapped file was cut short
-    (``retr.retrieval.mapped``: never SIGBUS)."""
+    record is the document the id list names at that position, and first that neither file was cut short
+    (``retr.retrieval.mapped``: never SIGBUS). Records are read with ``pread`` (a file cut short after the check
+    gives a short read, never a fault); the offsets are mapped."""
 
     def __init__(self, folder: Path, ids: Sequence[str], rows: np.ndarray | None = None):
         """``ids``: the id at every stored position; ``rows``: the live positions in order (None: all)."""
@@ -97,12 +98,11 @@ class DocStore:
             raise RetrError(f"{folder / OFFSETS}: not a list of offsets: rebuild the index")
         if not self.path.is_file():
             raise RetrError(f"{self.path}: missing from the index folder")
-        docs = MappedFile(self.path)
-        self._mapped.append(docs)
-        size = docs.size
+        self._docs = MappedFile(self.path)
+        self._mapped.append(self._docs)
+        size = self._docs.size
         if size != int(self.offsets[-1]) or int(self.offsets[0]) != 0:
             raise RetrError(f"{self.path}: {size} bytes, its offsets say {int(self.offsets[-1])}: rebuild the index")
-        self._map = mmap.mmap(docs.fd, 0, access=mmap.ACCESS_READ) if size else b""
 
     @property
     def stored(self) -> int:
@@ -116,8 +116,11 @@ class DocStore:
         position = row if self.rows is None else int(self.rows[row])
         check_all(self._mapped)
         start, end = int(self.offsets[position]), int(self.offsets[position + 1])
+        data = os.pread(self._docs.fd, end - start, start)
+        if len(data) != end - start:
+            self._docs.check()  # cut short between the check and the read
         try:
-            rec = json.loads(self._map[start:end])
+            rec = json.loads(data)
             doc = Document(str(rec["_id"]), str(rec.get("title", "")), str(rec.get("text", "")),
                            dict(rec.get("metadata") or {}))
         except (ValueError, KeyError, TypeError):
@@ -140,8 +143,6 @@ class DocStore:
         return np.asarray(found, dtype=np.int64), fields
 
     def close(self) -> None:
-        if isinstance(self._map, mmap.mmap):
-            self._map.close()
         for f in self._mapped:
             f.close()
 

@@ -61,6 +61,7 @@ class IndexParts:
         self._bm25: BM25Retriever | list[BM25Retriever] | None = None
         self._sparse: dict[str, SparseRetriever] = {}  # engine -> the splade stage (one encoder, one matrix)
         self._passages: dict[tuple, PassageMap | None] = {}  # (aggregate, shard) -> map
+        self._made: dict[tuple, object] = {}  # what a stage made once for this index (``once``)
 
     @property
     def encoder(self) -> BiEncoder:
@@ -87,6 +88,12 @@ class IndexParts:
     def rerank_weight(self, reranker: CrossEncoderReranker) -> RerankWeight:
         """``reranker``'s interpolation weight on this index's corpus (``CrossEncoderReranker.weight_for``)."""
         return reranker.weight_for(self.corpus_sha256, self.dense_model_hash)
+
+    def once(self, key: tuple, make):
+        """``make()``, made once per ``key`` for this index (a stage's model or cached part)."""
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
 
     @property
     def docstore(self):

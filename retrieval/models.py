@@ -222,21 +222,40 @@ def model_architecture(path: Path) -> str | None:
 
 def check_bi_encoder_dir(path: Path) -> None:
     """Refuse a cross-encoder where a bi-encoder is expected (``--model``), as a bi-encoder is refused as
-    ``--rerank``: sentence-transformers' ``model_type`` "CrossEncoder", or a folder without ``modules.json`` whose
-    architectures are all ``*ForSequenceClassification`` (it would be mean-pooled into vectors without a word)."""
-    def read(name: str) -> dict:
+    ``--rerank``: sentence-transformers' ``model_type`` "CrossEncoder", or a folder whose architectures are all
+    ``*ForSequenceClassification`` and whose ``modules.json`` (if any) names no pooling module (it would be
+    mean-pooled into vectors without a word)."""
+    def read(name: str, empty=dict):
         try:
             value = json.loads((path / name).read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return {}
-        return value if isinstance(value, dict) else {}
+            return empty()
+        return value if isinstance(value, empty) else empty()
 
     kind = read("config_sentence_transformers.json").get("model_type")
     archs = read("config.json").get("architectures") or []
     head = isinstance(archs, list) and archs and all(str(a).endswith("ForSequenceClassification") for a in archs)
-    if kind == "CrossEncoder" or (head and not (path / "modules.json").is_file()):
+    pooled = any("Pooling" in str(m.get("type", "")) for m in read("modules.json", list) if isinstance(m, dict))
+    if kind == "CrossEncoder" or (head and not pooled):
         raise RetrError(f"{path}: a cross-encoder ({kind if kind == 'CrossEncoder' else archs[0]}), not a bi-encoder: "
                         f"give it as --rerank; --model takes a bi-encoder (sentence-transformers or a base model)")
+
+
+def require_model_type(path: Path, model_type: str, role: str, trainer: str) -> None:
+    """A one-line ``RetrError`` naming ``path`` unless its ``config_sentence_transformers.json`` names
+    ``model_type`` (a sentence-transformers ``SparseEncoder``, ``MultiVectorEncoder``, ...): ``role`` says what
+    was expected, ``trainer`` the ``retr train`` command that makes one."""
+    try:
+        cfg = json.loads((path / "config_sentence_transformers.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    found = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if found != model_type:
+        what = f"a {found} model" if isinstance(found, str) else \
+            "a dense sentence-transformers model" if (path / "modules.json").is_file() else "a bare transformers model"
+        raise RetrError(f"{path}: {what}, not {role} (its config_sentence_transformers.json names no model_type "
+                        f"{model_type!r}): pass a {model_type} folder or hub id, or train one with `retr train "
+                        f"{trainer}`")
 
 
 @dataclass(frozen=True)

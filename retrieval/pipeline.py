@@ -160,6 +160,7 @@ class PipelineConfig:
     rrf_k: int = 60
     passage_aggregate: str | None = None  # an index of passages: None takes the one it was built with
     sparse_engine: str = "exact"  # how a splade stage searches: exact (CSR dot products) | seismic (approximate)
+    multivector_model: str | None = None  # a maxsim stage's MultiVectorEncoder (a folder or hub id)
 
     def __post_init__(self) -> None:
         if self.sparse_engine not in ("exact", "seismic"):  # retr.retrieval.sparse.ENGINES

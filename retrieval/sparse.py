@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from retr.retrieval.errors import RetrError
-from retr.retrieval.models import ModelRef
+from retr.retrieval.models import ModelRef, require_model_type
 from retr.retrieval.protocol import StageTimer
 from retr.retrieval.stage import Stage
 from retr.retrieval.types import Hit, Run, trec_sorted
@@ -50,17 +50,7 @@ class SparseConfig:
 def sparse_kind(path: Path) -> str:
     """``splade`` or ``csr`` for a ``SparseEncoder`` folder; a ``RetrError`` naming the folder for any other kind
     (a dense sentence-transformers model, a bare transformers folder)."""
-    try:
-        cfg = json.loads((path / "config_sentence_transformers.json").read_text())
-    except (OSError, ValueError):
-        cfg = {}
-    model_type = cfg.get("model_type") if isinstance(cfg, dict) else None
-    if model_type != SPARSE_MODEL_TYPE:
-        what = f"a {model_type} model" if isinstance(model_type, str) else \
-            "a dense sentence-transformers model" if (path / "modules.json").is_file() else "a bare transformers model"
-        raise RetrError(f"{path}: {what}, not a sparse encoder (its config_sentence_transformers.json names no "
-                        f"model_type {SPARSE_MODEL_TYPE!r}): pass a SparseEncoder folder or hub id, or train one "
-                        f"with `retr train sparse-encoder`")
+    require_model_type(path, SPARSE_MODEL_TYPE, "a sparse encoder", "sparse-encoder")
     try:
         modules = json.loads((path / "modules.json").read_text())
     except (OSError, ValueError):

@@ -3,7 +3,7 @@ and its ``STAGE`` declaration, ``retr.retrieval.stage.Stage``) plus one line her
 
 from __future__ import annotations
 
-from retr.retrieval import bm25, cut, dense, fuse, rerank, rm3, sparse
+from retr.retrieval import bm25, cut, dense, fuse, multivector, rerank, rm3, sparse
 from retr.retrieval.stage import Stage
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
@@ -12,6 +12,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     sparse.STAGE,  # a first stage: the learned sparse encoder over the index's CSR part (exact or Seismic)
     fuse.STAGE,  # fuse(a,b,...): fusion of any number of lists
     rerank.STAGE,  # +rerank: the cross-encoder
+    multivector.STAGE,  # +maxsim: late interaction (a multi-vector encoder's MaxSim over cached token vectors)
     cut.STAGE,  # %n: a cut-off
     rm3.STAGE,  # +rm3: RM3 pseudo-relevance feedback, searched with BM25
 )}

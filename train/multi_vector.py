@@ -1,0 +1,130 @@
+"""`retr train multi-vector`: a late-interaction encoder (sentence-transformers' ``MultiVectorEncoder``,
+ColBERT-style: every token's vector projected to ``dim``, MaxSim between a query's and a document's) from the
+bundled MiniLM or any BERT / sentence-transformers folder, on the labeled pairs, BM25 hard negatives and dev split
+the other trainers use; its loss is sentence-transformers' multi-vector in-batch-negative ranking loss."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from retr.eval.data import Dataset
+from retr.retrieval.errors import RetrError
+from retr.retrieval.types import Qrels
+from retr.train.common import (
+    TrainConfig,
+    dev_evaluator,
+    freeze_bottom,
+    resolve_precision,
+    run_trainer,
+    trainer_kwargs,
+    transformer_kwargs,
+    write_output,
+)
+from retr.train.data import labeled_pairs, pairs_digest, split_dev
+from retr.train.negatives import mine_bm25_negatives, temporary_bm25
+from retr.train.runtime import training_run
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MultiVectorTrainConfig(TrainConfig):
+    epochs: int = 1
+    batch_size: int = 32
+    learning_rate: float = 3e-5
+    max_length: int = 256
+    dim: int = 128  # each token vector's dimension after the projection (ColBERT's)
+    num_negatives: int = 1
+    negative_depth: int = 30
+    dev_fraction: float = 0.1  # the bi-encoder trainer's split with the same seed
+    dev_candidates: int = 10
+    precision: str = "auto"
+    freeze_layers: int = 0
+    attention_dropout: float | None = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dim < 1:
+            raise RetrError("--dim must be >= 1")
+
+
+def build_multivector_model(cfg: MultiVectorTrainConfig, precision: str):
+    """The untrained ``MultiVectorEncoder`` over ``cfg.base``: its transformer, a ``dim`` projection of every token,
+    the scoring mask and normalisation."""
+    import torch
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    from retr.retrieval.models import ModelRef
+
+    path = ModelRef.resolve(cfg.base).path
+    word = Transformer(str(path), max_seq_length=cfg.max_length, **transformer_kwargs(path, cfg, precision))
+    proj = Dense(word.get_embedding_dimension(), cfg.dim, bias=False, activation_function=torch.nn.Identity(),
+                 module_input_name="token_embeddings", module_output_name="token_embeddings")
+    norm = Normalize(module_input_name="token_embeddings", module_output_name="token_embeddings")
+    return MultiVectorEncoder(modules=[word, proj, MultiVectorMask(), norm], device="cpu")
+
+
+@training_run
+def train_multi_vector(out: Path, cfg: MultiVectorTrainConfig, dataset: Dataset, resume: bool = False,
+                       callbacks: list | None = None) -> dict:
+    """Train and write a ``MultiVectorEncoder`` folder (+ retr_manifest.json) to ``out``."""
+    import torch
+    from datasets import Dataset as HFDataset
+    from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
+    from sentence_transformers.multi_vector_encoder.trainer import MultiVectorEncoderTrainer
+    from sentence_transformers.multi_vector_encoder.training_args import MultiVectorEncoderTrainingArguments
+
+    from retr.train.bi_encoder import _dev_candidates
+
+    t0 = time.perf_counter()
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    corpus, qrels = dataset.corpus, dataset.qrels
+    doc_text = {d.doc_id: d.full_text() for d in corpus.docs}
+    train_q, dev_q = split_dev(qrels, cfg.dev_fraction, cfg.seed)
+    train_pairs = labeled_pairs(dataset.queries, qrels, train_q)
+    dev_queries = {q: dataset.queries[q] for q in dev_q}
+    dev_qrels = Qrels({q: qrels[q] for q in dev_q})
+    if not train_pairs or not dev_queries:
+        raise RetrError(f"too little training data: {len(train_pairs)} pairs, {len(dev_queries)} dev queries")
+    with temporary_bm25(corpus.ids, list(doc_text.values())) as bm25:
+        negatives = (mine_bm25_negatives(train_pairs, bm25, qrels, cfg.num_negatives, cfg.seed,
+                                         depth=cfg.negative_depth) if cfg.num_negatives else [[] for _ in train_pairs])
+        candidates = _dev_candidates(bm25, dev_queries, dev_qrels, cfg.dev_candidates)
+    columns = {"anchor": [p.query for p in train_pairs], "positive": [doc_text[p.positive_id] for p in train_pairs]}
+    for j in range(cfg.num_negatives):
+        columns[f"negative_{j + 1}"] = [doc_text[n[j]] for n in negatives]
+    precision = resolve_precision(cfg.precision)
+    model = build_multivector_model(cfg, precision)
+    frozen = freeze_bottom(model, cfg.freeze_layers)
+
+    def score_all(model):
+        scores = {}
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            for q, text in dev_queries.items():
+                docs = candidates[q]
+                sims = model.similarity(model.encode_query([text], show_progress_bar=False),
+                                        model.encode_document([doc_text[d] for d in docs], batch_size=32,
+                                                              show_progress_bar=False))[0].float().numpy()
+                scores[q] = {d: float(s) for d, s in zip(docs, sims, strict=True)}
+        return scores
+
+    evaluator = dev_evaluator(score_all, dev_qrels)
+    base_dev = evaluator(model)["dev_ndcg@10"]
+    logger.info("before training: dev nDCG@10 %.4f", base_dev)
+    args = MultiVectorEncoderTrainingArguments(**trainer_kwargs(out, cfg, len(train_pairs)), bf16=precision == "bf16")
+    trainer = MultiVectorEncoderTrainer(model=model, args=args, train_dataset=HFDataset.from_dict(columns),
+                                        loss=MultiVectorMultipleNegativesRankingLoss(model), evaluator=evaluator,
+                                        callbacks=callbacks)
+    result = run_trainer(trainer, out, resume)
+    seconds = time.perf_counter() - t0
+    extra = {"base": cfg.base_name, "dim": cfg.dim, "train_pairs": len(train_pairs), **frozen,
+             "dev_queries": len(dev_queries), "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
+             "dev_ndcg@10_before": base_dev, "precision": precision, **result, "train_seconds": seconds}
+    return write_output(out, lambda p: model.save(str(p)), "retr-multi-vector", cfg, extra)
