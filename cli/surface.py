@@ -40,7 +40,7 @@ GROUPS: tuple[tuple[str, frozenset[str], tuple[str, ...]], ...] = (
     ("training", frozenset({"--mini-batch-size", "--num-negatives", "--negatives", "--dev-fraction", "--teacher",
                             "--teacher-weight", "--precision", "--freeze-layers", "--max-steps", "--resume", "--attention-dropout",
                             "--hidden-dropout", "--whole-word", "--mask-prob", "--in-batch-negatives", "--distill",
-                            "--inputs", "--corpus-lists", "--layers", "--no-graphs", "--seed", "--lr"}), ()),
+                            "--inputs", "--layers", "--no-graphs", "--seed", "--lr"}), ()),
 )
 GROUPED = "retr_group"  # the attribute an option moved into a group carries (its title)
 

@@ -151,9 +151,6 @@ def add_parser(sub) -> None:
     t.add_argument("--inputs", choices=tuple(INPUT_FORMS), default=ce.inputs,
                    help="what the model reads of a document: its head, or its first sentence and then the "
                         "sentences sharing most query terms, within --max-length (recorded with the model)")
-    t.add_argument("--corpus-lists", type=options.nonnegative_int, default=ce.corpus_lists,
-                   help="N more training lists from the corpus alone: a document's title as the query, its body "
-                        "the positive, the first stage's ranking of the title its negatives")
     t.add_argument("--layers", type=options.nonnegative_int, default=ce.layers,
                    help="keep only the base's first N transformer layers (0: all): a smaller, faster reranker")
     t.add_argument("--teacher", default=None,
@@ -198,7 +195,7 @@ def run_cross_encoder(args: argparse.Namespace) -> int:
                                   num_negatives=args.num_negatives, in_batch_negatives=args.in_batch_negatives,
                                   dev_fraction=args.dev_fraction, precision=args.precision, distill=args.distill,
                                   freeze_layers=args.freeze_layers, inputs=args.inputs,
-                                  corpus_lists=args.corpus_lists, layers=args.layers, teacher=args.teacher)
+                                  layers=args.layers, teacher=args.teacher)
     m = train_cross_encoder(Path(args.out), cfg, load_dataset(args.dataset, args.split), resume=args.resume)
     print(f"cross-encoder written to {args.out}: dev nDCG@10 first stage {m['dev_ndcg@10_first_stage']:.4f}, "
           f"reranked {m['dev_ndcg@10']:.4f} ({m['train_lists']} lists, {m['train_seconds']:.0f} s)")

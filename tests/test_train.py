@@ -132,10 +132,10 @@ def test_resume_continues_from_the_last_checkpoint(tiny_train, tiny_bi_encoder, 
     assert (out / "retr_manifest.json").is_file()
 
 
-@pytest.mark.parametrize(("distill", "inputs", "corpus_lists", "layers", "teacher"),
-                         [(0.0, "head", 0, 0, False), (0.5, "focused", 5, 1, False), (0.7, "head", 0, 1, True)])
+@pytest.mark.parametrize(("distill", "inputs", "layers", "teacher"),
+                         [(0.0, "head", 0, False), (0.5, "focused", 1, False), (0.7, "head", 1, True)])
 def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
-                                                       distill, inputs, corpus_lists, layers, teacher, caplog,
+                                                       distill, inputs, layers, teacher, caplog,
                                                        monkeypatch):
     from retr.retrieval.rerank import WEIGHT_RULE, CrossEncoderReranker, RerankConfig
     from retr.train.cross_encoder import CrossEncoderTrainConfig, smoothed_best, train_cross_encoder
@@ -145,7 +145,7 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     cfg = CrossEncoderTrainConfig(base=str(tiny_cross_encoder), first_stage_model=str(tiny_bi_encoder), epochs=2,
                                   batch_size=4, learning_rate=1e-3, max_length=32, num_negatives=2,
                                   negative_depth=8, dev_fraction=0.3, dev_depth=6, seed=0, distill=distill,
-                                  inputs=inputs, corpus_lists=corpus_lists, layers=layers,
+                                  inputs=inputs, layers=layers,
                                   teacher=str(tiny_cross_encoder) if teacher else None)
     if teacher:  # the lists' targets: the teacher's logits of exactly the lists trained on, mixed as configured
         import numpy as np
@@ -180,9 +180,7 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
         assert m["teacher"] is None and m["teacher_hash"] is None
     assert m["layers"] == (layers or 2) and json.loads((out / "config.json").read_text())["num_hidden_layers"] == m["layers"]
     assert m["config"]["distill"] == distill and m["inputs"] == inputs
-    # lists from the corpus alone come on top of the judged ones (each has enough first-stage negatives here)
-    assert m["corpus_lists"] == corpus_lists and m["config"]["corpus_lists"] == corpus_lists
-    assert m["train_lists"] == len(labeled_pairs(ds.queries, ds.qrels, split_dev(ds.qrels, 0.3, 0)[0])) + corpus_lists
+    assert m["train_lists"] == len(labeled_pairs(ds.queries, ds.qrels, split_dev(ds.qrels, 0.3, 0)[0]))
     assert m["train_lists"] > 0 and len(m["dev_ndcg@10_per_epoch"]) == 2
     assert m["loss_history"] and 0 <= m["dev_ndcg@10_first_stage"] <= 1
     assert 0.0 <= m["interpolation"] <= 1.0 and len(m["dev_ndcg@10_by_interpolation"]) == 11
@@ -205,23 +203,6 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     warned = [r.getMessage() for r in caplog.records if "trained on another corpus" in r.getMessage()]
     assert len(warned) == 1 and "000000000000..." in warned[0] and ds.corpus.sha256[:12] in warned[0]
     assert reranker.weight_for("0" * 64, "m").source == "unchecked"
-
-
-def test_corpus_pairs_are_seeded_titles_read_against_bodies_without_them(tiny_train):
-    from retr.train.cross_encoder import CrossEncoderTrainConfig, sample_corpus_pairs
-
-    ds = load_dataset(str(tiny_train), "train", download=False)
-    pairs, bodies = sample_corpus_pairs(ds, 6, seed=3)
-    assert len(pairs) == 6 and len({p.positive_id for p in pairs}) == 6
-    assert sample_corpus_pairs(ds, 6, seed=3) == (pairs, bodies) and sample_corpus_pairs(ds, 6, seed=4)[0] != pairs
-    docs = {d.doc_id: d for d in ds.corpus.docs}
-    for p in pairs:
-        d = docs[p.positive_id]
-        assert p.qid == f"ss:{d.doc_id}" and d.title  # every titled fixture document has one sentence
-        assert p.query == d.title and bodies[p.positive_id] == d.text  # the body alone, its title field left out
-    assert sample_corpus_pairs(ds, 0, seed=3) == ([], {}) and len(sample_corpus_pairs(ds, 999, seed=3)[0]) < 16
-    with pytest.raises(RetrError, match="corpus-lists"):
-        CrossEncoderTrainConfig(corpus_lists=-1)
 
 
 def test_distillation_targets_keep_the_positive_first_and_follow_the_first_stage():
