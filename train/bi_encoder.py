@@ -9,7 +9,6 @@ the checkpoint by dev nDCG@10, and `--resume` from the last checkpoint.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,8 +113,6 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     )
 
     t0 = time.perf_counter()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
     corpus = dataset.corpus if dataset is not None else corpus
     if corpus is None:
         raise RetrError("training needs --dataset or --corpus")

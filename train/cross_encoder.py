@@ -156,7 +156,6 @@ def choose_interpolation(ce_scores, first, dev_q, depth: int, qrels: Qrels) -> t
 @training_run
 def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Dataset, resume: bool = False,
                         callbacks: list | None = None) -> dict:
-    import torch
     from datasets import Dataset as HFDataset
     from sentence_transformers.cross_encoder import (
         CrossEncoder,
@@ -168,8 +167,6 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     from retr.retrieval.models import ModelRef
 
     t0 = time.perf_counter()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     qrels = dataset.qrels
     dev = dev_split(dataset.queries, dataset.qrels, cfg.dev_fraction, cfg.seed)

@@ -6,7 +6,6 @@ the other trainers use; its loss is sentence-transformers' multi-vector in-batch
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,8 +80,6 @@ def train_multi_vector(out: Path, cfg: MultiVectorTrainConfig, dataset: Dataset,
     from sentence_transformers.multi_vector_encoder.training_args import MultiVectorEncoderTrainingArguments
 
     t0 = time.perf_counter()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
     corpus = dataset.corpus
     doc_text = {d.doc_id: d.full_text() for d in corpus.docs}
     dev = dev_split(dataset.queries, dataset.qrels, cfg.dev_fraction, cfg.seed)

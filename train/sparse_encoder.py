@@ -14,7 +14,6 @@ Two kinds, on the same labeled pairs, BM25 hard negatives and dev split as the b
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,7 +99,6 @@ def build_sparse_model(cfg: SparseEncoderTrainConfig, precision: str):
 def train_sparse_encoder(out: Path, cfg: SparseEncoderTrainConfig, dataset: Dataset, resume: bool = False,
                          callbacks: list | None = None) -> dict:
     """Train and write a sentence-transformers ``SparseEncoder`` folder (+ retr_manifest.json) to ``out``."""
-    import torch
     from datasets import Dataset as HFDataset
     from sentence_transformers import SparseEncoderTrainer, SparseEncoderTrainingArguments
     from sentence_transformers.sparse_encoder.losses import (
@@ -110,8 +108,6 @@ def train_sparse_encoder(out: Path, cfg: SparseEncoderTrainConfig, dataset: Data
     )
 
     t0 = time.perf_counter()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
     corpus = dataset.corpus
     doc_text = {d.doc_id: d.full_text() for d in corpus.docs}
     dev = dev_split(dataset.queries, dataset.qrels, cfg.dev_fraction, cfg.seed)
