@@ -86,16 +86,13 @@ def load_st_model(cfg: TrainConfig, precision: str):
     if (path / "modules.json").is_file():
         model = SentenceTransformer(source, device="cpu", **kwargs)
     else:
-        try:
-            from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-        except ImportError:  # pragma: no cover - sentence-transformers < 6
-            from sentence_transformers.models import Normalize, Pooling, Transformer
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
         if not (path / "config.json").is_file():
             raise RetrError(f"{path}: not a BERT or sentence-transformers folder (no config.json)")
         word = Transformer(source, max_seq_length=cfg.max_length, **kwargs)
-        dim = word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension") \
-            else word.get_word_embedding_dimension()
-        model = SentenceTransformer(modules=[word, Pooling(dim, "mean"), Normalize()], device="cpu")
+        model = SentenceTransformer(modules=[word, Pooling(word.get_embedding_dimension(), "mean"), Normalize()],
+                                    device="cpu")
     model.max_seq_length = cfg.max_length
     return model
 
@@ -173,13 +170,10 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
         loss = MultipleNegativesRankingLoss(model, scale=cfg.scale)
     result = fit(SentenceTransformerTrainer, SentenceTransformerTrainingArguments, out, cfg, precision, len(train_pairs),
                  resume, model=model, train_dataset=train_ds, loss=loss, evaluator=evaluator, callbacks=callbacks)
-    seconds = time.perf_counter() - t0
     extra = {
         "base": cfg.base_name, "train_pairs": len(train_pairs), **frozen, "dev_queries": len(dev.queries),
         "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
         "dev_ndcg@10_before": base_dev, "precision": precision, "teacher_factor": teacher_factor,
-        **teacher_record(cfg.teacher), **result,
-        "train_seconds": seconds,
-        "wall_seconds_per_epoch": seconds / max(1, cfg.epochs),
+        **teacher_record(cfg.teacher), **result, "train_seconds": time.perf_counter() - t0,
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-bi-encoder", cfg, extra)
