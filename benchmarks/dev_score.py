@@ -18,11 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     from sentence_transformers import SentenceTransformer
 
     from retr.eval.data import load_dataset
-    from retr.retrieval.types import Qrels
-    from retr.train.bi_encoder import BiEncoderTrainConfig, _dev_candidates
-    from retr.train.common import dev_ndcg
-    from retr.train.data import split_dev
-    from retr.train.negatives import temporary_bm25
+    from retr.train.bi_encoder import BiEncoderTrainConfig
+    from retr.train.common import bm25_negatives, dev_ndcg, dev_split, embedding_scorer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+")
@@ -31,24 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = BiEncoderTrainConfig()
     ds = load_dataset(args.dataset, "train", download=False)
-    _, dev_q = split_dev(ds.qrels, cfg.dev_fraction, cfg.seed)
-    queries = {q: ds.queries[q] for q in dev_q}
-    qrels = Qrels({q: ds.qrels[q] for q in dev_q})
+    dev = dev_split(ds.queries, ds.qrels, cfg.dev_fraction, cfg.seed)
     texts = [d.full_text() for d in ds.corpus.docs]
-    doc_text = dict(zip(ds.corpus.ids, texts, strict=True))
-    with temporary_bm25(ds.corpus.ids, texts) as bm25:
-        candidates = _dev_candidates(bm25, queries, qrels, cfg.dev_candidates)
-    qids = list(queries)
-    docs = sorted({d for q in qids for d in candidates[q]})
-    pos = {d: i for i, d in enumerate(docs)}
+    _, candidates = bm25_negatives(ds.corpus, texts, [], None, dev, 0, cfg)
+    score_all = embedding_scorer(dev.queries, candidates, dict(zip(ds.corpus.ids, texts, strict=True)), "fp32",
+                                 normalize_embeddings=True)
     for path in args.models:
         model = SentenceTransformer(path, device="cpu")
         model.max_seq_length = args.max_length
-        q_emb = model.encode([queries[q] for q in qids], normalize_embeddings=True)
-        d_emb = model.encode([doc_text[d] for d in docs], normalize_embeddings=True, batch_size=32)
-        score = dev_ndcg({q: {d: float(d_emb[pos[d]] @ q_emb[i]) for d in candidates[q]}
-                          for i, q in enumerate(qids)}, qrels)
-        print(f"{path}: dev nDCG@10 {score:.4f} at max length {args.max_length} ({len(qids)} dev queries)")
+        score = dev_ndcg(score_all(model), dev.qrels)
+        print(f"{path}: dev nDCG@10 {score:.4f} at max length {args.max_length} ({len(dev.queries)} dev queries)")
     return 0
 
 

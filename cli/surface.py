@@ -39,10 +39,10 @@ GROUPS: tuple[tuple[str, frozenset[str], tuple[str, ...]], ...] = (
     ("reranking", frozenset({"--rerank", "--check-reranker", "--rerank-depth", "--rerank-max-length", "--rerank-inputs",
                              "--rerank-backend", "--rerank-alpha", "--no-rerank-check"}), ()),
     ("encoding on Ray", frozenset({"--executor", "--ray-address", "--ray-actors", "--ray-cpus-per-actor"}), ()),
-    ("training", frozenset({"--mini-batch-size", "--num-negatives", "--dev-fraction", "--teacher", "--teacher-weight",
-                            "--precision", "--freeze-layers", "--max-steps", "--resume", "--attention-dropout",
+    ("training", frozenset({"--mini-batch-size", "--num-negatives", "--negatives", "--dev-fraction", "--teacher",
+                            "--teacher-weight", "--precision", "--freeze-layers", "--max-steps", "--resume", "--attention-dropout",
                             "--hidden-dropout", "--whole-word", "--mask-prob", "--in-batch-negatives", "--distill",
-                            "--inputs", "--corpus-lists", "--layers", "--no-graphs", "--seed", "--lr"}), ()),
+                            "--inputs", "--layers", "--no-graphs", "--seed", "--lr"}), ()),
 )
 GROUPED = "retr_group"  # the attribute an option moved into a group carries (its title)
 

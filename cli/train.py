@@ -67,7 +67,9 @@ def add_parser(sub) -> None:
     t.add_argument("--mini-batch-size", type=options.positive_int, default=bi.mini_batch_size,
                    help="GradCache chunk (memory); below --batch-size the cached loss is used")
     t.add_argument("--num-negatives", type=int, default=bi.num_negatives,
-                   help="BM25 hard negatives per pair (0: in-batch only)")
+                   help="hard negatives per pair (0: in-batch only)")
+    t.add_argument("--negatives", choices=("bm25", "model"), default=bi.negatives,
+                   help="mined from BM25's top 30, or from the model's own (--base: the model being trained)")
     t.add_argument("--dev-fraction", type=float, default=bi.dev_fraction,
                    help="training queries held out to pick the epoch")
     t.add_argument("--teacher", default=None,
@@ -149,9 +151,6 @@ def add_parser(sub) -> None:
     t.add_argument("--inputs", choices=tuple(INPUT_FORMS), default=ce.inputs,
                    help="what the model reads of a document: its head, or its first sentence and then the "
                         "sentences sharing most query terms, within --max-length (recorded with the model)")
-    t.add_argument("--corpus-lists", type=options.nonnegative_int, default=ce.corpus_lists,
-                   help="N more training lists from the corpus alone: a document's title as the query, its body "
-                        "the positive, the first stage's ranking of the title its negatives")
     t.add_argument("--layers", type=options.nonnegative_int, default=ce.layers,
                    help="keep only the base's first N transformer layers (0: all): a smaller, faster reranker")
     t.add_argument("--teacher", default=None,
@@ -196,7 +195,7 @@ def run_cross_encoder(args: argparse.Namespace) -> int:
                                   num_negatives=args.num_negatives, in_batch_negatives=args.in_batch_negatives,
                                   dev_fraction=args.dev_fraction, precision=args.precision, distill=args.distill,
                                   freeze_layers=args.freeze_layers, inputs=args.inputs,
-                                  corpus_lists=args.corpus_lists, layers=args.layers, teacher=args.teacher)
+                                  layers=args.layers, teacher=args.teacher)
     m = train_cross_encoder(Path(args.out), cfg, load_dataset(args.dataset, args.split), resume=args.resume)
     print(f"cross-encoder written to {args.out}: dev nDCG@10 first stage {m['dev_ndcg@10_first_stage']:.4f}, "
           f"reranked {m['dev_ndcg@10']:.4f} ({m['train_lists']} lists, {m['train_seconds']:.0f} s)")
@@ -225,9 +224,9 @@ def run_bi_encoder(args: argparse.Namespace) -> int:
         raise RetrError("use --corpus with --self-supervised, or --dataset for labeled training")
     require_training_stack()  # before the data is read
     cfg = BiEncoderTrainConfig(**_common(args), mini_batch_size=args.mini_batch_size,
-                               num_negatives=args.num_negatives, dev_fraction=args.dev_fraction,
-                               self_supervised=args.self_supervised, precision=args.precision,
-                               teacher=args.teacher, teacher_weight=args.teacher_weight,
+                               num_negatives=args.num_negatives, negatives=args.negatives,
+                               dev_fraction=args.dev_fraction, self_supervised=args.self_supervised,
+                               precision=args.precision, teacher=args.teacher, teacher_weight=args.teacher_weight,
                                freeze_layers=args.freeze_layers)
     if args.dataset:
         m = train_bi_encoder(Path(args.out), cfg, dataset=load_dataset(args.dataset, args.split), resume=args.resume)

@@ -37,6 +37,40 @@ def test_negative_mining_never_takes_a_judged_or_near_duplicate_document(tmp_pat
             assert len(negs) == 2 and not {"pos", "dup", "judged0"} & set(negs), negs
 
 
+def test_model_mining_draws_from_the_models_own_top_never_a_judged_or_near_duplicate_document(tiny_bi_encoder):
+    import random
+
+    from sentence_transformers import SentenceTransformer
+
+    from retr.retrieval.types import Qrels
+    from retr.train.data import Pair
+    from retr.train.negatives import mine_model_negatives
+
+    model = SentenceTransformer(str(tiny_bi_encoder), device="cpu")
+    words = "solar wind rivers bread ovens dams wolves sea tides rain snow hills".split()
+    docs = {f"d{i}": f"notes {i} on {w} and {words[(i + 3) % len(words)]}" for i, w in enumerate(words)}
+    docs["copy"] = docs["d0"]  # the positive's very text under another id, unjudged
+    qrels = Qrels({"q": {"d0": 1, "d1": 0}})  # d1 judged non-relevant: never a negative either
+    pairs = [Pair("solar notes", "d0", "q")]
+    ids, texts = list(docs), list(docs.values())
+    emb = model.encode(texts, normalize_embeddings=True)
+    score = dict(zip(ids, (emb @ model.encode([pairs[0].query], normalize_embeddings=True)[0]).tolist(), strict=True))
+    ceiling = score["d0"] - 0.01 * abs(score["d0"])
+    ranked = [d for d in sorted(ids, key=score.get, reverse=True) if d not in ("d0", "copy") and score[d] <= ceiling]
+    assert "d1" in ranked[:8]  # the judged document is a candidate: the guard has work to do
+    drawn: set[str] = set()
+    for seed in range(8):
+        random.seed(seed)
+        (negs,) = mine_model_negatives(model, pairs, docs, ids, texts, qrels, 2, depth=8, relative_margin=0.01)
+        assert len(negs) == 2 and not {"d0", "copy", "d1"} & set(negs), negs
+        assert set(negs) <= set(ranked[:8])  # the model's own top, none within 1% of the positive's score
+        drawn |= set(negs)
+    assert len(drawn) > 2  # drawn at random within the top, not always the same two
+    # a random model scores every text alike: within 5% of the positive, all but one of its top are left out, and a
+    # pair short of negatives is dropped (None), never topped up
+    assert mine_model_negatives(model, pairs, docs, ids, texts, qrels, 2, depth=8) == [None]
+
+
 def test_dev_split_is_fixed_by_seed():
     from retr.retrieval.types import Qrels
 
@@ -98,10 +132,10 @@ def test_resume_continues_from_the_last_checkpoint(tiny_train, tiny_bi_encoder, 
     assert (out / "retr_manifest.json").is_file()
 
 
-@pytest.mark.parametrize(("distill", "inputs", "corpus_lists", "layers", "teacher"),
-                         [(0.0, "head", 0, 0, False), (0.5, "focused", 5, 1, False), (0.7, "head", 0, 1, True)])
+@pytest.mark.parametrize(("distill", "inputs", "layers", "teacher"),
+                         [(0.0, "head", 0, False), (0.5, "focused", 1, False), (0.7, "head", 1, True)])
 def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path,
-                                                       distill, inputs, corpus_lists, layers, teacher, caplog,
+                                                       distill, inputs, layers, teacher, caplog,
                                                        monkeypatch):
     from retr.retrieval.rerank import WEIGHT_RULE, CrossEncoderReranker, RerankConfig
     from retr.train.cross_encoder import CrossEncoderTrainConfig, smoothed_best, train_cross_encoder
@@ -111,7 +145,7 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     cfg = CrossEncoderTrainConfig(base=str(tiny_cross_encoder), first_stage_model=str(tiny_bi_encoder), epochs=2,
                                   batch_size=4, learning_rate=1e-3, max_length=32, num_negatives=2,
                                   negative_depth=8, dev_fraction=0.3, dev_depth=6, seed=0, distill=distill,
-                                  inputs=inputs, corpus_lists=corpus_lists, layers=layers,
+                                  inputs=inputs, layers=layers,
                                   teacher=str(tiny_cross_encoder) if teacher else None)
     if teacher:  # the lists' targets: the teacher's logits of exactly the lists trained on, mixed as configured
         import numpy as np
@@ -146,9 +180,7 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
         assert m["teacher"] is None and m["teacher_hash"] is None
     assert m["layers"] == (layers or 2) and json.loads((out / "config.json").read_text())["num_hidden_layers"] == m["layers"]
     assert m["config"]["distill"] == distill and m["inputs"] == inputs
-    # lists from the corpus alone come on top of the judged ones (each has enough first-stage negatives here)
-    assert m["corpus_lists"] == corpus_lists and m["config"]["corpus_lists"] == corpus_lists
-    assert m["train_lists"] == len(labeled_pairs(ds.queries, ds.qrels, split_dev(ds.qrels, 0.3, 0)[0])) + corpus_lists
+    assert m["train_lists"] == len(labeled_pairs(ds.queries, ds.qrels, split_dev(ds.qrels, 0.3, 0)[0]))
     assert m["train_lists"] > 0 and len(m["dev_ndcg@10_per_epoch"]) == 2
     assert m["loss_history"] and 0 <= m["dev_ndcg@10_first_stage"] <= 1
     assert 0.0 <= m["interpolation"] <= 1.0 and len(m["dev_ndcg@10_by_interpolation"]) == 11
@@ -171,23 +203,6 @@ def test_tiny_cross_encoder_training_writes_a_reranker(tiny_train, tiny_bi_encod
     warned = [r.getMessage() for r in caplog.records if "trained on another corpus" in r.getMessage()]
     assert len(warned) == 1 and "000000000000..." in warned[0] and ds.corpus.sha256[:12] in warned[0]
     assert reranker.weight_for("0" * 64, "m").source == "unchecked"
-
-
-def test_corpus_pairs_are_seeded_titles_read_against_bodies_without_them(tiny_train):
-    from retr.train.cross_encoder import CrossEncoderTrainConfig, sample_corpus_pairs
-
-    ds = load_dataset(str(tiny_train), "train", download=False)
-    pairs, bodies = sample_corpus_pairs(ds, 6, seed=3)
-    assert len(pairs) == 6 and len({p.positive_id for p in pairs}) == 6
-    assert sample_corpus_pairs(ds, 6, seed=3) == (pairs, bodies) and sample_corpus_pairs(ds, 6, seed=4)[0] != pairs
-    docs = {d.doc_id: d for d in ds.corpus.docs}
-    for p in pairs:
-        d = docs[p.positive_id]
-        assert p.qid == f"ss:{d.doc_id}" and d.title  # every titled fixture document has one sentence
-        assert p.query == d.title and bodies[p.positive_id] == d.text  # the body alone, its title field left out
-    assert sample_corpus_pairs(ds, 0, seed=3) == ([], {}) and len(sample_corpus_pairs(ds, 999, seed=3)[0]) < 16
-    with pytest.raises(RetrError, match="corpus-lists"):
-        CrossEncoderTrainConfig(corpus_lists=-1)
 
 
 def test_distillation_targets_keep_the_positive_first_and_follow_the_first_stage():
@@ -297,6 +312,26 @@ def test_tiny_training_with_a_cross_encoder_teacher(tiny_train, tiny_bi_encoder,
     assert m["teacher"] == str(tiny_cross_encoder) and m["teacher_hash"] == hash_model_dir(tiny_cross_encoder)
     with pytest.raises(RetrError, match="--teacher needs"):
         BiEncoderTrainConfig(teacher=str(tiny_cross_encoder), num_negatives=0)
+
+
+def test_one_turn_of_the_loop_mines_with_the_model_being_trained_and_distils_the_teacher(
+        tiny_train, tiny_bi_encoder, tiny_cross_encoder, tmp_path, monkeypatch):
+    from retr.train import negatives as mining
+
+    seen = []
+    real = mining.mine_model_negatives
+    monkeypatch.setattr(mining, "mine_model_negatives", lambda model, *a, **kw: seen.append(model) or real(model, *a, **kw))
+    ds = load_dataset(str(tiny_train), "train", download=False)
+    first = train_bi_encoder(tmp_path / "bi0", _cfg(tiny_bi_encoder.parent / "bert", epochs=1), dataset=ds)
+    assert first["config"]["negatives"] == "bm25" and not seen
+    cfg = _cfg(tmp_path / "bi0", epochs=1, negatives="model", teacher=str(tiny_cross_encoder))
+    m = train_bi_encoder(tmp_path / "bi1", cfg, dataset=ds)
+    assert len(seen) == 1 and m["config"]["negatives"] == "model" and m["teacher_factor"] > 0
+    # the miner was the model being trained: its start is the first turn's bi-encoder
+    assert m["dev_ndcg@10_before"] == pytest.approx(first["dev_ndcg@10"], abs=1e-6)
+    assert 0 < m["train_pairs"] <= first["train_pairs"]
+    with pytest.raises(RetrError, match="--negatives"):
+        BiEncoderTrainConfig(negatives="bm26")
 
 
 def test_training_precision_resolves_auto_from_the_cpu(monkeypatch):

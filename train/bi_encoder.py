@@ -9,7 +9,6 @@ the checkpoint by dev nDCG@10, and `--resume` from the last checkpoint.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,16 +19,18 @@ from retr.retrieval.errors import RetrError
 from retr.retrieval.types import Qrels, check_float
 from retr.train.common import (
     TrainConfig,
+    bm25_negatives,
     dev_evaluator,
+    dev_split,
+    embedding_scorer,
+    fit,
     freeze_bottom,
+    pair_columns,
     resolve_precision,
-    run_trainer,
-    trainer_kwargs,
     transformer_kwargs,
     write_output,
 )
-from retr.train.data import labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
-from retr.train.negatives import mine_bm25_negatives, temporary_bm25
+from retr.train.data import pairs_digest, self_supervised_pairs
 from retr.train.runtime import training_run
 from retr.train.teacher import teacher_record
 
@@ -42,6 +43,9 @@ class BiEncoderTrainConfig(TrainConfig):
     learning_rate: float = 2e-5
     mini_batch_size: int = 16  # GradCache chunk: memory is set by this, not by batch_size
     num_negatives: int = 1
+    # where the hard negatives come from: "bm25", or "model": the model being trained, from its own top
+    # ``negative_depth`` before its first step (``mine_model_negatives``)
+    negatives: str = "bm25"
     negative_depth: int = 30
     scale: float = 20.0  # 1 / temperature
     dev_fraction: float = 0.1
@@ -64,6 +68,8 @@ class BiEncoderTrainConfig(TrainConfig):
             raise RetrError("--teacher needs labeled training (--dataset) and --num-negatives >= 1")
         check_float(self.teacher_weight, "--teacher-weight", 0.0, 1000.0)
         check_float(self.dev_fraction, "--dev-fraction", 0.0, 1.0, open_high=True)
+        if self.negatives not in ("bm25", "model"):
+            raise RetrError(f"--negatives {self.negatives!r}: choose bm25 or model")
 
 
 def load_st_model(cfg: TrainConfig, precision: str):
@@ -80,25 +86,15 @@ def load_st_model(cfg: TrainConfig, precision: str):
     if (path / "modules.json").is_file():
         model = SentenceTransformer(source, device="cpu", **kwargs)
     else:
-        try:
-            from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-        except ImportError:  # pragma: no cover - sentence-transformers < 6
-            from sentence_transformers.models import Normalize, Pooling, Transformer
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
         if not (path / "config.json").is_file():
             raise RetrError(f"{path}: not a BERT or sentence-transformers folder (no config.json)")
         word = Transformer(source, max_seq_length=cfg.max_length, **kwargs)
-        dim = word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension") \
-            else word.get_word_embedding_dimension()
-        model = SentenceTransformer(modules=[word, Pooling(dim, "mean"), Normalize()], device="cpu")
+        model = SentenceTransformer(modules=[word, Pooling(word.get_embedding_dimension(), "mean"), Normalize()],
+                                    device="cpu")
     model.max_seq_length = cfg.max_length
     return model
-
-
-def _dev_candidates(bm25, queries: dict[str, str], qrels: Qrels, depth: int) -> dict[str, list[str]]:
-    """Each dev query's BM25 top ``depth`` plus its positives: the list dev nDCG@10 reranks."""
-    run = bm25.search(queries, depth)
-    return {q: list(dict.fromkeys([h.doc_id for h in run[q]] + [d for d, g in qrels[q].items() if g > 0]))
-            for q in queries}
 
 
 @training_run
@@ -114,8 +110,6 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     )
 
     t0 = time.perf_counter()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
     corpus = dataset.corpus if dataset is not None else corpus
     if corpus is None:
         raise RetrError("training needs --dataset or --corpus")
@@ -125,36 +119,29 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
     if cfg.self_supervised:
         pairs, positives = self_supervised_pairs(corpus.docs, cfg.seed)
         doc_text_pos = {**doc_text, **positives}
-        rng = random.Random(cfg.seed)
-        order = list(range(len(pairs)))
-        rng.shuffle(order)
-        n_dev = min(200, int(len(pairs) * cfg.dev_fraction))
-        dev_pairs, train_pairs = [pairs[i] for i in order[:n_dev]], [pairs[i] for i in order[n_dev:]]
-        dev_queries = {p.qid: p.query for p in dev_pairs}
-        dev_qrels = Qrels({p.qid: {p.positive_id: 1} for p in dev_pairs})
+        dev = dev_split({p.qid: p.query for p in pairs}, Qrels({p.qid: {p.positive_id: 1} for p in pairs}),
+                        min(cfg.dev_fraction, 200 / max(1, len(pairs))), cfg.seed,  # at most 200 dev pairs
+                        f" from {len(corpus.docs)} documents: --self-supervised makes a pair of a document's title and "
+                        "body (>= 20 characters), or of one of its sentences and the others (two of >= 20 characters "
+                        "at least); each pair needs both, and a tenth of the pairs go to dev")
     else:
         if dataset is None:
             raise RetrError("labeled training needs --dataset (or use --corpus with --self-supervised)")
         qrels = dataset.qrels
-        train_q, dev_q = split_dev(qrels, cfg.dev_fraction, cfg.seed)
-        train_pairs = labeled_pairs(dataset.queries, qrels, train_q)
-        dev_queries = {q: dataset.queries[q] for q in dev_q}
-        dev_qrels = Qrels({q: qrels[q] for q in dev_q})
+        dev = dev_split(dataset.queries, qrels, cfg.dev_fraction, cfg.seed)
         doc_text_pos = doc_text
-    if not train_pairs or not dev_queries:
-        why = (f" from {len(corpus.docs)} documents: --self-supervised makes a pair of a document's title and body "
-               "(>= 20 characters), or of one of its sentences and the others (two of >= 20 characters at least); "
-               "each pair needs both, and a tenth of the pairs go to dev") if cfg.self_supervised else ""
-        raise RetrError(f"too little training data: {len(train_pairs)} pairs, {len(dev_queries)} dev queries{why}")
-    logger.info("%d training pairs, %d dev queries", len(train_pairs), len(dev_queries))
-    with temporary_bm25(corpus.ids, texts) as bm25:  # one BM25 for mining and for the dev candidates
-        negatives = (mine_bm25_negatives(train_pairs, bm25, qrels, cfg.num_negatives, cfg.seed,
-                                         depth=cfg.negative_depth) if cfg.num_negatives else [[] for _ in train_pairs])
-        candidates = _dev_candidates(bm25, dev_queries, dev_qrels, cfg.dev_candidates)
-    columns = {"anchor": [p.query for p in train_pairs], "positive": [doc_text_pos[p.positive_id] for p in train_pairs]}
-    for j in range(cfg.num_negatives):
-        columns[f"negative_{j + 1}"] = [doc_text[n[j]] for n in negatives]
+    train_pairs = dev.pairs
+    logger.info("%d training pairs, %d dev queries", len(train_pairs), len(dev.queries))
+    mine = cfg.negatives == "model" and cfg.num_negatives > 0
+    negatives, candidates = bm25_negatives(corpus, texts, train_pairs, qrels, dev, 0 if mine else cfg.num_negatives, cfg)
     precision = resolve_precision(cfg.precision)
+    model = load_st_model(cfg, precision)
+    if mine:  # the model being trained mines its own, before its first step
+        from retr.train.negatives import mine_model_negatives
+
+        mined = mine_model_negatives(model, train_pairs, doc_text_pos, corpus.ids, texts, qrels, cfg.num_negatives,
+                                     depth=cfg.negative_depth)
+        train_pairs, negatives = [p for p, n in zip(train_pairs, mined, strict=True) if n], [n for n in mined if n]
     teacher_factor = None
     if cfg.teacher is not None:
         from retr.train.teacher import student_units, teacher_logits
@@ -162,26 +149,15 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
         logits = teacher_logits(cfg.teacher, [p.query for p in train_pairs],
                                 [[doc_text[d] for d in (p.positive_id, *negs)]
                                  for p, negs in zip(train_pairs, negatives, strict=True)])
-    model = load_st_model(cfg, precision)
+    columns = pair_columns(train_pairs, negatives, doc_text_pos, doc_text)
     frozen = freeze_bottom(model, cfg.freeze_layers)
     if cfg.teacher is not None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):  # as the steps run
             teacher_factor = student_units(model, logits, train_pairs, negatives, doc_text_pos, cfg.scale)
         columns["label"] = (logits * teacher_factor).tolist()
     train_ds = HFDataset.from_dict(columns)
-
-    def score_all(model):
-        qids = list(dev_queries)
-        docs = sorted({d for q in qids for d in candidates[q]})
-        pos = {d: i for i, d in enumerate(docs)}
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):  # as the steps run
-            q_emb = model.encode([dev_queries[q] for q in qids], convert_to_numpy=True, normalize_embeddings=True,
-                                 show_progress_bar=False)
-            d_emb = model.encode([doc_text_pos[d] for d in docs], convert_to_numpy=True,
-                                 normalize_embeddings=True, batch_size=32, show_progress_bar=False)
-        return {q: {d: float(d_emb[pos[d]] @ q_emb[i]) for d in candidates[q]} for i, q in enumerate(qids)}
-
-    evaluator = dev_evaluator(score_all, dev_qrels)
+    score_all = embedding_scorer(dev.queries, candidates, doc_text_pos, precision, normalize_embeddings=True)
+    evaluator = dev_evaluator(score_all, dev.qrels)
     base_dev = evaluator(model)["dev_ndcg@10"]
     logger.info("before training: dev nDCG@10 %.4f", base_dev)
     if cfg.teacher is not None:
@@ -192,18 +168,12 @@ def train_bi_encoder(out: Path, cfg: BiEncoderTrainConfig, dataset: Dataset | No
         loss = CachedMultipleNegativesRankingLoss(model, scale=cfg.scale, mini_batch_size=cfg.mini_batch_size)
     else:  # the whole batch fits: the same loss and gradients without the extra forward pass
         loss = MultipleNegativesRankingLoss(model, scale=cfg.scale)
-    args = SentenceTransformerTrainingArguments(**trainer_kwargs(out, cfg, len(train_pairs)),
-                                                bf16=precision == "bf16")
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_ds, loss=loss,
-                                         evaluator=evaluator, callbacks=callbacks)
-    result = run_trainer(trainer, out, resume)
-    seconds = time.perf_counter() - t0
+    result = fit(SentenceTransformerTrainer, SentenceTransformerTrainingArguments, out, cfg, precision, len(train_pairs),
+                 resume, model=model, train_dataset=train_ds, loss=loss, evaluator=evaluator, callbacks=callbacks)
     extra = {
-        "base": cfg.base_name, "train_pairs": len(train_pairs), **frozen, "dev_queries": len(dev_queries),
+        "base": cfg.base_name, "train_pairs": len(train_pairs), **frozen, "dev_queries": len(dev.queries),
         "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
         "dev_ndcg@10_before": base_dev, "precision": precision, "teacher_factor": teacher_factor,
-        **teacher_record(cfg.teacher), **result,
-        "train_seconds": seconds,
-        "wall_seconds_per_epoch": seconds / max(1, cfg.epochs),
+        **teacher_record(cfg.teacher), **result, "train_seconds": time.perf_counter() - t0,
     }
     return write_output(out, lambda p: model.save(str(p)), "retr-bi-encoder", cfg, extra)

@@ -1,4 +1,5 @@
-"""What the trainers share: the dev evaluator, checkpoint handling, the output folder and its manifest."""
+"""What the trainers share: the labeled data and its dev split, the dev evaluator, the trainer's run, checkpoint
+handling, the output folder and its manifest."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from retr.retrieval.backends.runners import cpu_has_bf16
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import DEFAULT_MODEL, model_architecture
 from retr.retrieval.types import Hit, Qrels, Run, check_float
+from retr.train.data import Pair, labeled_pairs, split_dev
 
 logger = logging.getLogger(__name__)
 
@@ -225,16 +227,6 @@ def _dropout_kind(key: str, value) -> str | None:
     return "attention" if "attention" in key else "hidden"
 
 
-def trainer_kwargs(out: Path, cfg, n_examples: int) -> dict:
-    """The TrainingArguments both trainers share: one checkpoint per epoch, best by dev nDCG@10."""
-    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
-
-    return dict(
-        **common_training_args(out, cfg, n_examples), data_seed=cfg.seed, batch_sampler=BatchSamplers.NO_DUPLICATES,
-        metric_for_best_model="eval_dev_ndcg@10", greater_is_better=True, dataloader_num_workers=0,
-    )
-
-
 def dev_evaluator(score_all: Callable[[object], Mapping[str, Mapping[str, float]]], qrels: Qrels):
     """A sentence-transformers evaluator reporting ``dev_ndcg@10`` of ``score_all(model)``."""
     from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
@@ -285,3 +277,80 @@ def run_trainer(trainer, out: Path, resume: bool, eval_key: str = "eval_dev_ndcg
             "steps": trainer.state.global_step,
             # the trainer's own clock: steps and its evaluations; the steps alone without them
             "trainer_seconds": output.metrics.get("train_runtime"), "eval_seconds": sum(evals)}
+
+
+@dataclass(frozen=True)
+class DevSplit:
+    """The training pairs of a labeled dataset and the dev queries carved from its training queries (fixed seed)."""
+    pairs: list[Pair]
+    queries: dict[str, str]
+    qrels: Qrels
+
+
+def dev_split(queries: Mapping[str, str], qrels: Qrels, fraction: float, seed: int, why: str = "") -> DevSplit:
+    """The training pairs of ``queries`` judged in ``qrels`` and a dev split of them (``split_dev``): every labeled
+    trainer's, alike for one seed. Too few of either is an error, ``why`` added to it."""
+    train_q, dev_q = split_dev(qrels, fraction, seed)
+    split = DevSplit(labeled_pairs(queries, qrels, train_q), {q: queries[q] for q in dev_q},
+                     Qrels({q: qrels[q] for q in dev_q}))
+    if not split.pairs or not split.queries:
+        raise RetrError(f"too little training data: {len(split.pairs)} pairs, {len(split.queries)} dev queries{why}")
+    return split
+
+
+def bm25_negatives(corpus, texts: list[str], pairs: list[Pair], qrels: Qrels | None, dev: DevSplit, num_negatives: int,
+                   cfg):
+    """From one BM25 over ``corpus``: each pair's ``num_negatives`` hard negatives (``mine_bm25_negatives``)
+    and each dev query's BM25 top ``cfg.dev_candidates`` plus its positives, the list dev nDCG@10 ranks."""
+    from retr.train.negatives import mine_bm25_negatives, temporary_bm25
+
+    with temporary_bm25(corpus.ids, texts) as bm25:
+        negatives = (mine_bm25_negatives(pairs, bm25, qrels, num_negatives, cfg.seed, depth=cfg.negative_depth)
+                     if num_negatives else [[] for _ in pairs])
+        run = bm25.search(dev.queries, cfg.dev_candidates)
+    candidates = {q: list(dict.fromkeys([h.doc_id for h in run[q]] + [d for d, g in dev.qrels[q].items() if g > 0]))
+                  for q in dev.queries}
+    return negatives, candidates
+
+
+def pair_columns(pairs: list[Pair], negatives: list[list[str]], positive_text: dict[str, str],
+                 doc_text: dict[str, str]) -> dict[str, list[str]]:
+    """The trainer's columns: anchor, positive, negative_1..n."""
+    columns = {"anchor": [p.query for p in pairs], "positive": [positive_text[p.positive_id] for p in pairs]}
+    for j in range(len(negatives[0]) if negatives else 0):
+        columns[f"negative_{j + 1}"] = [doc_text[n[j]] for n in negatives]
+    return columns
+
+
+def embedding_scorer(queries: dict[str, str], candidates: dict[str, list[str]], doc_text: dict[str, str],
+                     precision: str, **encode_kwargs) -> Callable:
+    """``score_all`` for an encoder: each dev query's candidates scored by the dot product of the model's query and
+    document embeddings (``encode_query`` / ``encode_document`` with ``encode_kwargs``), under ``precision``."""
+
+    def score_all(model):
+        import torch
+
+        qids = list(queries)
+        docs = sorted({d for q in qids for d in candidates[q]})
+        pos = {d: i for i, d in enumerate(docs)}
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):  # as the steps run
+            q_emb = model.encode_query([queries[q] for q in qids], convert_to_tensor=True, show_progress_bar=False,
+                                       **encode_kwargs).float()
+            d_emb = model.encode_document([doc_text[d] for d in docs], convert_to_tensor=True, batch_size=32,
+                                          show_progress_bar=False, **encode_kwargs).float()
+        scores = (q_emb @ d_emb.T).numpy()
+        return {q: {d: float(scores[i, pos[d]]) for d in candidates[q]} for i, q in enumerate(qids)}
+
+    return score_all
+
+
+def fit(trainer_cls, args_cls, out: Path, cfg, precision: str, n_examples: int, resume: bool, **trainer_args) -> dict:
+    """Run (``run_trainer``) a sentence-transformers ``trainer_cls`` with ``trainer_args`` (model, train_dataset,
+    loss, evaluator, callbacks) and the ``args_cls`` arguments every encoder trainer shares: one checkpoint per
+    epoch, the best by dev nDCG@10, bf16 where ``precision`` says so."""
+    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
+
+    args = args_cls(**common_training_args(out, cfg, n_examples), data_seed=cfg.seed, bf16=precision == "bf16",
+                    batch_sampler=BatchSamplers.NO_DUPLICATES, metric_for_best_model="eval_dev_ndcg@10",
+                    greater_is_better=True, dataloader_num_workers=0)
+    return run_trainer(trainer_cls(args=args, **trainer_args), out, resume)

@@ -26,15 +26,15 @@ from retr.train.common import (
     TrainConfig,
     dev_evaluator,
     dev_ndcg,
+    dev_split,
+    fit,
     freeze_bottom,
     keep_bottom,
     resolve_precision,
-    run_trainer,
-    trainer_kwargs,
     transformer_kwargs,
     write_output,
 )
-from retr.train.data import Pair, labeled_pairs, pairs_digest, self_supervised_pairs, split_dev
+from retr.train.data import pairs_digest
 from retr.train.runtime import training_run
 from retr.train.teacher import teacher_record
 
@@ -66,10 +66,6 @@ class CrossEncoderTrainConfig(TrainConfig):
     # best), trained in 727 s against 1,968 s, reranking at half the cost (README, "What the cross-encoder reads")
     inputs: str = "focused"
     max_length: int = 128
-    # > 0: that many more lists made from the corpus itself, no judgement needed (``self_supervised_pairs``: a
-    # document's title is the query and its body the positive, else one sentence and the rest), their negatives
-    # from the first stage's ranking of that query; every document of such a list is read without its title
-    corpus_lists: int = 0
     layers: int = 0  # > 0: keep only the base's first ``layers`` transformer layers (a smaller, faster reranker)
     # a trained cross-encoder whose logits for each list (softmax, mixed with the judged positive by ``distill``)
     # are the ListNet target instead of the first stage's ranking: a smaller student learns from a larger model
@@ -83,8 +79,6 @@ class CrossEncoderTrainConfig(TrainConfig):
             raise RetrError(f"--layers must be >= 0, got {self.layers}")
         if self.teacher is not None and self.distill <= 0:
             raise RetrError("--teacher needs --distill w > 0 (the teacher's share of each list's target)")
-        if self.corpus_lists < 0:
-            raise RetrError(f"--corpus-lists must be >= 0, got {self.corpus_lists}")
         check_inputs(self.inputs)
 
 
@@ -111,16 +105,6 @@ def mixed_target(teacher_logits, weight: float) -> list[float]:
     target = weight * teacher / teacher.sum()
     target[0] += 1.0 - weight
     return np.log(target).tolist()
-
-
-def sample_corpus_pairs(dataset: Dataset, n: int, seed: int) -> tuple[list[Pair], dict[str, str]]:
-    """``n`` self-supervised pairs (seeded) from ``dataset``'s corpus and the texts their positives are read from:
-    a titled document's body is its title's positive (``self_supervised_pairs``)."""
-    if n <= 0:
-        return [], {}
-    pairs, positives = self_supervised_pairs(dataset.corpus.docs, seed)
-    chosen = random.Random(seed).sample(pairs, min(n, len(pairs)))
-    return chosen, {p.positive_id: positives[p.positive_id] for p in chosen}
 
 
 def teacher_labels(cfg: CrossEncoderTrainConfig, queries: list[str], doc_lists: list[list[str]]) -> list[list[float]]:
@@ -172,7 +156,6 @@ def choose_interpolation(ce_scores, first, dev_q, depth: int, qrels: Qrels) -> t
 @training_run
 def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Dataset, resume: bool = False,
                         callbacks: list | None = None) -> dict:
-    import torch
     from datasets import Dataset as HFDataset
     from sentence_transformers.cross_encoder import (
         CrossEncoder,
@@ -184,43 +167,30 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     from retr.retrieval.models import ModelRef
 
     t0 = time.perf_counter()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     qrels = dataset.qrels
-    train_q, dev_q = split_dev(qrels, cfg.dev_fraction, cfg.seed)
-    pairs = labeled_pairs(dataset.queries, qrels, train_q)
-    if not pairs or not dev_q:
-        raise RetrError(f"too little training data: {len(pairs)} pairs, {len(dev_q)} dev queries")
+    dev = dev_split(dataset.queries, dataset.qrels, cfg.dev_fraction, cfg.seed)
+    pairs, dev_q, dev_queries, dev_qrels = dev.pairs, list(dev.queries), dev.queries, dev.qrels
     texts = {d.doc_id: d.full_text() for d in dataset.corpus.docs}
-    corpus_pairs, bodies = sample_corpus_pairs(dataset, cfg.corpus_lists, cfg.seed)
-    wanted = {**{p.qid: p.query for p in pairs}, **{q: dataset.queries[q] for q in dev_q},
-              **{p.qid: p.query for p in corpus_pairs}}
+    wanted = {**{p.qid: p.query for p in pairs}, **dev_queries}
     first = first_stage_runs(dataset, cfg.first_stage_model, wanted, max(cfg.negative_depth, cfg.dev_depth))
     gc.collect()  # the first stage's graphs and thread pools go before training starts
-    lists = []  # (pair, its first-stage ranking, its hard negatives, the texts its documents are read from)
+    lists = []  # (pair, its first-stage ranking, its hard negatives)
     for p in pairs:
         ranked = first[p.qid]
         cands = [h.doc_id for h in ranked[: cfg.negative_depth] if h.doc_id not in qrels[p.qid]]
         if len(cands) >= cfg.num_negatives:
-            lists.append((p, ranked, rng.sample(cands, cfg.num_negatives), texts))
-    judged_lists = len(lists)
-    untitled = {**{d.doc_id: d.text for d in dataset.corpus.docs}, **bodies} if corpus_pairs else {}
-    for p in corpus_pairs:
-        ranked = first[p.qid]
-        cands = [h.doc_id for h in ranked[: cfg.negative_depth] if h.doc_id != p.positive_id]
-        if len(cands) >= cfg.num_negatives:
-            lists.append((p, ranked, rng.sample(cands, cfg.num_negatives), untitled))
+            lists.append((p, ranked, rng.sample(cands, cfg.num_negatives)))
 
-    def labels(p, ranked, negatives, _texts) -> list[float]:
+    def labels(p, ranked, negatives) -> list[float]:
         score = {h.doc_id: h.score for h in ranked}
         floor = min(score.values())  # a positive the first stage did not retrieve: its lowest score
         return distill_labels([score.get(d, floor) for d in (p.positive_id, *negatives)], cfg.distill)
 
     base_path = ModelRef.resolve(cfg.base).path
     read = reader(cfg.inputs, base_path, cfg.max_length)  # the base model's tokenizer counts
-    queries = [p.query for p, _, _, _ in lists]
-    doc_lists = [[of[d] for d in (p.positive_id, *negatives)] for p, _, negatives, of in lists]  # positive first
+    queries = [p.query for p, _, _ in lists]
+    doc_lists = [[texts[d] for d in (p.positive_id, *negatives)] for p, _, negatives in lists]  # positive first
     read_lists = [read(q, docs) for q, docs in zip(queries, doc_lists, strict=True)]
     columns: dict[str, list] = {"query": queries}
     if cfg.distill:
@@ -232,12 +202,10 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
         for j in range(cfg.num_negatives):
             columns[f"negative_{j + 1}"] = [docs[j + 1] for docs in read_lists]
     train_ds = HFDataset.from_dict(columns)
-    dev_queries = {q: dataset.queries[q] for q in dev_q}
-    dev_qrels = Qrels({q: qrels[q] for q in dev_q})
     candidates = {q: [h.doc_id for h in first[q][: cfg.dev_depth]] for q in dev_q}
     dev_read = {q: read(dev_queries[q], [texts[d] for d in cands]) for q, cands in candidates.items()}  # once
-    logger.info("%d training lists (1 positive + %d negatives; %d of them from the corpus alone), %d dev queries",
-                len(train_ds), cfg.num_negatives, len(lists) - judged_lists, len(dev_q))
+    logger.info("%d training lists (1 positive + %d negatives), %d dev queries", len(train_ds), cfg.num_negatives,
+                len(dev_q))
 
     precision = resolve_precision(cfg.precision)
     model = CrossEncoder(str(base_path), num_labels=1, max_length=cfg.max_length, device="cpu",
@@ -257,15 +225,12 @@ def train_cross_encoder(out: Path, cfg: CrossEncoderTrainConfig, dataset: Datase
     logger.info("before training: dev nDCG@10 %.4f of the first stage alone", first_stage_dev)
     loss = ListNetLoss(model) if cfg.distill else MultipleNegativesRankingLoss(model,
                                                                               num_negatives=cfg.in_batch_negatives)
-    args = CrossEncoderTrainingArguments(**trainer_kwargs(out, cfg, len(train_ds)), bf16=precision == "bf16")
-    trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=train_ds, loss=loss, evaluator=evaluator,
-                                  callbacks=callbacks)
-    result = run_trainer(trainer, out, resume)
+    result = fit(CrossEncoderTrainer, CrossEncoderTrainingArguments, out, cfg, precision, len(train_ds), resume,
+                 model=model, train_dataset=train_ds, loss=loss, evaluator=evaluator, callbacks=callbacks)
     alpha, alpha_curve = choose_interpolation(evaluator.best_scores(), first, dev_q, cfg.dev_depth, dev_qrels)
     seconds = time.perf_counter() - t0
     extra = {
-        "base": cfg.base_name, "train_lists": len(train_ds), "corpus_lists": len(lists) - judged_lists,
-        "corpus_pairs_sha256": pairs_digest(corpus_pairs), **kept, **frozen, "dev_queries": len(dev_q),
+        "base": cfg.base_name, "train_lists": len(train_ds), **kept, **frozen, "dev_queries": len(dev_q),
         "data_sha256": pairs_digest(pairs), "corpus_sha256": dataset.corpus.sha256,
         "precision": precision, "first_stage": "hybrid", "dev_ndcg@10_first_stage": first_stage_dev, **result, "train_seconds": seconds,
         "interpolation": alpha, "interpolation_rule": WEIGHT_RULE, **teacher_record(cfg.teacher), "inputs": cfg.inputs, "dev_ndcg@10_by_interpolation": alpha_curve,

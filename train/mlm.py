@@ -204,12 +204,10 @@ def _load_model(source: str, ref, cfg: MLMTrainConfig, architecture: str):
 
 @training_run
 def train_mlm(out: Path, cfg: MLMTrainConfig, corpus: Corpus, resume: bool = False) -> dict:
-    import torch
     from datasets import Dataset as HFDataset
     from transformers import AutoTokenizer, Trainer, TrainingArguments
 
     t0 = time.perf_counter()
-    torch.manual_seed(cfg.seed)
     ref = ModelRef.resolve(cfg.base)
     source = str(ref.path)
     architecture, recipe = recipe_for(ref.architecture(), cfg.mask_prob, cfg.replace)

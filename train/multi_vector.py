@@ -6,26 +6,25 @@ the other trainers use; its loss is sentence-transformers' multi-vector in-batch
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from retr.eval.data import Dataset
 from retr.retrieval.errors import RetrError
-from retr.retrieval.types import Qrels
 from retr.train.common import (
     TrainConfig,
+    bm25_negatives,
     dev_evaluator,
+    dev_split,
+    fit,
     freeze_bottom,
+    pair_columns,
     resolve_precision,
-    run_trainer,
-    trainer_kwargs,
     transformer_kwargs,
     write_output,
 )
-from retr.train.data import labeled_pairs, pairs_digest, split_dev
-from retr.train.negatives import mine_bm25_negatives, temporary_bm25
+from retr.train.data import pairs_digest
 from retr.train.runtime import training_run
 
 logger = logging.getLogger(__name__)
@@ -82,26 +81,14 @@ def train_multi_vector(out: Path, cfg: MultiVectorTrainConfig, dataset: Dataset,
     from sentence_transformers.multi_vector_encoder.trainer import MultiVectorEncoderTrainer
     from sentence_transformers.multi_vector_encoder.training_args import MultiVectorEncoderTrainingArguments
 
-    from retr.train.bi_encoder import _dev_candidates
-
     t0 = time.perf_counter()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    corpus, qrels = dataset.corpus, dataset.qrels
+    corpus = dataset.corpus
     doc_text = {d.doc_id: d.full_text() for d in corpus.docs}
-    train_q, dev_q = split_dev(qrels, cfg.dev_fraction, cfg.seed)
-    train_pairs = labeled_pairs(dataset.queries, qrels, train_q)
-    dev_queries = {q: dataset.queries[q] for q in dev_q}
-    dev_qrels = Qrels({q: qrels[q] for q in dev_q})
-    if not train_pairs or not dev_queries:
-        raise RetrError(f"too little training data: {len(train_pairs)} pairs, {len(dev_queries)} dev queries")
-    with temporary_bm25(corpus.ids, list(doc_text.values())) as bm25:
-        negatives = (mine_bm25_negatives(train_pairs, bm25, qrels, cfg.num_negatives, cfg.seed,
-                                         depth=cfg.negative_depth) if cfg.num_negatives else [[] for _ in train_pairs])
-        candidates = _dev_candidates(bm25, dev_queries, dev_qrels, cfg.dev_candidates)
-    columns = {"anchor": [p.query for p in train_pairs], "positive": [doc_text[p.positive_id] for p in train_pairs]}
-    for j in range(cfg.num_negatives):
-        columns[f"negative_{j + 1}"] = [doc_text[n[j]] for n in negatives]
+    dev = dev_split(dataset.queries, dataset.qrels, cfg.dev_fraction, cfg.seed)
+    train_pairs, dev_queries = dev.pairs, dev.queries
+    negatives, candidates = bm25_negatives(corpus, list(doc_text.values()), train_pairs, dataset.qrels, dev,
+                                           cfg.num_negatives, cfg)
+    columns = pair_columns(train_pairs, negatives, doc_text, doc_text)
     precision = resolve_precision(cfg.precision)
     model = build_multivector_model(cfg, precision)
     frozen = freeze_bottom(model, cfg.freeze_layers)
@@ -117,14 +104,12 @@ def train_multi_vector(out: Path, cfg: MultiVectorTrainConfig, dataset: Dataset,
                 scores[q] = {d: float(s) for d, s in zip(docs, sims, strict=True)}
         return scores
 
-    evaluator = dev_evaluator(score_all, dev_qrels)
+    evaluator = dev_evaluator(score_all, dev.qrels)
     base_dev = evaluator(model)["dev_ndcg@10"]
     logger.info("before training: dev nDCG@10 %.4f", base_dev)
-    args = MultiVectorEncoderTrainingArguments(**trainer_kwargs(out, cfg, len(train_pairs)), bf16=precision == "bf16")
-    trainer = MultiVectorEncoderTrainer(model=model, args=args, train_dataset=HFDataset.from_dict(columns),
-                                        loss=MultiVectorMultipleNegativesRankingLoss(model), evaluator=evaluator,
-                                        callbacks=callbacks)
-    result = run_trainer(trainer, out, resume)
+    result = fit(MultiVectorEncoderTrainer, MultiVectorEncoderTrainingArguments, out, cfg, precision, len(train_pairs),
+                 resume, model=model, train_dataset=HFDataset.from_dict(columns),
+                 loss=MultiVectorMultipleNegativesRankingLoss(model), evaluator=evaluator, callbacks=callbacks)
     seconds = time.perf_counter() - t0
     extra = {"base": cfg.base_name, "dim": cfg.dim, "train_pairs": len(train_pairs), **frozen,
              "dev_queries": len(dev_queries), "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,

@@ -54,3 +54,35 @@ def mine_bm25_negatives(pairs: Sequence[Pair], bm25: BM25Retriever, qrels: Qrels
     if short:
         logger.info("%d queries had too few BM25 negatives: topped up with random documents", short)
     return out
+
+
+def mine_model_negatives(model, pairs: Sequence[Pair], positive_text: Mapping[str, str], doc_ids: Sequence[str],
+                         doc_texts: Sequence[str], qrels: Qrels | None, num_negatives: int, depth: int = 30,
+                         relative_margin: float = 0.05) -> list[list[str] | None]:
+    """For each pair, ``num_negatives`` doc ids drawn at random from ``model``'s own top ``depth`` for its query
+    (sentence-transformers' ``mine_hard_negatives``; the global ``random`` seeds the draw), or None where too few
+    are left. False-negative guard: every positive of the query is excluded, and every candidate scoring within
+    ``relative_margin`` of its weakest positive (a near-duplicate of a positive); so is any document judged for
+    the query at any grade, and any with the very text of one."""
+    from datasets import Dataset as HFDataset
+    from sentence_transformers.util import mine_hard_negatives
+
+    extra = 2  # drawn beyond ``num_negatives``, for the judged ones dropped afterwards
+    mined = mine_hard_negatives(
+        HFDataset.from_dict({"anchor": [p.query for p in pairs], "positive": [positive_text[p.positive_id]
+                                                                             for p in pairs]}),
+        model, corpus=list(doc_texts), range_max=depth, relative_margin=relative_margin,
+        num_negatives=num_negatives + extra, sampling_strategy="random", output_format="labeled-list", verbose=False)
+    id_of = {t: d for d, t in reversed(list(zip(doc_ids, doc_texts, strict=True)))}  # a text's first document
+    by_row = {(row["anchor"], row["positive"][0]): [id_of[t] for t in row["positive"][1:]] for row in mined}
+    out: list[list[str] | None] = []
+    for p in pairs:
+        judged = set(qrels[p.qid]) if qrels is not None and p.qid in qrels else set()
+        judged_texts = {positive_text.get(d) for d in judged | {p.positive_id}}
+        negs = [d for d in by_row.get((p.query, positive_text[p.positive_id]), [])
+                if d not in judged and positive_text.get(d) not in judged_texts]
+        out.append(negs[:num_negatives] if len(negs) >= num_negatives else None)
+    missing = sum(n is None for n in out)
+    if missing:
+        logger.info("%d of %d pairs had too few negatives in the model's top %d: left out", missing, len(pairs), depth)
+    return out

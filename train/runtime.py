@@ -68,12 +68,19 @@ def quiet_libraries() -> Iterator[None]:
 
 
 def training_run(train: F) -> F:
-    """Decorate a trainer's entry point: refuse clearly without the `train` extra, run with the libraries quiet."""
+    """Decorate a trainer's entry point ``train(out, cfg, ...)``: refuse clearly without the `train` extra, seed
+    Python's and torch's generators with ``cfg.seed``, run with the libraries quiet."""
 
     @functools.wraps(train)
-    def run(*args, **kwargs):
+    def run(out, cfg, *args, **kwargs):
         require_training_stack()
+        import random
+
+        import torch
+
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
         with quiet_libraries():
-            return train(*args, **kwargs)
+            return train(out, cfg, *args, **kwargs)
 
     return run  # type: ignore[return-value]

@@ -14,25 +14,25 @@ Two kinds, on the same labeled pairs, BM25 hard negatives and dev split as the b
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from retr.eval.data import Dataset
 from retr.retrieval.errors import RetrError
-from retr.retrieval.types import Qrels
 from retr.train.common import (
     TrainConfig,
+    bm25_negatives,
     dev_evaluator,
+    dev_split,
+    embedding_scorer,
+    fit,
     freeze_bottom,
+    pair_columns,
     resolve_precision,
-    run_trainer,
-    trainer_kwargs,
     write_output,
 )
-from retr.train.data import labeled_pairs, pairs_digest, split_dev
-from retr.train.negatives import mine_bm25_negatives, temporary_bm25
+from retr.train.data import pairs_digest
 from retr.train.runtime import training_run
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,6 @@ def build_sparse_model(cfg: SparseEncoderTrainConfig, precision: str):
 def train_sparse_encoder(out: Path, cfg: SparseEncoderTrainConfig, dataset: Dataset, resume: bool = False,
                          callbacks: list | None = None) -> dict:
     """Train and write a sentence-transformers ``SparseEncoder`` folder (+ retr_manifest.json) to ``out``."""
-    import torch
     from datasets import Dataset as HFDataset
     from sentence_transformers import SparseEncoderTrainer, SparseEncoderTrainingArguments
     from sentence_transformers.sparse_encoder.losses import (
@@ -108,43 +107,19 @@ def train_sparse_encoder(out: Path, cfg: SparseEncoderTrainConfig, dataset: Data
         SpladeLoss,
     )
 
-    from retr.train.bi_encoder import _dev_candidates
-
     t0 = time.perf_counter()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    corpus, qrels = dataset.corpus, dataset.qrels
+    corpus = dataset.corpus
     doc_text = {d.doc_id: d.full_text() for d in corpus.docs}
-    train_q, dev_q = split_dev(qrels, cfg.dev_fraction, cfg.seed)
-    train_pairs = labeled_pairs(dataset.queries, qrels, train_q)
-    dev_queries = {q: dataset.queries[q] for q in dev_q}
-    dev_qrels = Qrels({q: qrels[q] for q in dev_q})
-    if not train_pairs or not dev_queries:
-        raise RetrError(f"too little training data: {len(train_pairs)} pairs, {len(dev_queries)} dev queries")
-    with temporary_bm25(corpus.ids, list(doc_text.values())) as bm25:
-        negatives = (mine_bm25_negatives(train_pairs, bm25, qrels, cfg.num_negatives, cfg.seed,
-                                         depth=cfg.negative_depth) if cfg.num_negatives else [[] for _ in train_pairs])
-        candidates = _dev_candidates(bm25, dev_queries, dev_qrels, cfg.dev_candidates)
-    columns = {"anchor": [p.query for p in train_pairs], "positive": [doc_text[p.positive_id] for p in train_pairs]}
-    for j in range(cfg.num_negatives):
-        columns[f"negative_{j + 1}"] = [doc_text[n[j]] for n in negatives]
+    dev = dev_split(dataset.queries, dataset.qrels, cfg.dev_fraction, cfg.seed)
+    train_pairs = dev.pairs
+    negatives, candidates = bm25_negatives(corpus, list(doc_text.values()), train_pairs, dataset.qrels, dev,
+                                           cfg.num_negatives, cfg)
+    columns = pair_columns(train_pairs, negatives, doc_text, doc_text)
     precision = resolve_precision(cfg.precision)
     model = build_sparse_model(cfg, precision)
     frozen = freeze_bottom(model, cfg.freeze_layers)
-
-    def score_all(model):
-        qids = list(dev_queries)
-        docs = sorted({d for q in qids for d in candidates[q]})
-        pos = {d: i for i, d in enumerate(docs)}
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            q_emb = model.encode_query([dev_queries[q] for q in qids], convert_to_sparse_tensor=False,
-                                       show_progress_bar=False).float()
-            d_emb = model.encode_document([doc_text[d] for d in docs], convert_to_sparse_tensor=False,
-                                          batch_size=32, show_progress_bar=False).float()
-        scores = (q_emb @ d_emb.T).numpy()
-        return {q: {d: float(scores[i, pos[d]]) for d in candidates[q]} for i, q in enumerate(qids)}
-
-    evaluator = dev_evaluator(score_all, dev_qrels)
+    score_all = embedding_scorer(dev.queries, candidates, doc_text, precision, convert_to_sparse_tensor=False)
+    evaluator = dev_evaluator(score_all, dev.qrels)
     base_dev = evaluator(model)["dev_ndcg@10"]
     logger.info("before training: dev nDCG@10 %.4f", base_dev)
     ranking = SparseMultipleNegativesRankingLoss(model)
@@ -153,12 +128,11 @@ def train_sparse_encoder(out: Path, cfg: SparseEncoderTrainConfig, dataset: Data
     else:
         loss = SpladeLoss(model, loss=ranking, document_regularizer_weight=cfg.document_regularizer,
                           query_regularizer_weight=cfg.query_regularizer)
-    args = SparseEncoderTrainingArguments(**trainer_kwargs(out, cfg, len(train_pairs)), bf16=precision == "bf16")
-    trainer = SparseEncoderTrainer(model=model, args=args, train_dataset=HFDataset.from_dict(columns), loss=loss,
-                                   evaluator=evaluator, callbacks=callbacks)
-    result = run_trainer(trainer, out, resume)
+    result = fit(SparseEncoderTrainer, SparseEncoderTrainingArguments, out, cfg, precision, len(train_pairs), resume,
+                 model=model, train_dataset=HFDataset.from_dict(columns), loss=loss, evaluator=evaluator,
+                 callbacks=callbacks)
     seconds = time.perf_counter() - t0
     extra = {"base": cfg.base_name, "sparse_kind": cfg.kind, "train_pairs": len(train_pairs), **frozen,
-             "dev_queries": len(dev_queries), "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
+             "dev_queries": len(dev.queries), "data_sha256": pairs_digest(train_pairs), "corpus_sha256": corpus.sha256,
              "dev_ndcg@10_before": base_dev, "precision": precision, **result, "train_seconds": seconds}
     return write_output(out, lambda p: model.save(str(p)), "retr-sparse-encoder", cfg, extra)
