@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from retr.retrieval.backends import sample_texts
-    from retr.retrieval.backends.export import down_projections, dynamic_int8
+    from retr.retrieval.backends.export import down_projections, quantize_dynamic_int8
     from retr.retrieval.backends.graphs import query_rank_noise
     from retr.retrieval.models import bundled_model_path
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, exclude in variants.items():
             dst = Path(tmp) / "model.onnx"
-            dynamic_int8(src, dst, exclude)  # as retr quantises its onnx-int8 graph, with these left fp32
+            quantize_dynamic_int8(src, dst, None, exclude, keep=True)  # as retr quantises onnx-int8
             s = session(dst)
             noise = query_rank_noise(ref_q, encode(s, questions), ref_d)
             rows[name] = {"fp32_matmuls": len(exclude), "rank_noise": noise, "ms_per_query": latency_ms(s)}

@@ -639,6 +639,6 @@ def test_the_models_static_int8_graph_is_a_query_candidate_once_calibrated_as_on
     assert chosen["backend"] == "openvino-int8:one-stream" and 0 <= noise["openvino-int8:one-stream"] < 0.05
     assert noise["openvino:one-stream"] is None  # the documents' own file and precision: nothing to check
     speeds[("openvino-int8", 1)] = 0.0035  # slower than the base graph as one stream: not taken
-    monkeypatch.setattr(QueryGraphs, "_choice_key", lambda self: "another machine")
+    monkeypatch.setattr(QueryGraphs, "key", lambda self: "another machine")
     assert BiEncoder(cfg).query_graph.variant == "openvino"
 

@@ -99,7 +99,8 @@ BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
                  "for ranking noise, other texts as openvino; on a CPU where int8 is no faster (no AVX-512 VNNI or "
                  "AVX-VNNI; or AMX, whose bf16 is as fast), everything as openvino", export.quantize_static_int8),
     _static_int8("openvino-int8-ffn", "as openvino-int8, with int8 only in the feed-forward MatMuls (attention in "
-                 "bf16/fp32): slower, closer to the base graph", export.quantize_static_int8_ffn),
+                 "bf16/fp32): slower, closer to the base graph",
+                 functools.partial(export.quantize_static_int8, feed_forward_only=True)),
     Backend(WEIGHTS_INT8, "int8 MatMul weights (symmetric, per output channel), activations quantised by OpenVINO "
             "at run time: no calibration, made from the openvino graph in well under a second (the default backend "
             "takes it for corpora too small to pay a calibration)", "openvino", "model.xml",
