@@ -97,7 +97,6 @@ def _report(args: argparse.Namespace) -> dict:
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends import chooser
     from retr.retrieval.backends.export import EMBEDDING
-    from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE
     from retr.retrieval.backends.plan import PlanStore
     from retr.retrieval.backends.platform import this_platform
     from retr.retrieval.backends.registry import BACKENDS, base_of, get_backend
@@ -180,7 +179,7 @@ def _report(args: argparse.Namespace) -> dict:
         "backend": config.backend,
         "queries": {"chosen": query_choice.backend if query_choice else enc.graph.variant,
                     "why": query_choice.why if query_choice else "the only query candidate in the cache",
-                    "candidates": query_rows, "max_rank_noise": MAX_QUERY_RANK_NOISE},
+                    "candidates": query_rows, "max_rank_noise": queries.bar},
         "documents": {"chosen": doc_choice, "why": doc_why, **documents},
         "pruned": [{"backend": n, "why": w} for n, w in pruned],
         "not_in_cache": not_cached,

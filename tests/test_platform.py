@@ -237,17 +237,17 @@ def test_a_query_candidate_not_taken_holds_no_session_once_the_choice_is_made(ti
 
 def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast(tiny_bi_encoder, monkeypatch):
     from retr.retrieval.artifacts import cache_home
-    from retr.retrieval.backends.export import EMBEDDING
-    from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE, load_or_export, query_rank_noise
+    from retr.retrieval.backends.export import EMBEDDING, pair_noise
+    from retr.retrieval.backends.graphs import load_or_export
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
-    from retr.retrieval.query_graphs import QueryGraphs
+    from retr.retrieval.query_graphs import MAX_QUERY_RANK_NOISE, QueryGraphs
 
     monkeypatch.setattr(QueryGraphs, "one_stream", lambda self: None)  # graphs of other files alone here
 
     base = np.eye(4, dtype=np.float32)[:2]
     docs = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
-    assert query_rank_noise(base, base, docs) == 0.0
-    assert query_rank_noise(base, base[::-1], docs) > MAX_QUERY_RANK_NOISE  # the questions swapped: all noise
+    assert pair_noise(base @ docs.T, base @ docs.T) == 0.0  # QueryGraphs.noise's formula
+    assert pair_noise(base @ docs.T, base[::-1] @ docs.T) > MAX_QUERY_RANK_NOISE  # the questions swapped: all noise
     cfg = EncoderConfig(model=str(tiny_bi_encoder))
     enc = BiEncoder(cfg)
     load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,

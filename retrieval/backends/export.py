@@ -389,7 +389,7 @@ def pair_noise(reference, got) -> float:
     """std(score - reference score) / std(reference score) per query, averaged: how far a graph's scores of each
     query's documents move against the spread that orders them (a model scoring all alike: no spread, refused).
     ``reference`` and ``got``: one row of scores per query (a list of arrays, or a 2-D array). The one formula of
-    every ranking-noise check: documents (``rank_noise``), queries (``graphs.query_rank_noise``), pairs."""
+    every ranking-noise check: documents (``rank_noise``), queries (``QueryGraphs.noise``), pairs."""
     return float(np.mean([float((g - r).std() / max(float(r.std()), 1e-12))
                           for r, g in zip(reference, got, strict=True)]))
 
