@@ -28,7 +28,6 @@ def test_the_platform_reads_flags_once_into_precision_and_the_expected_score_kin
     assert (AMX.precision, AMX.static_int8, AMX.amx, AMX.kind) == ("bf16", True, True, "bf16")
     vnni_laptop = Platform.of({"avx2", "avx_vnni"})
     assert (vnni_laptop.precision, vnni_laptop.kind) == ("fp32", "fp32+int8")
-    assert AMX.without("amx_bf16", "amx_int8", "amx_tile") == Platform(AMX.cpu, VNNI.flags, AMX.cores)
     assert Platform.of(set(), cores=64).threads == 4 and Platform.of(set(), cores=1).threads == 1
     # the overrides: RETR_BF16 / RETR_INT8_DOT, read into the value
     monkeypatch.setenv("RETR_BF16", "0")
