@@ -5,7 +5,7 @@ a lone query's latency, on retr's fixed sample, all quantised from one fp32 ONNX
                                                [--out benchmarks/results/dynamic-int8-variants.json]
 
 The fp32 graph is the `onnx` backend's (made by `retr doctor --export`). The noise is
-``graphs.query_rank_noise``: retr's 47 sample questions through the variant, one at a time, against the fp32
+``QueryGraphs.noise``: retr's 47 sample questions through the variant, one at a time, against the fp32
 graph's, scored against its 62 sample passages (the figure the query check bounds). Latency: the first 8 sample
 questions one at a time, one thread, median of 30 passes. retr's `onnx-int8` is the variant "down-projections
 fp32" (``export.down_projections``).
@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from retr.retrieval.backends import sample_texts
-    from retr.retrieval.backends.export import down_projections, dynamic_int8
-    from retr.retrieval.backends.graphs import query_rank_noise
+    from retr.retrieval.backends.export import down_projections, pair_noise, quantize_dynamic_int8
     from retr.retrieval.models import bundled_model_path
 
     src = Path(args.onnx)
@@ -81,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, exclude in variants.items():
             dst = Path(tmp) / "model.onnx"
-            dynamic_int8(src, dst, exclude)  # as retr quantises its onnx-int8 graph, with these left fp32
+            quantize_dynamic_int8(src, dst, None, exclude, keep=True)  # as retr quantises onnx-int8
             s = session(dst)
-            noise = query_rank_noise(ref_q, encode(s, questions), ref_d)
+            noise = pair_noise(ref_q @ ref_d.T, encode(s, questions) @ ref_d.T)  # as QueryGraphs.noise
             rows[name] = {"fp32_matmuls": len(exclude), "rank_noise": noise, "ms_per_query": latency_ms(s)}
             print(f"{name:45s} noise {rows[name]['rank_noise']:.4f}  {rows[name]['ms_per_query']:.2f} ms", flush=True)
     write_result(args.out, {"cpu": cpu(), "onnx": str(src), "variants": rows})

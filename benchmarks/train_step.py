@@ -69,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from common import command_line, run_child, write_result
 
-    from retr.retrieval.backends.runners import cpu_has_bf16, cpu_kind
+    from retr.retrieval.backends.platform import this_platform
 
     settings = []
     for setting in args.settings.split(","):
-        if setting.split(":")[1] == "bf16" and not cpu_has_bf16():
+        if setting.split(":")[1] == "bf16" and not this_platform().bf16:
             print(f"{setting}: skipped (no native bf16 on this CPU)", file=sys.stderr)
         else:
             settings.append(setting)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                      "median_s_per_process": values, "median_s": statistics.median(values)})
         print(f"{impl:6s} {precision:5s} attention dropout {dropout:4s}: {statistics.median(values):.3f} s a step "
               f"(median of {len(values)} processes)")
-    result = {"command": command_line(), "cpu_kind": cpu_kind(), "cpu": platform.processor() or platform.machine(),
+    result = {"command": command_line(), "cpu_kind": this_platform().kind, "cpu": platform.processor() or platform.machine(),
               "batch": args.batch, "length": args.length, "steps": args.steps, "warmup_steps": args.warmup,
               "rows": rows}
     write_result(args.out, result)

@@ -97,7 +97,6 @@ def _report(args: argparse.Namespace) -> dict:
     from retr.retrieval.artifacts import cache_home
     from retr.retrieval.backends import chooser
     from retr.retrieval.backends.export import EMBEDDING
-    from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE
     from retr.retrieval.backends.plan import PlanStore
     from retr.retrieval.backends.platform import this_platform
     from retr.retrieval.backends.registry import BACKENDS, base_of, get_backend
@@ -127,13 +126,7 @@ def _report(args: argparse.Namespace) -> dict:
         enc = BiEncoder(config)  # sees every graph now in the cache
     queries = enc.query_graphs
     query_choice = queries.decide(again=True) if len(queries.candidates) > 1 else None
-    timed = {t.backend: t for t in query_choice.timings} if query_choice is not None else {}
-    query_rows = [{"backend": name, "ms_per_query": queries.seconds(g) * 1000 if name not in timed
-                   else timed[name].ms, "made_seconds": costs.get(name) or _made_seconds(g),
-                   # the ranking noise it adds against the documents' graph (None: it is that graph) and the check
-                   "rank_noise": timed[name].rank_noise if name in timed else None,
-                   "passed": timed[name].passed if name in timed else True}
-                  for name, g in queries.candidates.items()]
+    query_rows = doctor_rerank.timed_rows(queries, query_choice, lambda name, g: costs.get(name) or _made_seconds(g))
     int8_here = backend.calibrated and backend in kept
     calibrated = enc.exported.find(backend, enc.planner.calibration) if int8_here else None
     # what `retr index` decides a corpus of --docs documents by (``Weighing.calibration_break``): its timings
@@ -180,7 +173,7 @@ def _report(args: argparse.Namespace) -> dict:
         "backend": config.backend,
         "queries": {"chosen": query_choice.backend if query_choice else enc.graph.variant,
                     "why": query_choice.why if query_choice else "the only query candidate in the cache",
-                    "candidates": query_rows, "max_rank_noise": MAX_QUERY_RANK_NOISE},
+                    "candidates": query_rows, "max_rank_noise": queries.bar},
         "documents": {"chosen": doc_choice, "why": doc_why, **documents},
         "pruned": [{"backend": n, "why": w} for n, w in pruned],
         "not_in_cache": not_cached,
@@ -252,11 +245,7 @@ def _print(r: dict) -> None:
         print(r["why"])
         return
     print("queries (one alone, ms):")
-    for c in r["queries"]["candidates"]:
-        made = f"  made in {c['made_seconds']:.1f} s" if c.get("made_seconds") else ""
-        noise = "" if c.get("rank_noise") is None else \
-            f"  ranking noise {c['rank_noise']:.4f} ({'ok' if c['passed'] else 'REFUSED'}, bar {r['queries']['max_rank_noise']})"
-        print(f"  {c['backend']:<18} {c['ms_per_query']:8.2f}{made}{noise}")
+    doctor_rerank.print_rows(r["queries"]["candidates"], "8.2f", r["queries"]["max_rank_noise"])
     print(f"  chosen: {r['queries']['chosen']} - {r['queries']['why']}")
     d = r["documents"]
     print(f"documents (ms per document of {d['base']['doc_tokens']} tokens): {d['base']['backend']} {d['base']['ms_per_doc']:.1f}"

@@ -44,6 +44,30 @@ def make_graphs(model: str, depth: int) -> tuple[dict[str, float], dict[str, str
     return made, refused
 
 
+def timed_rows(graphs, choice, made) -> list[dict]:
+    """Each of ``graphs.candidates`` (a ``GraphChoice``) as ``choice`` timed it, else timed now (no choice: the
+    only candidate), with its ranking noise, its check and what making it cost (``made(name, graph)``)."""
+    from retr.retrieval.backends.chooser import Timing
+
+    timed = {t.backend: t for t in choice.timings} if choice is not None else {}
+    rows = []
+    for name, graph in graphs.candidates.items():
+        t = timed.get(name) or Timing(name, graphs.seconds(graph))
+        rows.append({"backend": name, "ms_per_query": t.ms, "rank_noise": t.rank_noise, "passed": t.passed,
+                     **({"why": t.why} if t.why else {}), "made_seconds": made(name, graph)})
+    return rows
+
+
+def print_rows(rows: list[dict], width: str, bar: float | None = None) -> None:
+    """``timed_rows`` as the doctor prints them: milliseconds (``width``: their format), what making each cost,
+    its ranking noise and whether it passed (against ``bar``, where given)."""
+    for c in rows:
+        made = f"  made in {c['made_seconds']:.1f} s" if c.get("made_seconds") else ""
+        noise = "" if c.get("rank_noise") is None else f"  ranking noise {c['rank_noise']:.4f} (" \
+            + ("ok" if c["passed"] else "REFUSED") + (f", bar {bar}" if bar is not None else "") + ")"
+        print(f"  {c['backend']:<18} {c['ms_per_query']:{width}}{made}{noise}")
+
+
 def _configured(model: str, depth: int):
     """The cross-encoder on its configured graph (``DEFAULT_RERANK_BACKEND``): the reference the others are timed
     and checked against."""
@@ -79,15 +103,7 @@ def report(args: argparse.Namespace) -> dict | None:
     if base.pair_graphs is None:
         return {"model": args.rerank, "chosen": "torch", "why": "no exported graph here: torch scores"}
     choice = _time_now(base)
-    if choice is None:
-        seconds = base.pair_graphs.seconds(base.graph)
-        rows = [{"backend": base.graph.variant, "ms_per_query": seconds * 1000, "rank_noise": None, "passed": True}]
-    else:
-        rows = [{"backend": t.backend, "ms_per_query": t.ms, "rank_noise": t.rank_noise, "passed": t.passed,
-                 **({"why": t.why} if t.why else {})} for t in choice.timings]
-    for row in rows:
-        if row["backend"] in made:
-            row["made_seconds"] = made[row["backend"]]
+    rows = timed_rows(base.pair_graphs, choice, lambda name, graph: made.get(name))
     return {"model": args.rerank, "hash": base.model_hash, "depth": depth, "max_length": base.max_length,
             "candidates": rows, "chosen": choice.backend if choice else base.graph.variant,
             "why": choice.why if choice else "the only cross-encoder graph in the cache",
@@ -103,11 +119,7 @@ def print_report(r: dict) -> None:
         return
     print(f"cross-encoder: {r['model']} ({r['hash'][:12]}), one query's {r['depth']} pairs at up to "
           f"{r['max_length']} tokens (ms):")
-    for c in r["candidates"]:
-        made = f"  made in {c['made_seconds']:.1f} s" if c.get("made_seconds") else ""
-        noise = "" if c.get("rank_noise") is None else \
-            f"  ranking noise {c['rank_noise']:.4f} ({'ok' if c['passed'] else 'REFUSED'})"
-        print(f"  {c['backend']:<18} {c['ms_per_query']:8.1f}{made}{noise}")
+    print_rows(r["candidates"], "8.1f")
     print(f"  chosen: {r['chosen']} - {r['why']}")
     for x in r["refused"]:
         print(f"  refused when made: {x['backend']}: {x['why']}")

@@ -50,7 +50,7 @@ class EncoderConfig:
     backend: str = DEFAULT_BACKEND  # a name in retr.retrieval.backends.registry.BACKENDS
     calibration_min_docs: int = 1000  # calibrated backends: smaller corpora are encoded by the base graph
     # queries: None = the fastest lone-query graph on this machine among those in the cache that add no more
-    # ranking noise than graphs.MAX_QUERY_RANK_NOISE against the documents' graph (retrieval.query_graphs: timed
+    # ranking noise than query_graphs.MAX_QUERY_RANK_NOISE against the documents' graph (retrieval.query_graphs: timed
     # and checked once, then stored); a name pins it (a calibrated backend's queries take its base graph)
     query_backend: str | None = None
     # text put before every query / document; None: the model's own (sentence-transformers' ``prompts``)

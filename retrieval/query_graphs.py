@@ -14,34 +14,36 @@ from dataclasses import replace
 import numpy as np
 
 from retr.retrieval.backends import chooser, sample_texts
-from retr.retrieval.backends.export import EMBEDDING, Calibration
+from retr.retrieval.backends.export import Calibration, pair_noise
 from retr.retrieval.backends.graphs import (
-    MAX_QUERY_RANK_NOISE,
     Graph,
     graph_info,
     lone_feed,
     lone_multiple,
-    query_rank_noise,
     release_memory,
     release_others,
 )
-from retr.retrieval.backends.holder import ExportedModel
+from retr.retrieval.backends.holder import ExportedModel, GraphChoice
 from retr.retrieval.backends.platform import Platform
-from retr.retrieval.backends.registry import BACKENDS, base_of
+from retr.retrieval.backends.registry import MAX_RANK_NOISE, base_of
 from retr.retrieval.errors import RetrError
 from retr.retrieval.tokens import Tokens, prefixed
 
 logger = logging.getLogger(__name__)
 
 QUERY_THREADS = 1  # inference threads of a query graph of its own
+# the most ranking noise a query candidate may add against the documents' graph: the documents' bar (onnx-int8 query
+# vectors moved SciFact hybrid nDCG@10 0.7282 -> 0.7234 unchecked)
+MAX_QUERY_RANK_NOISE = MAX_RANK_NOISE
 ONE_STREAM = ":one-stream"  # a candidate's name suffix: the documents' OpenVINO graph as one stream of all threads
 
 
-class QueryGraphs:
+class QueryGraphs(GraphChoice):
     """The query graph of one model. ``documents``: the documents' graph (None: torch encodes queries too);
     ``given``: the query backend asked for (None: choose); ``backend``: the documents' backend (what a query takes
     where nothing is given and nothing else is chosen); ``run(graph, token rows)``: their vectors through a graph;
     ``calibration()``: what the model's calibrated graphs are calibrated on (None: none is offered)."""
+    role, bar, label = chooser.QUERIES, MAX_QUERY_RANK_NOISE, "queries"
 
     def __init__(self, exported: ExportedModel, tokens: Tokens, documents: Graph | None, *, given: str | None,
                  backend: str, query_prompt: str, platform: Platform,
@@ -107,24 +109,15 @@ class QueryGraphs:
         one_stream = self.one_stream()
         if one_stream is not None:
             found[self.documents.variant + ONE_STREAM] = one_stream
-        kept, _ = chooser.prune(self.platform, [b for name, b in BACKENDS.items() if name != self.documents.variant
-                                                and b.exported and b.queries and b.supports(EMBEDDING)
-                                                and (not b.calibrated or self._calibration is not None)])
-        for b in kept:
-            streams = b.runtime == "openvino"
-            try:
-                graph = self.exported.find(b, self._calibration() if b.calibrated else None,
-                                           threads=None if streams else QUERY_THREADS)
-            except RetrError:  # refused here before: not a candidate
-                graph = None
-            if graph is None:
-                continue
-            single = _one_stream(graph) if streams else None
-            if single is not None:
-                found[b.name + ONE_STREAM] = single
-            else:
-                found[b.name] = graph
+        for b, graph in self.exported.cached(self.documents, self.platform, self._calibration, lambda b: b.queries,
+                                             lambda b: None if b.runtime == "openvino" else QUERY_THREADS):
+            single = _one_stream(graph) if b.runtime == "openvino" else None
+            found[b.name + ONE_STREAM if single is not None else b.name] = single or graph
         return found
+
+    @property
+    def reference(self) -> Graph | None:
+        return self.documents
 
     def one_stream(self) -> Graph | None:
         """The documents' OpenVINO graph compiled as one stream over all its threads (the same file: nothing to
@@ -147,11 +140,11 @@ class QueryGraphs:
         return questions, np.concatenate([self._run(self.documents, [r]) for r in questions]), docs
 
     def noise(self, graph: Graph) -> float:
-        """Ranking noise ``graph``'s query vectors add against the documents' graph's (``graphs.query_rank_noise``):
+        """Ranking noise ``graph``'s query vectors add against the documents' graph's (``export.pair_noise``):
         retr's fixed questions, one at a time, against its fixed passages as the documents' graph encodes them."""
         questions, base, docs = self._noise_sample
         got = np.concatenate([self._run(graph, [r]) for r in questions])
-        return query_rank_noise(base, got, docs)
+        return pair_noise(base @ docs.T, got @ docs.T)
 
     @functools.cached_property
     def choice(self) -> chooser.Choice | None:
@@ -163,34 +156,24 @@ class QueryGraphs:
             return None
         return self.decide()
 
-    def _choice_key(self) -> str:
+    def key_ids(self) -> list[str]:
         # each candidate as a query runs through it (padded or not: timed as it runs, so timed again if that changes)
         ids = [f"{name}={self.exported.identity(g).key}/lone{lone_multiple(g)}" for name, g in self.candidates.items()]
-        ids.append(f"max_query_rank_noise={MAX_QUERY_RANK_NOISE}")  # choices made before (or to another bar): again
-        return chooser.choice_key(self.exported.model_hash, chooser.QUERIES, ids, self.platform)
+        return [*ids, f"max_query_rank_noise={self.bar}"]  # choices made before (or to another bar): again
 
-    def decide(self, again: bool = False) -> chooser.Choice:
-        """The query choice (``chooser.decide``): stored, else every candidate timed and checked for ranking noise
-        against the documents' graph now, chosen among those within ``MAX_QUERY_RANK_NOISE`` and stored; ``again``:
-        timed whatever is stored (`retr doctor`)."""
-        return chooser.decide(chooser.QUERIES, self._choice_key(), self.candidates, self._timing,
-                              self.documents.variant, model_hash=self.exported.model_hash, platform=self.platform,
-                              label="queries", again=again)
-
-    def _timing(self, name: str, graph: Graph) -> chooser.Timing:
-        """One query candidate, timed and (unless it is the documents' own graph) checked for ranking noise."""
-        if any(not self._same(g) for g in self.candidates.values()):
+    def timing(self, name: str, graph: Graph) -> chooser.Timing:
+        """One query candidate, as every role's (``GraphChoice.timing``): the documents' graph's vectors of the
+        noise sample taken first, and its compiled model dropped once it is timed."""
+        if any(not self.same(g) for g in self.candidates.values()):
             _ = self._noise_sample  # the documents' graph's vectors, taken before its compiled model is dropped
-        # the documents' graph itself, or its file in its precision on another number of streams (``one_stream``):
-        # the same arithmetic, nothing to check (the check's sample costs a first run ~3.5 s)
-        timing = chooser.checked(name, self.seconds(graph), None if self._same(graph) else self.noise(graph),
-                                 MAX_QUERY_RANK_NOISE)
+        timing = super().timing(name, graph)
         if graph is self.documents:
             self._release_documents()
         return timing
 
-    def _same(self, graph: Graph) -> bool:
-        """``graph`` computes as the documents' graph does: the same file in the same precision (``one_stream``)."""
+    def same(self, graph: Graph) -> bool:
+        """``graph`` computes as the documents' graph does: the same file in the same precision (``one_stream``: the
+        same arithmetic, nothing to check; the check's sample costs a first run ~3.5 s)."""
         return graph.path == self.documents.path and graph.precision == self.documents.precision
 
     def describe(self) -> dict:
@@ -210,4 +193,4 @@ def _one_stream(graph: Graph) -> Graph | None:
     return replace(graph, runner=runner.one_stream())
 
 
-__all__ = ["ONE_STREAM", "QUERY_THREADS", "QueryGraphs"]
+__all__ = ["MAX_QUERY_RANK_NOISE", "ONE_STREAM", "QUERY_THREADS", "QueryGraphs"]

@@ -15,22 +15,22 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from retr.retrieval.backends import chooser, cost, sample_texts
 from retr.retrieval.backends.batching import run_sorted
 from retr.retrieval.backends.cost import prior
-from retr.retrieval.backends.export import SCORING, Calibration, pair_noise
+from retr.retrieval.backends.export import NOISE_QUESTIONS, Calibration, pair_noise
 from retr.retrieval.backends.graphs import Graph, release_others
-from retr.retrieval.backends.holder import ExportedModel
+from retr.retrieval.backends.holder import ExportedModel, GraphChoice
 from retr.retrieval.backends.platform import Platform
 from retr.retrieval.backends.registry import BACKENDS, CE_MAX_RANK_NOISE
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
 
-NOISE_QUESTIONS = 8  # questions whose pairs the ranking noise is measured on (each against ``depth`` passages)
 # the cross-encoder's static int8 graph: made for a run whose queries repay it (``PairGraphs.worth_making``)
 STATIC_INT8 = "openvino-int8"
 # what making it costs until measured, and how long the configured graph is timed to weigh it: ``priors.json``
@@ -53,8 +53,10 @@ def score_pairs(graph: Graph, ids: list, types: list, token_budget: int) -> np.n
 
 
 @dataclass
-class PairGraphs:
+class PairGraphs(GraphChoice):
     """A cross-encoder's candidate graphs and the measured choice among them."""
+    role: ClassVar[str] = chooser.PAIRS
+    bar: ClassVar[float] = CE_MAX_RANK_NOISE
     exported: ExportedModel  # the cross-encoder's graphs: found and named through it
     base: Graph  # the configured backend's graph: the reference of the noise check, and the fallback
     pair_ids: Callable[[str, list[str]], tuple[list, list]]  # (query, texts) -> (input ids, token type ids)
@@ -72,19 +74,8 @@ class PairGraphs:
     def candidates(self) -> dict[str, Graph]:
         """The configured graph first, then every other cross-encoder graph of this model in the cache that can
         run here (verified when made; none is made now)."""
-        found = {self.base.variant: self.base}
-        others = [b for name, b in BACKENDS.items() if name != self.base.variant and b.exported
-                  and b.supports(SCORING)]
-        kept, _ = chooser.prune(self.platform, others)
-        for b in kept:
-            try:
-                graph = self.exported.find(b, self.calibration() if b.calibrated and self.calibration else None)
-            except RetrError as e:  # refused here before: not a candidate
-                logger.debug("cross-encoder candidate %s not used: %s", b.name, e)
-                graph = None
-            if graph is not None:
-                found[b.name] = graph
-        return found
+        return {self.base.variant: self.base, **{b.name: g for b, g in self.exported.cached(
+            self.base, self.platform, self.calibration)}}
 
     def seconds(self, graph: Graph, questions: int = 4, **timing) -> float:
         """Median seconds per query's ``depth`` pairs through ``graph`` (a few questions, bounded; ``timing``:
@@ -101,24 +92,16 @@ class PairGraphs:
         return pair_noise(self._base_scores, got)
 
     @property
-    def model_hash(self) -> str:
-        return self.exported.model_hash
+    def reference(self) -> Graph:
+        return self.base
 
-    def key(self) -> str:
+    @property
+    def label(self) -> str:
+        return f"cross-encoder pairs at depth {self.depth}"
+
+    def key_ids(self) -> list[str]:
         ids = [self.exported.identity(g).key for g in self.candidates.values()]
-        ids += [f"depth={self.depth}", f"max_length={self.max_length}", f"max_rank_noise={CE_MAX_RANK_NOISE}"]
-        return chooser.choice_key(self.model_hash, chooser.PAIRS, ids, self.platform)
-
-    def timing(self, name: str, graph: Graph) -> chooser.Timing:
-        noise = None if graph is self.base else self.noise(graph)
-        return chooser.checked(name, self.seconds(graph), noise, CE_MAX_RANK_NOISE)
-
-    def decide(self, again: bool = False) -> chooser.Choice:
-        """The pairs' choice (``chooser.decide``): stored, else every candidate timed and checked now, chosen and
-        stored; ``again``: timed whatever is stored (`retr doctor`)."""
-        return chooser.decide(chooser.PAIRS, self.key(), self.candidates, self.timing, self.base.variant,
-                              model_hash=self.model_hash, platform=self.platform,
-                              label=f"cross-encoder pairs at depth {self.depth}", again=again)
+        return [*ids, f"depth={self.depth}", f"max_length={self.max_length}", f"max_rank_noise={self.bar}"]
 
     def choice(self) -> chooser.Choice | None:
         """The stored choice, else one measured now; None where the configured graph is the only candidate."""
@@ -144,13 +127,13 @@ class PairGraphs:
         """Seconds per query's pairs through the configured graph, as weighing static int8 needs it: timed once
         (~``WEIGH_BUDGET_S``) and stored per model, graph, depth, length, CPU and versions by the one chooser (a
         run that did not make it times nothing the next time)."""
-        key = chooser.choice_key(self.model_hash, chooser.PAIRS, [
+        key = chooser.choice_key(self.exported.model_hash, chooser.PAIRS, [
             self.exported.identity(self.base).key, f"depth={self.depth}", f"max_length={self.max_length}",
             "weighing static int8"], self.platform)
         def decide(again: bool = False) -> float | None:
             choice = chooser.decide(chooser.PAIRS, key, {self.base.variant: self.base}, lambda name, graph: chooser.Timing(
                 name, self.seconds(graph, questions=2, budget_s=WEIGH_BUDGET_S, min_rounds=2)), self.base.variant,
-                model_hash=self.model_hash, platform=self.platform, label="cross-encoder pairs, to weigh static int8",
+                model_hash=self.exported.model_hash, platform=self.platform, label="cross-encoder pairs, to weigh static int8",
                 again=again)
             return choice.timings[0].seconds if choice.timings else None
 

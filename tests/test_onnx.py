@@ -152,13 +152,18 @@ def test_an_export_torchscript_cannot_make_comes_from_dynamo_and_older_exports_a
     enc = BiEncoder(EncoderConfig(model=str(tiny_bi_encoder), backend="torch"))
     monkeypatch.setattr(graphs, "_exports", {})  # no fp32 graph left from another test in this process
 
-    def cannot_trace(*_args):
-        raise RuntimeError("TorchScript cannot trace this model")
+    real, exporters = export._onnx_export, []
 
-    monkeypatch.setattr(export, "_script_export", cannot_trace)
+    def cannot_trace(*args, dynamo):
+        exporters.append(dynamo)
+        if not dynamo:
+            raise RuntimeError("TorchScript cannot trace this model")
+        real(*args, dynamo=dynamo)
+
+    monkeypatch.setattr(export, "_onnx_export", cannot_trace)
     graph = load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
                            tmp_path / "c")
-    assert graph.check >= 0.9999  # dynamo's graph, verified as any other
+    assert graph.check >= 0.9999 and exporters == [False, True]  # dynamo's graph, verified as any other
     (folder,) = (tmp_path / "c" / "onnx").iterdir()
     meta = json.loads((folder / "manifest.json").read_text())
     assert meta["export_generation"] == graphs.EXPORT_GENERATION

@@ -28,7 +28,6 @@ def test_the_platform_reads_flags_once_into_precision_and_the_expected_score_kin
     assert (AMX.precision, AMX.static_int8, AMX.amx, AMX.kind) == ("bf16", True, True, "bf16")
     vnni_laptop = Platform.of({"avx2", "avx_vnni"})
     assert (vnni_laptop.precision, vnni_laptop.kind) == ("fp32", "fp32+int8")
-    assert AMX.without("amx_bf16", "amx_int8", "amx_tile") == Platform(AMX.cpu, VNNI.flags, AMX.cores)
     assert Platform.of(set(), cores=64).threads == 4 and Platform.of(set(), cores=1).threads == 1
     # the overrides: RETR_BF16 / RETR_INT8_DOT, read into the value
     monkeypatch.setenv("RETR_BF16", "0")
@@ -237,17 +236,17 @@ def test_a_query_candidate_not_taken_holds_no_session_once_the_choice_is_made(ti
 
 def test_a_query_graph_beyond_the_ranking_noise_bar_is_never_picked_however_fast(tiny_bi_encoder, monkeypatch):
     from retr.retrieval.artifacts import cache_home
-    from retr.retrieval.backends.export import EMBEDDING
-    from retr.retrieval.backends.graphs import MAX_QUERY_RANK_NOISE, load_or_export, query_rank_noise
+    from retr.retrieval.backends.export import EMBEDDING, pair_noise
+    from retr.retrieval.backends.graphs import load_or_export
     from retr.retrieval.encoder import BiEncoder, EncoderConfig
-    from retr.retrieval.query_graphs import QueryGraphs
+    from retr.retrieval.query_graphs import MAX_QUERY_RANK_NOISE, QueryGraphs
 
     monkeypatch.setattr(QueryGraphs, "one_stream", lambda self: None)  # graphs of other files alone here
 
     base = np.eye(4, dtype=np.float32)[:2]
     docs = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
-    assert query_rank_noise(base, base, docs) == 0.0
-    assert query_rank_noise(base, base[::-1], docs) > MAX_QUERY_RANK_NOISE  # the questions swapped: all noise
+    assert pair_noise(base @ docs.T, base @ docs.T) == 0.0  # QueryGraphs.noise's formula
+    assert pair_noise(base @ docs.T, base[::-1] @ docs.T) > MAX_QUERY_RANK_NOISE  # the questions swapped: all noise
     cfg = EncoderConfig(model=str(tiny_bi_encoder))
     enc = BiEncoder(cfg)
     load_or_export(lambda: enc.model, enc.model_hash, registry.BACKENDS["onnx"], EMBEDDING, enc.max_length,
@@ -639,6 +638,6 @@ def test_the_models_static_int8_graph_is_a_query_candidate_once_calibrated_as_on
     assert chosen["backend"] == "openvino-int8:one-stream" and 0 <= noise["openvino-int8:one-stream"] < 0.05
     assert noise["openvino:one-stream"] is None  # the documents' own file and precision: nothing to check
     speeds[("openvino-int8", 1)] = 0.0035  # slower than the base graph as one stream: not taken
-    monkeypatch.setattr(QueryGraphs, "_choice_key", lambda self: "another machine")
+    monkeypatch.setattr(QueryGraphs, "key", lambda self: "another machine")
     assert BiEncoder(cfg).query_graph.variant == "openvino"
 

@@ -76,7 +76,7 @@ def test_bad_expected_files_are_refused(tmp_path, capsys, text, message):
 
 def test_expected_scores_of_another_kind_of_cpu_are_skipped_and_said_so(tmp_path, capsys, monkeypatch):
     from retr.eval.regress import for_this_cpu
-    from retr.retrieval.backends.runners import cpu_kind
+    from retr.retrieval.backends.platform import this_platform
 
     entries = load_expected(SCORES)
     kinds = {e.cpu for e in entries}
@@ -86,7 +86,7 @@ def test_expected_scores_of_another_kind_of_cpu_are_skipped_and_said_so(tmp_path
         assert other == sum(e.cpu not in (None, kind) for e in entries) > 0
         assert all(e.cpu in (None, kind) for e in kept) and any(e.cpu == kind for e in kept)
     monkeypatch.setenv("RETR_INT8_DOT", "1")
-    assert cpu_kind().endswith("+int8")
+    assert this_platform().kind.endswith("+int8")
     path = tmp_path / "e.toml"
     path.write_text('[[expect]]\ndataset="adi"\npipeline="dense"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\n'
                     'cpu="no-such-cpu"\n')
@@ -100,7 +100,7 @@ def test_expected_scores_of_graphs_exported_another_way_are_skipped_and_said_so(
     rounding differs): skipped, and the runner says how many and why; one of today's generation is measured."""
     from retr.eval.regress import for_this_export
     from retr.retrieval.backends.graphs import EXPORT_GENERATION
-    from retr.retrieval.backends.runners import cpu_kind
+    from retr.retrieval.backends.platform import this_platform
 
     entries = load_expected(SCORES)
     assert {e.export for e in entries if e.cpu is None} == {None}  # BM25: no graph
@@ -111,7 +111,7 @@ def test_expected_scores_of_graphs_exported_another_way_are_skipped_and_said_so(
     assert all(e.export in (None, EXPORT_GENERATION) for e in kept)
     path = tmp_path / "e.toml"
     path.write_text(f'[[expect]]\ndataset="adi"\npipeline="dense"\nmetric="NDCG@10"\nvalue=0.5\ntolerance=0.1\n'
-                    f'cpu="{cpu_kind()}"\nexport={EXPORT_GENERATION - 1}\n')
+                    f'cpu="{this_platform().kind}"\nexport={EXPORT_GENERATION - 1}\n')
     assert main(["regress", str(path)]) == 0  # nothing left to measure: nothing measured, and said why
     out = capsys.readouterr().out
     assert "1 expected score(s) of this kind of CPU measured with graphs exported another way skipped" in out

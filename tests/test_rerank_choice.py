@@ -126,7 +126,7 @@ def _noise_bound_lifted(monkeypatch) -> None:
                                      floors={"bi": 0.98, "ce": 0.0})
     for module in (registry, rerank_graphs):
         monkeypatch.setattr(module, "BACKENDS", MappingProxyType(loose))
-    monkeypatch.setattr(rerank_graphs, "CE_MAX_RANK_NOISE", 100.0)
+    monkeypatch.setattr(rerank_graphs.PairGraphs, "bar", 100.0)
 
 
 def _static_folder(reranker) -> bool:

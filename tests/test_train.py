@@ -336,9 +336,9 @@ def test_one_turn_of_the_loop_mines_with_the_model_being_trained_and_distils_the
 
 def test_training_precision_resolves_auto_from_the_cpu(monkeypatch):
 
-    monkeypatch.setattr(common, "cpu_has_bf16", lambda: True)
+    monkeypatch.setenv("RETR_BF16", "1")  # this platform's bf16, forced
     assert common.resolve_precision("auto") == "bf16" and common.resolve_precision("fp32") == "fp32"
-    monkeypatch.setattr(common, "cpu_has_bf16", lambda: False)
+    monkeypatch.setenv("RETR_BF16", "0")
     assert common.resolve_precision("auto") == "fp32" and common.resolve_precision("bf16") == "bf16"
     with pytest.raises(RetrError, match="unknown precision 'fp8'"):
         common.resolve_precision("fp8")

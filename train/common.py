@@ -12,7 +12,7 @@ from pathlib import Path
 
 from retr.eval.metrics import evaluate
 from retr.retrieval.artifacts import atomic_dir, new_manifest, write_json
-from retr.retrieval.backends.runners import cpu_has_bf16
+from retr.retrieval.backends.platform import this_platform
 from retr.retrieval.errors import RetrError
 from retr.retrieval.models import DEFAULT_MODEL, model_architecture
 from retr.retrieval.types import Hit, Qrels, Run, check_float
@@ -159,7 +159,7 @@ def resolve_precision(precision: str) -> str:
     if precision not in ("auto", "bf16", "fp32"):
         raise RetrError(f"unknown precision {precision!r}: choose auto, bf16 or fp32")
     if precision == "auto":
-        return "bf16" if cpu_has_bf16() else "fp32"
+        return "bf16" if this_platform().bf16 else "fp32"
     return precision
 
 

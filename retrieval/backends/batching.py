@@ -70,7 +70,6 @@ class FastIds:
     for SciFact's 5,183 documents encoded in one call)."""
 
     def __init__(self, tok):
-        self._tok = tok
         self._encode = ids_only(tok)
         post = tok.post_processor
         self._specials = post.num_special_tokens_to_add(False) if post is not None else 0

@@ -21,17 +21,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from retr.retrieval.artifacts import atomic_write_text, cache_home, read_small, versions
+from retr.retrieval.artifacts import cache_home, versions
 from retr.retrieval.backends.platform import Platform
 from retr.retrieval.backends.registry import CE_MAX_RANK_NOISE, MAX_RANK_NOISE
 from retr.retrieval.backends.timing import (
     NOISE_FREE_MARGIN,
     faster_enough,
+    read_stored,
     recorded,
+    store,
     time_alternating,
     time_per_unit,
 )
-from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
 
@@ -193,12 +194,8 @@ class ChoiceStore:
         """The choice stored under ``key``; None where there is none, it is unreadable, it names a candidate its
         own timings record as failing its check (a damaged file: timed again), or (``among``: the candidates there
         are now) it chose a candidate no longer among them."""
-        try:
-            choice = Choice.from_dict(json.loads(read_small(self._path(key))))  # never a FIFO or a device
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RetrError) as e:
-            logger.warning("stored choice %s unreadable (%s): timed again", self._path(key), e)
+        choice = read_stored(self._path(key), Choice.from_dict, "choice", "timed again")
+        if choice is None:
             return None
         if any(t.backend == choice.backend and not t.passed for t in choice.timings):
             logger.warning("stored choice %s names %s, which failed its check there: timed again",
@@ -214,11 +211,7 @@ class ChoiceStore:
         return choice if among is None or choice.backend in among else None
 
     def put(self, key: str, choice: Choice, **info) -> None:
-        try:
-            self._path(key).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self._path(key), json.dumps({**choice.to_dict(), **info}, indent=2) + "\n")
-        except OSError as e:  # a read-only cache: the choice is timed again next time
-            logger.debug("choice not stored: %s", e)
+        store(self._path(key), {**choice.to_dict(), **info})
 
 
 __all__ = ["DOCUMENTS", "NOISE_FREE_MARGIN", "PAIRS", "QUERIES", "Choice", "ChoiceStore", "Timing",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from retr.retrieval.backends import quantize
-from retr.retrieval.backends.batching import hash_rows
+from retr.retrieval.backends import quantize, sample_texts
+from retr.retrieval.backends.batching import hash_rows, run_sorted
 from retr.retrieval.backends.direct import GraphReference, build_embedding, embed_in_batches
 from retr.retrieval.backends.quiet import quiet_third_party, vendor_telemetry_off
 from retr.retrieval.errors import RetrError
@@ -66,10 +66,12 @@ def eager_attention(hf_model, on: bool = True) -> Iterator[None]:
 
 
 def _pooling_mode(st_model) -> str:
-    pools = [m for m in st_model if type(m).__name__ == "Pooling"]
-    if len(pools) != 1:
-        raise RetrError("ONNX export supports models with one Pooling module")
-    cfg = pools[0].get_config_dict()
+    """The pooling of a Transformer + Pooling (+ Normalize) model: mean or CLS; a ``RetrError`` for any other."""
+    names = [type(m).__name__ for m in st_model]
+    if names[:2] != ["Transformer", "Pooling"] or names.count("Pooling") != 1 \
+            or any(n not in ("Transformer", "Pooling", "Normalize") for n in names):
+        raise RetrError(f"ONNX export supports Transformer + Pooling (+ Normalize) models, not {names}")
+    cfg = st_model[1].get_config_dict()
     mode = cfg.get("pooling_mode")
     if mode is None:  # sentence-transformers < 6 keeps one flag per mode
         mode = "cls" if cfg.get("pooling_mode_cls_token") else "mean" if cfg.get("pooling_mode_mean_tokens") else None
@@ -78,17 +80,10 @@ def _pooling_mode(st_model) -> str:
     return mode
 
 
-def _check_layout(st_model) -> None:
-    names = [type(m).__name__ for m in st_model]
-    if names[:2] != ["Transformer", "Pooling"] or any(n not in ("Transformer", "Pooling", "Normalize") for n in names):
-        raise RetrError(f"ONNX export supports Transformer + Pooling (+ Normalize) models, not {names}")
-
-
 def export_embedding(st_model, path: Path, eager: bool = True) -> None:
     """Export transformer + pooling + normalisation to ``path`` with dynamic batch/sequence axes."""
     import torch
 
-    _check_layout(st_model)
     mode = _pooling_mode(st_model)
     hf = st_model[0].auto_model.eval()
 
@@ -137,37 +132,30 @@ def torch_export(module, example, input_names: list[str], output_name: str, path
     works (MiniLM: 1.5 s, against 9.1 s for dynamo on a first run, the same outputs; the graph is verified against
     torch either way), else dynamo's."""
     try:
-        _script_export(module, example, input_names, output_name, path)
+        _onnx_export(module, example, input_names, output_name, path, dynamo=False)
     except Exception as e:  # noqa: BLE001 - an architecture TorchScript cannot trace, or an exporter gone
         logger.debug("TorchScript export failed (%s): exporting with dynamo", str(e).splitlines()[0][:200])
         for f in path.parent.glob(f"{path.name}*"):
             f.unlink()
-        _dynamo_export(module, example, input_names, output_name, path)
+        _onnx_export(module, example, input_names, output_name, path, dynamo=True)
 
 
-def _script_export(module, example, input_names: list[str], output_name: str, path: Path) -> None:
+def _onnx_export(module, example, input_names: list[str], output_name: str, path: Path, dynamo: bool) -> None:
     import torch
 
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, tuple(example[n] for n in input_names), str(path), dynamo=False,
-                          input_names=input_names, output_names=[output_name], opset_version=17,
-                          dynamic_axes={n: {0: "batch", 1: "seq"} for n in input_names})
-
-
-def _dynamo_export(module, example, input_names: list[str], output_name: str, path: Path) -> None:
-    import torch
-
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=4096)
+    if dynamo:
+        batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=4096)
+        axes = {"dynamic_shapes": {n: {0: batch, 1: seq} for n in input_names}, "verbose": False}
+    else:
+        axes = {"dynamic_axes": {n: {0: "batch", 1: "seq"} for n in input_names}, "opset_version": 17}
     exporter_log = logging.getLogger("torch.onnx")
     level = exporter_log.level
     exporter_log.setLevel(logging.ERROR)
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(module, tuple(example[n] for n in input_names), str(path), dynamo=True,
-                              input_names=input_names, output_names=[output_name],
-                              dynamic_shapes={n: {0: batch, 1: seq} for n in input_names}, verbose=False)
+            torch.onnx.export(module, tuple(example[n] for n in input_names), str(path), dynamo=dynamo,
+                              input_names=input_names, output_names=[output_name], **axes)
     finally:
         exporter_log.setLevel(level)
 
@@ -239,43 +227,39 @@ def down_projections(src: Path) -> list[str]:
             and len(weights.get(n.input[1], ())) == 2 and weights[n.input[1]][0] > weights[n.input[1]][1]]
 
 
-def dynamic_int8(src: Path, dst: Path, exclude: list[str]) -> None:
-    """``src`` in dynamic int8 at ``dst`` (``src`` kept): per-channel weights, the MatMuls by a weight only
-    (embeddings and norms stay fp32), the nodes named in ``exclude`` left fp32."""
+def quantize_dynamic_int8(src: Path, dst: Path, calibration: Calibration | None, exclude: list[str] | None = None,
+                          keep: bool = False) -> None:
+    """The onnx-int8 graph: ``src`` in dynamic int8 at ``dst``, per-channel weights, the MatMuls by a weight only
+    (embeddings and norms stay fp32), the nodes named in ``exclude`` (default: the down-projections,
+    ``down_projections``) left fp32; ``src`` removed unless ``keep``."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with quiet_third_party("onnxruntime"):
         quantize_dynamic(str(src), str(dst), per_channel=True, op_types_to_quantize=["MatMul"],
-                         weight_type=QuantType.QInt8, nodes_to_exclude=exclude,
-                         extra_options={"MatMulConstBOnly": True})
+                         weight_type=QuantType.QInt8, extra_options={"MatMulConstBOnly": True},
+                         nodes_to_exclude=down_projections(src) if exclude is None else exclude)
+    if not keep:
+        _drop(src)
 
 
-def quantize_dynamic_int8(src: Path, dst: Path, calibration: Calibration | None) -> None:
-    """The onnx-int8 graph: ``dynamic_int8`` with the down-projections (``down_projections``) in fp32."""
-    dynamic_int8(src, dst, down_projections(src))
-    _drop(src)
-
-
-def read_graph(src):
-    """An OpenVINO model from a graph file, or ``src`` itself where it is one already (built from the weights)."""
+def read_graph(src, own: bool = False):
+    """An OpenVINO model from a graph file, or ``src`` itself where it is one already (built from the weights);
+    ``own``: a model to change (a built model given in memory is the checks' reference after a conversion, so it
+    is changed in a copy)."""
     vendor_telemetry_off()
     import openvino as ov
 
-    return ov.Core().read_model(str(src)) if isinstance(src, (str, Path)) else src
+    if isinstance(src, (str, Path)):
+        return ov.Core().read_model(str(src))
+    return src.clone() if own else src
 
 
-def own_graph(src):
-    """``read_graph(src)`` as a model to change: a built model given in memory is the checks' reference after a
-    conversion, so it is changed in a copy."""
-    model = read_graph(src)
-    return model if isinstance(src, (str, Path)) else model.clone()
-
-
-def to_openvino(src, dst: Path, calibration: Calibration | None) -> None:
+def to_openvino(src, dst: Path, calibration: Calibration | None, model=None) -> None:
+    """``model`` (default: the graph ``src``) saved as OpenVINO IR at ``dst``, and ``src`` dropped (``_drop``)."""
     vendor_telemetry_off()
     import openvino as ov
 
-    ov.save_model(read_graph(src), str(dst), compress_to_fp16=False)
+    ov.save_model(read_graph(src) if model is None else model, str(dst), compress_to_fp16=False)
     _drop(src)
 
 
@@ -297,10 +281,7 @@ def compress_int8_weights(src, dst: Path, calibration: Calibration | None) -> No
     ``compress_weights`` (INT8_SYM), on retr's sample passages (groups of 32): cosine to fp32 >= 0.9984 against
     0.9975, the same speed (the MatMul weights alone are touched; embeddings, layer norms and the attention
     products stay as they are)."""
-    vendor_telemetry_off()
-    import openvino as ov
-
-    model = own_graph(src)
+    model = read_graph(src, own=True)
     for node in model.get_ordered_ops():
         if node.get_type_name() != "MatMul" or not node.get_attributes().get("transpose_b"):
             continue
@@ -311,13 +292,7 @@ def compress_int8_weights(src, dst: Path, calibration: Calibration | None) -> No
         node.input(1).replace_source_output(quantize.int8_weight(weight.get_data().astype(np.float32), 1).output(0))
     # the activations' quantisation groups travel with the graph (OpenVINO reads ``runtime_options`` at compile time)
     model.set_rt_info(str(WEIGHTS_INT8_GROUP), ["runtime_options", "DYNAMIC_QUANTIZATION_GROUP_SIZE"])
-    ov.save_model(model, str(dst), compress_to_fp16=False)
-    _drop(src)
-
-
-def quantize_static_int8_ffn(src, dst: Path, calibration: Calibration | None, seen=None) -> None:
-    """Static int8 in the feed-forward MatMuls only; attention stays in the base precision (bf16 where native)."""
-    quantize_static_int8(src, dst, calibration, feed_forward_only=True, seen=seen)
+    to_openvino(src, dst, calibration, model)
 
 
 def quantize_static_int8(src, dst: Path, calibration: Calibration | None,
@@ -326,16 +301,11 @@ def quantize_static_int8(src, dst: Path, calibration: Calibration | None,
     saved as OpenVINO IR. ``seen``: given each calibration feed and the graph's own output for it."""
     if calibration is None:
         raise RetrError("static int8 needs a calibration sample")
-    vendor_telemetry_off()
-    import openvino as ov
-
-    model = own_graph(src)
+    model = read_graph(src, own=True)
     # the pooled sentence vector before its L2 normalisation is never quantised (only MatMuls' inputs are): NNCF,
     # which quantised it where a graph built from the weights offers it, cost MiniLM's int8 graph cosine 0.966 to
     # its reference on a one-word text against 0.991 without
-    ov.save_model(quantize.quantize(model, list(calibration.feeds()), feed_forward_only, seen), str(dst),
-                  compress_to_fp16=False)
-    _drop(src)
+    to_openvino(src, dst, calibration, quantize.quantize(model, list(calibration.feeds()), feed_forward_only, seen))
 
 
 # -- agreement with torch ----------------------------------------------------------------------------------------
@@ -402,8 +372,6 @@ def rank_noise(runner, reference, max_length: int) -> float:
     of std(graph score - reference score) / std(reference score). Ranks swap where noise meets the gaps between
     scores, so this predicts a graph's ranking loss where a per-vector cosine does not: a fine-tuned model can keep
     every cosine above 0.98 and still lose nDCG."""
-    from retr.retrieval.backends import sample_texts
-
     docs = sample_texts.passages() + sample_texts.long_passages()
     q = reference.embed(sample_texts.questions(), max_length)
     ref = reference.embed(docs, max_length)
@@ -421,7 +389,7 @@ def pair_noise(reference, got) -> float:
     """std(score - reference score) / std(reference score) per query, averaged: how far a graph's scores of each
     query's documents move against the spread that orders them (a model scoring all alike: no spread, refused).
     ``reference`` and ``got``: one row of scores per query (a list of arrays, or a 2-D array). The one formula of
-    every ranking-noise check: documents (``rank_noise``), queries (``graphs.query_rank_noise``), pairs."""
+    every ranking-noise check: documents (``rank_noise``), queries (``QueryGraphs.noise``), pairs."""
     return float(np.mean([float((g - r).std() / max(float(r.std()), 1e-12))
                           for r, g in zip(reference, got, strict=True)]))
 
@@ -430,21 +398,15 @@ def score_noise(runner, ce_model, max_length: int) -> float:
     """``rank_noise`` for a cross-encoder: the first ``NOISE_QUESTIONS`` of retr's fixed questions, each scored
     against every fixed passage and joined passage by torch and by the graph; the mean over questions of
     std(graph score - torch score) / std(torch score)."""
-    from retr.retrieval.backends import sample_texts
-    from retr.retrieval.backends.batching import run_sorted
-
     docs = sample_texts.passages() + sample_texts.long_passages()
-    questions = sample_texts.questions()[:NOISE_QUESTIONS]
     refs, gots = [], []
-    for q in questions:
+    for q in sample_texts.questions()[:NOISE_QUESTIONS]:
         pairs = [(q, d) for d in docs]
-        ref = ce_logits(ce_model, pairs)
+        refs.append(ce_logits(ce_model, pairs))
         enc = ce_model.tokenizer(pairs, truncation=True, max_length=max_length, padding=False,
                                  return_token_type_ids=True)
-        got = run_sorted(runner, enc["input_ids"], 16 * max_length, np.empty_like(ref),  # ~16 pairs a batch
-                         extra_rows={"token_type_ids": enc["token_type_ids"]})
-        refs.append(ref)
-        gots.append(got)
+        gots.append(run_sorted(runner, enc["input_ids"], 16 * max_length, np.empty_like(refs[-1]),  # ~16 a batch
+                               extra_rows={"token_type_ids": enc["token_type_ids"]}))
     return pair_noise(refs, gots)
 
 

@@ -10,10 +10,12 @@ without exporting it again (until the bars, the CPU's precision or the library v
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import logging
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,9 +32,9 @@ from retr.retrieval.artifacts import (
 )
 from retr.retrieval.backends import batching
 from retr.retrieval.backends.direct import QUICK_REFERENCE_FLOOR
-from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind, pair_noise, read_graph
+from retr.retrieval.backends.export import EMBEDDING, Calibration, GraphKind, read_graph
 from retr.retrieval.backends.quiet import vendor_telemetry_off
-from retr.retrieval.backends.registry import BACKENDS, MAX_RANK_NOISE, Backend, get_backend
+from retr.retrieval.backends.registry import BACKENDS, Backend, get_backend
 from retr.retrieval.backends.runners import RUNTIMES, default_threads
 from retr.retrieval.errors import RetrError
 
@@ -104,9 +106,6 @@ class Graph:
         return info
 
 
-TORCH_INFO = {"backend": "torch", "precision": "fp32", "check_cosine": None}
-
-
 def lone_feed(graph: Graph, row, max_length: int | None = None) -> dict:
     """One text's feed through ``graph`` (a query alone): padded to its runner's ``lone_multiple`` tokens where
     padding cannot change the text's vector (``Backend.batch_invariant``: not dynamic int8, whose activation scales
@@ -121,7 +120,7 @@ def lone_multiple(graph: Graph) -> int:
 
 def graph_info(graph: Graph | None) -> dict:
     """How texts were encoded: a graph's backend, precision and agreement with torch, or torch itself."""
-    return graph.info() if graph is not None else dict(TORCH_INFO)
+    return graph.info() if graph is not None else {"backend": "torch", "precision": "fp32", "check_cosine": None}
 
 
 def cache_folder(cache_root: Path, model_hash: str, backend: Backend, kind: GraphKind,
@@ -162,22 +161,16 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
     if not folder.is_dir():
         return None
     try:
-        raw = read_small(folder / "manifest.json")  # a small regular file: a FIFO or /dev/zero is never read
-    except (OSError, RetrError) as e:
+        meta = json.loads(read_small(folder / "manifest.json"))  # a small regular file: never a FIFO or /dev/zero
+        if meta.get("refused") is None:  # not a JSON object: AttributeError
+            check, dim, files = float(meta["check_cosine"]), int(meta["dim"]), meta["files"]
+            if not isinstance(files, dict) or dim < 1:
+                raise ValueError(f"files {type(files).__name__}, dim {dim}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RetrError) as e:
         _discard(folder, f"manifest: {e}")
         return None
-    try:
-        meta = json.loads(raw)
-        if not isinstance(meta, dict):
-            raise ValueError("not a JSON object")
-        if "refused" in meta:
-            _refused_before(folder, meta, model_hash, backend, kind)
-            return None
-        check, dim, files = float(meta["check_cosine"]), int(meta["dim"]), meta["files"]
-        if not isinstance(files, dict) or dim < 1:
-            raise ValueError(f"files {type(files).__name__}, dim {dim}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        _discard(folder, f"manifest: {e}")
+    if meta.get("refused") is not None:
+        _refused_before(folder, meta, model_hash, backend, kind)
         return None
     if meta.get("model_hash") != model_hash or check < backend.floor(kind) or backend.file not in files \
             or (calibration is not None and meta.get("calibration") != calibration.digest) \
@@ -213,22 +206,6 @@ def find_cached(model_hash: str, backend: Backend, kind: GraphKind, cache_root: 
                  meta.get("rank_noise"))
 
 
-# query graphs: the most ranking noise a query candidate may add against the documents' graph (``query_rank_noise``),
-# the documents' bar (issue 39: onnx-int8 query vectors moved SciFact hybrid nDCG@10 0.7282 -> 0.7234 unchecked)
-MAX_QUERY_RANK_NOISE = MAX_RANK_NOISE
-
-
-def query_rank_noise(base_queries, candidate_queries, docs) -> float:
-    """``export.rank_noise`` for a query graph: how far the candidate's query vectors move retrieval scores
-    against the base graph's, relative to how widely the scores spread. Rows of ``base_queries`` and
-    ``candidate_queries`` are the same fixed questions (the base graph's vectors, the candidate's), ``docs`` the
-    fixed passages as the documents' graph encodes them; the mean over questions of std(candidate score - base
-    score) / std(base score). Ranks swap where this noise meets the gaps between scores."""
-    import numpy as np
-
-    return pair_noise(np.asarray(base_queries) @ np.asarray(docs).T, np.asarray(candidate_queries) @ np.asarray(docs).T)
-
-
 _exports: dict[tuple, Path] = {}  # (model hash, graph kind, its exporter) -> this process's fp32 export of it
 
 
@@ -239,9 +216,6 @@ def _export_fp32(model, model_hash: str, kind: GraphKind, dst: Path) -> None:
     key = (model_hash, kind.name, kind.export)
     src = _exports.get(key)
     if src is None or not src.is_file():
-        import atexit
-        import tempfile
-
         keep = Path(tempfile.mkdtemp(prefix="retr-export-"))
         atexit.register(shutil.rmtree, keep, True)
         src = keep / dst.name
@@ -309,8 +283,7 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
     if backend.calibrated != (calibration is not None):
         raise RetrError(f"{backend.name}: a calibration sample is {'needed' if backend.calibrated else 'not used'}")
     threads = threads or default_threads()
-    cached = find_cached(model_hash, backend, kind, cache_root, threads, calibration)
-    if cached is not None:
+    if (cached := find_cached(model_hash, backend, kind, cache_root, threads, calibration)) is not None:
         return cached
     folder = cache_folder(cache_root, model_hash, backend, kind, calibration)
     precision = backend.precision()
@@ -408,11 +381,8 @@ def load_or_export(get_model: Callable[[], object], model_hash: str, backend: Ba
                 GRAPH_KIND, **measured, dim=dim, max_length=max_length, export_seconds=time.perf_counter() - t0,
                 files=checksums(tmp)))
         else:  # the graph's files go; the folder keeps the refusal, so that it is not exported again to learn it
-            for f in list(tmp.iterdir()):
-                if f.is_dir():
-                    shutil.rmtree(f)
-                else:
-                    f.unlink()
+            shutil.rmtree(tmp)
+            tmp.mkdir()
             write_json(tmp / "manifest.json", new_manifest(GRAPH_KIND, **measured, refused=refusal,
                                                            limits=_limits(backend, kind)))
     reference_known = dict(reference.known) if numpy_checked else {}
@@ -465,8 +435,7 @@ def open_graph(get_model: Callable[[], object], model_hash: str, backend_name: s
     # one-query search not spent importing it)
     has_ort = importlib.util.find_spec("onnxruntime") is not None
     cached = use_cache_alone and (has_ort or backend.runtime != "onnxruntime")
-    graph = find_cached(model_hash, backend, kind, cache_root, threads, calibration) if cached else None
-    if graph is not None:
+    if cached and (graph := find_cached(model_hash, backend, kind, cache_root, threads, calibration)) is not None:
         return graph
     if not has_ort:
         logger.warning("onnxruntime is not installed: using the torch backend")

@@ -11,18 +11,16 @@ pairs) are made by the one chooser (``chooser.decide``) and stored per candidate
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from retr.retrieval.artifacts import atomic_write_text, read_small
 from retr.retrieval.backends.chooser import choice_key
 from retr.retrieval.backends.export import EMBEDDING, Calibration
 from retr.retrieval.backends.graphs import EXPORT_GENERATION, cache_folder
 from retr.retrieval.backends.platform import Platform
 from retr.retrieval.backends.registry import get_backend
-from retr.retrieval.errors import RetrError
+from retr.retrieval.backends.timing import read_stored, store
 
 logger = logging.getLogger(__name__)
 
@@ -100,24 +98,14 @@ class PlanStore:
 
     def get(self, key: str) -> Plan | None:
         """The plan stored under ``key``; None where there is none, or it is damaged (a warning: made again)."""
-        try:
-            plan = Plan.from_dict(json.loads(read_small(self.path(key))))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RetrError) as e:
-            logger.warning("stored graph plan %s unreadable (%s): made again", self.path(key), e)
-            return None
-        if plan.key != key:
+        plan = read_stored(self.path(key), Plan.from_dict, "graph plan", "made again")
+        if plan is not None and plan.key != key:
             logger.warning("stored graph plan %s is another's (%s): made again", self.path(key), plan.key)
             return None
-        return plan if plan.present(self.root) else None
+        return plan if plan is not None and plan.present(self.root) else None
 
     def put(self, plan: Plan) -> None:
-        try:
-            self.path(plan.key).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.path(plan.key), json.dumps(plan.to_dict(), indent=2) + "\n")
-        except OSError as e:  # a read-only cache: the plan is made again next time (nothing timed to make it)
-            logger.debug("graph plan not stored: %s", e)
+        store(self.path(plan.key), plan.to_dict())
 
     def drop(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)

@@ -137,10 +137,6 @@ class Platform:
         """Inference threads: the machine's cores, at most 4 (one policy for every runner)."""
         return thread_count(self.cores)
 
-    def without(self, *flags: str) -> Platform:
-        """This platform with ``flags`` removed: how a CPU lacking them would prune (AVX2-only, no AMX)."""
-        return replace(self, flags=self.flags - set(flags))
-
     def to_dict(self) -> dict:
         return {"cpu": self.cpu, "cores": self.cores, "threads": self.threads, "precision": self.precision,
                 "bf16": self.bf16, "bf16_native": self.bf16_native,

@@ -19,10 +19,16 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from retr.retrieval.artifacts import atomic_write_text, cache_home, read_small, versions
+from retr.retrieval.artifacts import cache_home, versions
 from retr.retrieval.backends.quiet import vendor_telemetry_off
-from retr.retrieval.backends.timing import NOISE_FREE_MARGIN, faster_enough, recorded, time_alternating
-from retr.retrieval.errors import RetrError
+from retr.retrieval.backends.timing import (
+    NOISE_FREE_MARGIN,
+    faster_enough,
+    read_stored,
+    recorded,
+    store,
+    time_alternating,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -119,27 +125,21 @@ def timing(cpu: str, threads: int) -> PrecisionTiming | None:
     child process, once per process) and stored. None where OpenVINO cannot run it (not installed, another
     device): the flags then decide."""
     path = cache_home() / "choices" / f"{_key(cpu, threads)}.json"
-    try:
-        stored = json.loads(read_small(path))  # a small regular file: a FIFO or /dev/zero is never read
-        # NaN, 0, negative, not a number: a damaged file
-        bf16_ms, fp32_ms = recorded(stored["bf16_ms"], positive=True), recorded(stored["fp32_ms"], positive=True)
-        return PrecisionTiming(bf16_ms, fp32_ms)
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, KeyError, TypeError, RetrError) as e:
-        logger.warning("stored precision probe %s unreadable (%s): measured again", path, e)
+    stored = read_stored(path, _stored, "precision probe", "measured again")
+    if stored is not None:
+        return stored
     try:
         measured = measure_apart(threads)
     except Exception as e:  # noqa: BLE001 - OpenVINO missing or refusing the probe: the flags decide
         logger.debug("precision probe not run: %s", e)
         return None
     logger.info("bf16 or fp32 on this CPU (%s, once): %s", cpu, measured.phrase())
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({**measured.to_dict(), "cpu": cpu, "threads": threads}, indent=2) + "\n")
-    except OSError as e:  # a read-only cache: measured again next time
-        logger.debug("precision probe not stored: %s", e)
+    store(path, {**measured.to_dict(), "cpu": cpu, "threads": threads})
     return measured
 
+
+def _stored(d: dict) -> PrecisionTiming:
+    """A stored probe; ``ValueError`` where a time is NaN, 0, negative or not a number (a damaged file)."""
+    return PrecisionTiming(recorded(d["bf16_ms"], positive=True), recorded(d["fp32_ms"], positive=True))
 
 __all__ = ["NOISE_FREE_MARGIN", "PrecisionTiming", "measure", "measure_apart", "timing"]

@@ -14,7 +14,6 @@ from types import MappingProxyType
 from retr.retrieval.backends import export
 from retr.retrieval.backends.export import EMBEDDING, SCORING, GraphKind
 from retr.retrieval.backends.platform import Platform, this_platform
-from retr.retrieval.backends.runners import native_precision
 from retr.retrieval.errors import RetrError
 
 logger = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ CE_STATIC_INT8_FLOOR = 0.7
 def _static_int8(name: str, help_: str, convert: Callable) -> Backend:
     """A backend of static int8 OpenVINO graphs, calibrated once per model and checked for ranking noise."""
     return Backend(name, help_, "openvino", "model.xml", {"bi": 0.98, "ce": CE_STATIC_INT8_FLOOR}, convert,
-                   lambda: f"int8+{native_precision()}", base="openvino",
+                   lambda: f"int8+{this_platform().precision}", base="openvino",
                    max_rank_noise={"bi": MAX_RANK_NOISE, "ce": CE_MAX_RANK_NOISE}, int8=True,
                    uncalibrated=WEIGHTS_INT8)
 
@@ -99,14 +98,15 @@ BACKENDS: Mapping[str, Backend] = MappingProxyType({b.name: b for b in (
                  "for ranking noise, other texts as openvino; on a CPU where int8 is no faster (no AVX-512 VNNI or "
                  "AVX-VNNI; or AMX, whose bf16 is as fast), everything as openvino", export.quantize_static_int8),
     _static_int8("openvino-int8-ffn", "as openvino-int8, with int8 only in the feed-forward MatMuls (attention in "
-                 "bf16/fp32): slower, closer to the base graph", export.quantize_static_int8_ffn),
+                 "bf16/fp32): slower, closer to the base graph",
+                 functools.partial(export.quantize_static_int8, feed_forward_only=True)),
     Backend(WEIGHTS_INT8, "int8 MatMul weights (symmetric, per output channel), activations quantised by OpenVINO "
             "at run time: no calibration, made from the openvino graph in well under a second (the default backend "
             "takes it for corpora too small to pay a calibration)", "openvino", "model.xml",
             {"bi": 0.99}, export.compress_int8_weights, lambda: "int8w+fp32",
             max_rank_noise={"bi": MAX_RANK_NOISE}, int8=True, queries=False),
     Backend("openvino", "OpenVINO, bf16 where the CPU has it natively, else fp32", "openvino", "model.xml",
-            {"bi": 0.999, "ce": 0.98}, export.to_openvino, native_precision),
+            {"bi": 0.999, "ce": 0.98}, export.to_openvino, lambda: this_platform().precision),
     Backend("onnx", "ONNX Runtime fp32", "onnxruntime", "model.onnx", {"bi": 0.9999, "ce": 0.999}, export.keep_onnx),
     Backend("onnx-int8", "ONNX Runtime, dynamic int8 MatMuls (feed-forward down-projections fp32)", "onnxruntime",
             "model.onnx", {"bi": 0.985, "ce": CE_INT8_FLOOR}, export.quantize_dynamic_int8,

@@ -18,21 +18,6 @@ from retr.retrieval.backends.quiet import vendor_telemetry_off
 from retr.retrieval.errors import RetrError
 
 
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes in bf16 natively (``Platform.bf16``, ``RETR_BF16`` overriding)."""
-    return this_platform().bf16
-
-
-def native_precision() -> str:
-    """bf16 where the CPU has native bf16, else fp32: what OpenVINO graphs run in (``Platform.precision``)."""
-    return this_platform().precision
-
-
-def cpu_kind() -> str:
-    """Which table of expected scores applies on this CPU (``Platform.kind``)."""
-    return this_platform().kind
-
-
 def default_threads() -> int:
     """Inference threads: the machine's cores, at most 4 (one policy for every runner; ``Platform.threads``)."""
     return this_platform().threads

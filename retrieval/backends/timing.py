@@ -1,12 +1,23 @@
 """Timing candidates on this machine: short, bounded, alternating runs (``chooser`` and ``precision`` read them;
-no platform here, so the platform's own measurement can use them)."""
+no platform here, so the platform's own measurement can use them), and the one store of what was measured and
+decided (``read_stored``, ``store``): small JSON files under the cache, written atomically, checked on read.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from retr.retrieval.artifacts import atomic_write_text, read_small
+from retr.retrieval.errors import RetrError
+
+logger = logging.getLogger(__name__)
 
 BUDGET_S = 0.8  # timing of one candidate: at most about this long (a few candidates: a few seconds in all)
 MIN_ROUNDS = 3
@@ -80,5 +91,27 @@ def time_alternating(runs: Sequence[Callable[[], object]], units: int, budget_s:
     return [statistics.median(t) / max(1, units) for t in times]
 
 
-__all__ = ["BUDGET_S", "MIN_ROUNDS", "NOISE_FREE_MARGIN", "faster_enough", "settled", "time_alternating",
-           "time_per_unit"]
+def read_stored(path: Path, parse: Callable[[Any], Any], what: str, again: str) -> Any | None:
+    """``parse`` of the JSON stored at ``path`` (a plan, a choice, a measurement); None where there is none, or where
+    it is damaged (not a small regular file, not JSON, refused by ``parse``): a warning ending in ``again``."""
+    try:
+        return parse(json.loads(read_small(path)))  # a small regular file: a FIFO or /dev/zero is never read
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RetrError) as e:
+        logger.warning("stored %s %s unreadable (%s): %s", what, path, e, again)
+        return None
+
+
+def store(path: Path, data: dict) -> None:
+    """``data`` as JSON at ``path``, written atomically; where the cache cannot be written, not stored (made again
+    next time)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+    except OSError as e:
+        logger.debug("%s not stored: %s", path, e)
+
+
+__all__ = ["BUDGET_S", "MIN_ROUNDS", "NOISE_FREE_MARGIN", "faster_enough", "read_stored", "settled", "store",
+           "time_alternating", "time_per_unit"]
