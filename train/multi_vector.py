@@ -93,15 +93,18 @@ def train_multi_vector(out: Path, cfg: MultiVectorTrainConfig, dataset: Dataset,
     model = build_multivector_model(cfg, precision)
     frozen = freeze_bottom(model, cfg.freeze_layers)
 
-    def score_all(model):
+    def score_all(model):  # every candidate document encoded once, however many dev queries list it
+        qids = list(dev_queries)
+        docs = sorted({d for q in qids for d in candidates[q]})
+        pos = {d: i for i, d in enumerate(docs)}
         scores = {}
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            for q, text in dev_queries.items():
-                docs = candidates[q]
-                sims = model.similarity(model.encode_query([text], show_progress_bar=False),
-                                        model.encode_document([doc_text[d] for d in docs], batch_size=32,
-                                                              show_progress_bar=False))[0].float().numpy()
-                scores[q] = {d: float(s) for d, s in zip(docs, sims, strict=True)}
+            q_emb = model.encode_query([dev_queries[q] for q in qids], show_progress_bar=False)
+            d_emb = model.encode_document([doc_text[d] for d in docs], batch_size=32, show_progress_bar=False)
+            for i, q in enumerate(qids):
+                listed = candidates[q]
+                sims = model.similarity(q_emb[i:i + 1], [d_emb[pos[d]] for d in listed])[0].float().numpy()
+                scores[q] = {d: float(s) for d, s in zip(listed, sims, strict=True)}
         return scores
 
     evaluator = dev_evaluator(score_all, dev.qrels)
