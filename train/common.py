@@ -354,3 +354,13 @@ def fit(trainer_cls, args_cls, out: Path, cfg, precision: str, n_examples: int, 
                     batch_sampler=BatchSamplers.NO_DUPLICATES, metric_for_best_model="eval_dev_ndcg@10",
                     greater_is_better=True, dataloader_num_workers=0)
     return run_trainer(trainer_cls(args=args, **trainer_args), out, resume)
+
+
+def labeled_inputs(dataset, cfg) -> tuple[dict[str, str], DevSplit, dict[str, list[str]], dict[str, list[str]]]:
+    """What an encoder trainer over a labeled dataset reads: each document's text, the dev split, the trainer's
+    columns (anchor, positive, ``cfg.num_negatives`` BM25 negatives) and each dev query's candidates."""
+    doc_text = {d.doc_id: d.full_text() for d in dataset.corpus.docs}
+    dev = dev_split(dataset.queries, dataset.qrels, cfg.dev_fraction, cfg.seed)
+    negatives, candidates = bm25_negatives(dataset.corpus, list(doc_text.values()), dev.pairs, dataset.qrels, dev,
+                                           cfg.num_negatives, cfg)
+    return doc_text, dev, pair_columns(dev.pairs, negatives, doc_text, doc_text), candidates

@@ -14,12 +14,10 @@ from retr.eval.data import Dataset
 from retr.retrieval.errors import RetrError
 from retr.train.common import (
     TrainConfig,
-    bm25_negatives,
     dev_evaluator,
-    dev_split,
     fit,
     freeze_bottom,
-    pair_columns,
+    labeled_inputs,
     resolve_precision,
     transformer_kwargs,
     write_output,
@@ -83,12 +81,9 @@ def train_multi_vector(out: Path, cfg: MultiVectorTrainConfig, dataset: Dataset,
 
     t0 = time.perf_counter()
     corpus = dataset.corpus
-    doc_text = {d.doc_id: d.full_text() for d in corpus.docs}
-    dev = dev_split(dataset.queries, dataset.qrels, cfg.dev_fraction, cfg.seed)
-    train_pairs, dev_queries = dev.pairs, dev.queries
-    negatives, candidates = bm25_negatives(corpus, list(doc_text.values()), train_pairs, dataset.qrels, dev,
-                                           cfg.num_negatives, cfg)
-    columns = pair_columns(train_pairs, negatives, doc_text, doc_text)
+    doc_text, dev, columns, candidates = labeled_inputs(dataset, cfg)
+    train_pairs = dev.pairs
+    dev_queries = dev.queries
     precision = resolve_precision(cfg.precision)
     model = build_multivector_model(cfg, precision)
     frozen = freeze_bottom(model, cfg.freeze_layers)

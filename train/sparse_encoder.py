@@ -22,13 +22,11 @@ from retr.eval.data import Dataset
 from retr.retrieval.errors import RetrError
 from retr.train.common import (
     TrainConfig,
-    bm25_negatives,
     dev_evaluator,
-    dev_split,
     embedding_scorer,
     fit,
     freeze_bottom,
-    pair_columns,
+    labeled_inputs,
     resolve_precision,
     write_output,
 )
@@ -109,12 +107,8 @@ def train_sparse_encoder(out: Path, cfg: SparseEncoderTrainConfig, dataset: Data
 
     t0 = time.perf_counter()
     corpus = dataset.corpus
-    doc_text = {d.doc_id: d.full_text() for d in corpus.docs}
-    dev = dev_split(dataset.queries, dataset.qrels, cfg.dev_fraction, cfg.seed)
+    doc_text, dev, columns, candidates = labeled_inputs(dataset, cfg)
     train_pairs = dev.pairs
-    negatives, candidates = bm25_negatives(corpus, list(doc_text.values()), train_pairs, dataset.qrels, dev,
-                                           cfg.num_negatives, cfg)
-    columns = pair_columns(train_pairs, negatives, doc_text, doc_text)
     precision = resolve_precision(cfg.precision)
     model = build_sparse_model(cfg, precision)
     frozen = freeze_bottom(model, cfg.freeze_layers)
