@@ -128,7 +128,8 @@ class TokenStore:
                                            "dim": int(vectors.shape[1]), "dtype": "float16"})
         logger.info("token vectors of %d documents kept in %s (%.1f per document, %s bytes)", len(ids), folder,
                     len(vectors) / max(1, len(ids)), f"{vectors.nbytes:,}")
-        return cls.load(folder, len(ids)) or cls(vectors, offsets)
+        # mapped from the published file (not kept in memory); its checksums were just written from these bytes
+        return cls(np.load(folder / "vectors.npy", mmap_mode="r", allow_pickle=False), offsets)
 
     def maxsim(self, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Each row's MaxSim with ``query`` (its token vectors): per query token the best document token, summed."""
